@@ -1,0 +1,214 @@
+"""The ``fedlm`` command line.
+
+    fedlm run [CONFIG.toml] [--set key=value ...] [--db PATH]   train, on Flower's simulation engine
+    fedlm runs [--db PATH]                                      list stored runs
+    fedlm show RUN_ID [--db PATH]                               a run's summary
+    fedlm export RUN_ID [--db PATH] [--format csv|parquet]      a run's tables as files
+    fedlm config [CONFIG.toml] [--set key=value ...]            print the resolved config
+
+Bad input ends with one line, ``fedlm: error: FIELD: ...``, and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from fedlm import config as config_lib
+from fedlm.config import Config, ConfigError
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", nargs="?", help="TOML config file (default: the embedded default)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, e.g. --set strategy=fedavg --set inner.lr=1e-3")
+
+
+def _add_db_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--db", default=None, help="run database (default: the config's db, "
+                   "runs/fedlm.db)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fedlm", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("run", help="run a simulation on Flower's simulation engine")
+    _add_config_args(p)
+    _add_db_arg(p)
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    p = sub.add_parser("runs", help="list stored runs")
+    _add_db_arg(p)
+
+    p = sub.add_parser("show", help="summary of one run")
+    p.add_argument("run_id", type=int)
+    _add_db_arg(p)
+
+    p = sub.add_parser("export", help="write a run's tables as CSV or Parquet")
+    p.add_argument("run_id", type=int)
+    _add_db_arg(p)
+    p.add_argument("--format", choices=("csv", "parquet"), default="csv")
+    p.add_argument("--out", default="runs/export", help="output folder (default: runs/export)")
+
+    p = sub.add_parser("config", help="print the resolved config as TOML")
+    _add_config_args(p)
+    return parser
+
+
+# ---------------------------------------------------------------------------
+
+def _quiet_libraries() -> None:
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+    os.environ.setdefault("TQDM_DISABLE", "")  # leave tqdm on for our bar
+    # ERROR: hides run_simulation's deprecation notice (we use it on purpose: it runs
+    # in-process and leaves no daemon behind; see docs/architecture.md).
+    logging.getLogger("flwr").setLevel(logging.ERROR)
+    import datasets
+
+    datasets.disable_progress_bars()
+
+
+def backend_config(cfg: Config) -> dict:
+    """Ray resources: ``actors`` ClientApp actors sharing ``cpus`` (fractions allowed)."""
+    from fedlm.model import resolve_device
+
+    cpus = cfg.sim.cpus or (os.cpu_count() or 1)
+    actors = cfg.sim.actors or min(cfg.workers, 2 * cpus)
+    gpus = 1.0 / actors if resolve_device(cfg.device) == "cuda" else 0.0
+    return {"client_resources": {"num_cpus": cpus / actors, "num_gpus": gpus},
+            "init_args": {"num_cpus": cpus, "num_gpus": 1 if gpus else 0,
+                          "logging_level": "ERROR", "log_to_driver": True,
+                          "include_dashboard": False}}
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    cfg = config_lib.load(args.config, args.overrides)
+    db = args.db or cfg.db
+    _quiet_libraries()
+    from flwr.simulation import run_simulation
+    from tqdm import tqdm
+
+    from fedlm import data
+    from fedlm.client_app import app as client_app
+    from fedlm.engine import Progress
+    from fedlm.server_app import make_server_app
+
+    print(f"fedlm: {cfg.workers} workers, {cfg.fleet.preset} profile, {cfg.model} model, "
+          f"{cfg.strategy} ({cfg.local_steps} local steps, H={cfg.inner.steps}), "
+          f"{cfg.updates} updates -> {db}", flush=True)
+    data.load_corpus(cfg.data)  # tokenize once here, not in every Ray actor at once
+    started: dict[str, int] = {}
+    bar = None if args.quiet else tqdm(total=cfg.updates, unit="update", dynamic_ncols=True,
+                                       desc="training")
+
+    def on_progress(p: Progress) -> None:
+        if bar is None:
+            return
+        bar.n = p.version
+        ppl = f"{p.perplexity:.2f}" if p.perplexity is not None else "-"
+        bar.set_postfix_str(f"virtual {p.virtual_time:.0f}s, jobs {p.jobs}, ppl {ppl}",
+                            refresh=False)
+        bar.refresh()
+
+    server = make_server_app(cfg, db, on_progress, on_start=lambda rid: started.update(id=rid))
+    run_simulation(server_app=server, client_app=client_app, num_supernodes=cfg.workers,
+                   backend_config=backend_config(cfg))
+    if bar is not None:
+        bar.close()
+    if "id" not in started:
+        print("fedlm: error: the simulation ended before the run started", file=sys.stderr)
+        return 1
+    return _print_summary(db, started["id"])
+
+
+def _print_summary(db: str, run_id: int) -> int:
+    from fedlm import store
+
+    s = store.summarize(db, run_id)
+    if s.status != "finished":
+        with store.connect_readonly(db) as conn:
+            err = conn.execute("SELECT error FROM runs WHERE id=?", (run_id,)).fetchone()[0]
+        print(f"fedlm: run {run_id} {s.status}: {err}", file=sys.stderr)
+        return 1
+    first = f"{s.first_perplexity:.2f}" if s.first_perplexity else "-"
+    final = f"{s.final_perplexity:.2f}" if s.final_perplexity else "-"
+    print(f"\nrun {s.run_id} ({s.name}): {s.strategy}, {s.profile}, {s.model} model")
+    print(f"  validation perplexity {first} -> {final} (best {s.best_perplexity:.2f})")
+    print(f"  {s.updates} updates from {s.jobs} jobs, {s.tokens:,} tokens; "
+          f"virtual time {s.virtual_time:.1f} s, real time {s.wall_time:.1f} s")
+    print(f"  {'worker':>6} {'s/step':>7} {'region':>6} {'jobs':>5} {'compute':>9} "
+          f"{'comm':>8} {'idle':>9} {'idle %':>7}")
+    for w in s.workers:
+        print(f"  {w.worker:>6} {w.step_time:>7.2f} {w.region:>6} {w.jobs:>5} {w.compute:>9.1f} "
+              f"{w.communication:>8.2f} {w.idle:>9.1f} {100 * w.idle_fraction:>6.1f}%")
+    print(f"  straggler idle fraction (all workers): {100 * s.idle_fraction:.1f}%")
+    print(f"  stored in {db} (run {s.run_id}); `fedlm show {s.run_id} --db {db}`")
+    return 0
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    from fedlm import store
+
+    db = args.db or Config().db
+    rows = store.list_runs(db)
+    if not rows:
+        print(f"no runs in {db}")
+        return 0
+    print(f"{'id':>4} {'status':>9} {'strategy':>16} {'profile':>11} {'model':>6} "
+          f"{'workers':>7} {'updates':>7} {'virtual s':>10} {'ppl':>8}  name")
+    for r in rows:
+        ppl = f"{r['last_perplexity']:.2f}" if r["last_perplexity"] else "-"
+        vt = f"{r['virtual_time']:.1f}" if r["virtual_time"] is not None else "-"
+        print(f"{r['id']:>4} {r['status']:>9} {r['strategy']:>16} {r['profile']:>11} "
+              f"{r['model']:>6} {r['workers']:>7} {r['updates'] or 0:>7} {vt:>10} {ppl:>8}  "
+              f"{r['name']}")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    return _print_summary(args.db or Config().db, args.run_id)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from fedlm import store
+
+    for path in store.export(args.db or Config().db, args.run_id, args.out, args.format):
+        print(path)
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    import tomli_w
+
+    cfg = config_lib.load(args.config, args.overrides)
+    print(tomli_w.dumps(cfg.to_dict()), end="")
+    return 0
+
+
+COMMANDS = {"run": cmd_run, "runs": cmd_runs, "show": cmd_show, "export": cmd_export,
+            "config": cmd_config}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except ConfigError as exc:
+        print(f"fedlm: error: {exc}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, KeyError) as exc:
+        msg = exc.args[0] if exc.args else str(exc)
+        print(f"fedlm: error: {msg}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("fedlm: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,300 @@
+"""Typed, validated run configuration.
+
+A run is described by one TOML file (or the embedded default) plus ``--set
+key=value`` overrides. Everything is checked here, at the boundary: an unknown
+key, a value of the wrong type or out of range is refused with a
+``ConfigError`` whose one-line message names the field and the value. Code
+past this module may trust the config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, get_type_hints
+
+
+class ConfigError(ValueError):
+    """Bad configuration; the message is one line naming the field and value."""
+
+
+@dataclass(frozen=True)
+class InnerConfig:
+    """The worker's job: H local AdamW steps on its own shard."""
+
+    steps: int = 30  # H, local (inner) steps per job
+    batch_size: int = 8  # sequences per inner step
+    lr: float = 3e-3  # peak AdamW learning rate
+    warmup_steps: int = 20  # linear warmup, counted in the worker's own inner steps
+    decay_steps: int = 0  # cosine horizon in inner steps; 0 = updates x steps
+    min_lr_ratio: float = 0.1  # cosine floor as a fraction of lr
+    weight_decay: float = 0.1  # AdamW decoupled weight decay
+    beta1: float = 0.9  # AdamW beta1
+    beta2: float = 0.95  # AdamW beta2
+    grad_clip: float = 1.0  # clip the global grad norm to this; 0 disables
+    threads: int = 1  # torch intra-op threads per worker (bit-exactness needs it fixed)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the text comes from and how it is split across workers."""
+
+    source: str = "shakespeare"  # "shakespeare" | "hf:NAME" | "text:GLOB"
+    hf_config: str = ""  # dataset config name for hf: sources (e.g. "en" for allenai/c4)
+    hf_split: str = "train"  # split to stream for hf: sources
+    max_documents: int = 2000  # documents taken from an hf: stream
+    text_column: str = "text"  # column holding the text in hf: sources
+    partition: str = "by-play"  # "iid" | "by-play" | "dirichlet"
+    alpha: float = 0.5  # Dirichlet concentration over genres (smaller = more skewed)
+    seq_len: int = 128  # tokens per training sequence (context length)
+    val_fraction: float = 0.05  # tail of every document held out for validation
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Validation of the global model on the server."""
+
+    every: int = 5  # evaluate every E outer updates (and at start and end)
+    batches: int = 8  # validation batches per evaluation (fixed, first ones)
+    batch_size: int = 16  # sequences per validation batch
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    """Hardware and network profile of the simulated workers."""
+
+    preset: str = "moderate"  # homogeneous | slight | moderate | very | paper-toy | geo
+    base_step_time: float = 1.0  # virtual seconds per inner step of a speed-1 worker
+    jitter: float = 0.05  # sigma of the lognormal multiplier on each job's compute time
+    step_times: list[float] = field(default_factory=list)  # explicit s/step per worker
+    regions: list[str] = field(default_factory=list)  # explicit region per worker
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Flower simulation engine (Ray) resources."""
+
+    actors: int = 0  # Ray actors running ClientApps; 0 = min(workers, 2 x CPU cores)
+    cpus: int = 0  # CPUs given to Ray; 0 = all cores
+    ttl: float = 3600.0  # Flower message time-to-live, seconds (counts queueing too)
+    reply_timeout: float = 900.0  # give up on a job whose reply has not come in this long
+
+
+@dataclass(frozen=True)
+class Config:
+    """A whole run. Top-level keys pick the building blocks; sections tune them."""
+
+    name: str = ""  # free-form run label shown by `fedlm runs` and the dashboard
+    seed: int = 0  # seeds model init, data order, jitter: same seed, same weights
+    workers: int = 4  # number of workers (Flower SuperNodes)
+    model: str = "small"  # tiny | small | 20m | 60m | 150m
+    strategy: str = "diloco"  # aggregation strategy (see `strategies/`)
+    local_steps: str = "fixed"  # local-steps policy: how many inner steps a job gets
+    updates: int = 20  # outer updates of the global model to apply, then stop
+    device: str = "auto"  # auto | cpu | cuda
+    db: str = "runs/fedlm.db"  # run store (SQLite); `--db` overrides
+    outer: dict[str, Any] = field(default_factory=dict)  # strategy keyword arguments
+    inner: InnerConfig = field(default_factory=InnerConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    fleet: FleetConfig = field(default_factory=FleetConfig)
+    sim: SimConfig = field(default_factory=SimConfig)
+
+    # -- serialisation -------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Config":
+        return from_dict(json.loads(text))
+
+    def decay_steps(self) -> int:
+        """Cosine horizon of the inner schedule, in a worker's inner steps."""
+        return self.inner.decay_steps or self.updates * self.inner.steps
+
+
+# ---------------------------------------------------------------------------
+# Building and validating
+# ---------------------------------------------------------------------------
+
+_SECTIONS = {"inner": InnerConfig, "data": DataConfig, "eval": EvalConfig,
+             "fleet": FleetConfig, "sim": SimConfig}
+
+
+def _coerce(path: str, value: Any, typ: Any) -> Any:
+    """Check ``value`` against the annotated type; ints are accepted for floats."""
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+    elif typ is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif typ is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif typ is str:
+        if isinstance(value, str):
+            return value
+    elif typ == list[float]:
+        if isinstance(value, list) and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
+        ):
+            return [float(v) for v in value]
+    elif typ == list[str]:
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return list(value)
+    elif typ == dict[str, Any]:
+        if isinstance(value, dict):
+            return dict(value)
+    name = getattr(typ, "__name__", str(typ))
+    raise ConfigError(f"{path}: expected {name}, got {value!r}")
+
+
+def _build(cls: type, raw: dict[str, Any], prefix: str) -> Any:
+    hints = get_type_hints(cls)
+    known = {f.name for f in fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in raw.items():
+        path = f"{prefix}{key}"
+        if key not in known:
+            raise ConfigError(f"{path}: unknown key (known: {', '.join(sorted(known))})")
+        typ = hints[key]
+        if key in _SECTIONS and cls is Config:
+            if not isinstance(value, dict):
+                raise ConfigError(f"{path}: expected a [{key}] section, got {value!r}")
+            kwargs[key] = _build(_SECTIONS[key], value, f"{path}.")
+        else:
+            kwargs[key] = _coerce(path, value, typ)
+    return cls(**kwargs)
+
+
+def from_dict(raw: dict[str, Any]) -> Config:
+    """Build a ``Config`` from plain data and validate it."""
+    cfg = _build(Config, raw, "")
+    validate(cfg)
+    return cfg
+
+
+def _require(ok: bool, path: str, value: Any, why: str) -> None:
+    if not ok:
+        raise ConfigError(f"{path}: {why}, got {value!r}")
+
+
+def validate(cfg: Config) -> None:
+    """Range and name checks that need more than a type."""
+    from fedlm import fleet, model  # late: keeps config importable on its own
+    from strategies import registry
+
+    _require(cfg.workers >= 1, "workers", cfg.workers, "must be >= 1")
+    _require(cfg.updates >= 1, "updates", cfg.updates, "must be >= 1")
+    _require(cfg.model in model.PRESETS, "model", cfg.model,
+             f"unknown preset (known: {', '.join(model.PRESETS)})")
+    _require(cfg.device in ("auto", "cpu", "cuda"), "device", cfg.device,
+             "must be auto, cpu or cuda")
+    registry.check_strategy(cfg.strategy, cfg.outer)
+    registry.check_local_steps(cfg.local_steps)
+
+    i = cfg.inner
+    _require(i.steps >= 1, "inner.steps", i.steps, "must be >= 1")
+    _require(i.batch_size >= 1, "inner.batch_size", i.batch_size, "must be >= 1")
+    _require(i.lr > 0, "inner.lr", i.lr, "must be > 0")
+    _require(i.warmup_steps >= 0, "inner.warmup_steps", i.warmup_steps, "must be >= 0")
+    _require(i.decay_steps >= 0, "inner.decay_steps", i.decay_steps, "must be >= 0")
+    _require(0 <= i.min_lr_ratio <= 1, "inner.min_lr_ratio", i.min_lr_ratio, "must be in [0, 1]")
+    _require(i.weight_decay >= 0, "inner.weight_decay", i.weight_decay, "must be >= 0")
+    _require(0 <= i.beta1 < 1, "inner.beta1", i.beta1, "must be in [0, 1)")
+    _require(0 <= i.beta2 < 1, "inner.beta2", i.beta2, "must be in [0, 1)")
+    _require(i.grad_clip >= 0, "inner.grad_clip", i.grad_clip, "must be >= 0")
+    _require(i.threads >= 1, "inner.threads", i.threads, "must be >= 1")
+
+    d = cfg.data
+    _require(d.source == "shakespeare" or d.source.startswith(("hf:", "text:")),
+             "data.source", d.source, "must be shakespeare, hf:NAME or text:GLOB")
+    _require(d.partition in ("iid", "by-play", "dirichlet"), "data.partition",
+             d.partition, "must be iid, by-play or dirichlet")
+    _require(d.alpha > 0, "data.alpha", d.alpha, "must be > 0")
+    _require(d.seq_len >= 8, "data.seq_len", d.seq_len, "must be >= 8")
+    _require(0 < d.val_fraction < 0.5, "data.val_fraction", d.val_fraction, "must be in (0, 0.5)")
+    _require(d.max_documents >= 1, "data.max_documents", d.max_documents, "must be >= 1")
+
+    e = cfg.eval
+    _require(e.every >= 1, "eval.every", e.every, "must be >= 1")
+    _require(e.batches >= 1, "eval.batches", e.batches, "must be >= 1")
+    _require(e.batch_size >= 1, "eval.batch_size", e.batch_size, "must be >= 1")
+
+    f = cfg.fleet
+    _require(f.preset in fleet.PRESETS, "fleet.preset", f.preset,
+             f"unknown preset (known: {', '.join(fleet.PRESETS)})")
+    _require(f.base_step_time > 0, "fleet.base_step_time", f.base_step_time, "must be > 0")
+    _require(f.jitter >= 0, "fleet.jitter", f.jitter, "must be >= 0")
+    for k, t in enumerate(f.step_times):
+        _require(t > 0, f"fleet.step_times[{k}]", t, "must be > 0")
+    for k, r in enumerate(f.regions):
+        _require(r in fleet.REGIONS, f"fleet.regions[{k}]", r,
+                 f"unknown region (known: {', '.join(fleet.REGIONS)})")
+
+    s = cfg.sim
+    _require(s.actors >= 0, "sim.actors", s.actors, "must be >= 0")
+    _require(s.cpus >= 0, "sim.cpus", s.cpus, "must be >= 0")
+    _require(s.ttl > 0, "sim.ttl", s.ttl, "must be > 0")
+    _require(s.reply_timeout > 0, "sim.reply_timeout", s.reply_timeout, "must be > 0")
+
+
+# ---------------------------------------------------------------------------
+# Files and --set overrides
+# ---------------------------------------------------------------------------
+
+# Short names a user may type instead of the full dotted key.
+ALIASES = {"profile": "fleet.preset", "H": "inner.steps", "partition": "data.partition"}
+
+
+def parse_value(text: str) -> Any:
+    """Parse the right-hand side of ``--set key=value`` as a TOML value.
+
+    ``--set inner.lr=1e-3`` gives a float, ``--set strategy=fedavg`` a string
+    (bare words that are not TOML are taken as strings).
+    """
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_override(raw: dict[str, Any], assignment: str) -> None:
+    """Apply one ``key=value`` (dotted key) to the raw config dict in place."""
+    if "=" not in assignment:
+        raise ConfigError(f"--set {assignment}: expected key=value")
+    key, text = assignment.split("=", 1)
+    key = ALIASES.get(key.strip(), key.strip())
+    if not key:
+        raise ConfigError(f"--set {assignment}: empty key")
+    parts = key.split(".")
+    node = raw
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{key}: {part} is not a section")
+        node = child
+    node[parts[-1]] = parse_value(text.strip())
+
+
+def load(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Read a TOML config (or the defaults), apply ``--set`` overrides, validate."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config: no such file {str(p)!r}")
+        try:
+            raw = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config: {p}: {exc}") from None
+    for assignment in overrides:
+        apply_override(raw, assignment)
+    return from_dict(raw)

@@ -1,0 +1,192 @@
+"""fedlm's Flower ServerApp: the engine driving Flower's Grid.
+
+Jobs travel as Flower messages: ``push_messages`` sends one TRAIN message per
+job (at most one in flight per worker), ``pull_messages`` collects whatever
+replies are ready, matched back to jobs by ``reply_to_message_id`` since they
+come in any order. Error replies (expired TTL, unreachable node, crashed
+ClientApp) become failed jobs, not crashes.
+
+``app`` is what ``flwr run .`` loads (config from the run config);
+``make_server_app`` is what ``fedlm run`` uses (config handed in directly,
+since ``run_simulation`` passes an empty run config).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable
+
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.serverapp import Grid, ServerApp
+
+from fedlm import config as config_lib, fleet as fleet_lib, model as model_lib
+from fedlm.config import Config
+from fedlm.engine import Engine, EngineError, Progress, Reply
+from fedlm.evaluate import Evaluator
+from fedlm.params import params_hash, snapshot
+from fedlm.store import RunWriter
+from fedlm.worker import JobSpec, worker_shards
+from strategies import registry
+
+log = logging.getLogger("fedlm")
+
+NODE_WAIT_SECONDS = 180.0  # how long to wait for all SuperNodes to register
+POLL_SECONDS = 0.05  # pause between empty pulls (Flower itself polls at 0.1 s)
+
+
+class FlowerTransport:
+    """The engine's transport over a Flower ``Grid``."""
+
+    def __init__(self, grid: Grid, cfg: Config) -> None:
+        self.grid = grid
+        self.cfg = cfg
+        self.cfg_json = cfg.to_json()
+        self.node_of: dict[int, int] = {}  # worker (partition id) -> Flower node id
+        self.pending: dict[str, int] = {}  # message id -> job id
+
+    def connect(self) -> dict[int, int]:
+        """Wait for the SuperNodes and learn which node holds which partition."""
+        deadline = time.monotonic() + NODE_WAIT_SECONDS
+        want = self.cfg.workers
+        while True:
+            nodes = sorted(self.grid.get_node_ids())
+            if len(nodes) >= want:
+                break
+            if time.monotonic() > deadline:
+                raise EngineError(f"workers: expected {want} SuperNodes, only {len(nodes)} "
+                                  f"registered within {NODE_WAIT_SECONDS:.0f} s")
+            time.sleep(0.5)
+        msgs = [Message(RecordDict({"ask": ConfigRecord({"what": "partition-id"})}),
+                        dst_node_id=n, message_type=MessageType.QUERY, ttl=self.cfg.sim.ttl)
+                for n in nodes]
+        replies = self.grid.send_and_receive(msgs, timeout=NODE_WAIT_SECONDS)
+        for reply in replies:
+            if reply.has_error():
+                raise EngineError(f"node {reply.metadata.src_node_id} did not answer the "
+                                  f"partition query: {reply.error.reason}")
+            info = reply.content["info"]
+            pid, n = int(info["partition-id"]), int(info["num-partitions"])
+            if n != want:
+                raise EngineError(f"workers: config asks for {want}, but nodes were started "
+                                  f"with num-partitions={n}")
+            self.node_of[pid] = reply.metadata.src_node_id
+        missing = sorted(set(range(want)) - set(self.node_of))
+        if missing:
+            raise EngineError(f"workers: no node holds partition(s) {missing}")
+        return dict(self.node_of)
+
+    def submit(self, job: JobSpec, params) -> None:
+        content = RecordDict({
+            "arrays": ArrayRecord(torch_state_dict=params),
+            "job": ConfigRecord({"job-id": job.job_id, "worker": job.worker,
+                                 "base-version": job.base_version,
+                                 "local-steps": job.local_steps, "data-seed": job.data_seed,
+                                 "config": self.cfg_json}),
+        })
+        msg = Message(content, dst_node_id=self.node_of[job.worker],
+                      message_type=MessageType.TRAIN, ttl=self.cfg.sim.ttl,
+                      group_id=str(job.base_version))
+        (msg_id,) = list(self.grid.push_messages([msg]))
+        self.pending[msg_id] = job.job_id
+
+    def collect(self, timeout: float) -> list[Reply]:
+        deadline = time.monotonic() + timeout
+        while True:
+            out = []
+            if self.pending:
+                for reply in self.grid.pull_messages(list(self.pending)):
+                    job_id = self.pending.pop(reply.metadata.reply_to_message_id, None)
+                    if job_id is not None:
+                        out.append(self._to_reply(job_id, reply))
+            if out or time.monotonic() >= deadline:
+                return out
+            time.sleep(POLL_SECONDS)
+
+    @staticmethod
+    def _to_reply(job_id: int, reply: Message) -> Reply:
+        now = time.time()
+        if reply.has_error():
+            return Reply(job_id, None, error=f"flower error {reply.error.code}: "
+                         f"{reply.error.reason}", wall_arrival=now)
+        m = reply.content["metrics"]
+        grad = reply.content["arrays"].to_torch_state_dict()
+        return Reply(job_id, grad, steps=int(m["steps"]), tokens=int(m["tokens"]),
+                     train_loss=float(m["train-loss"]),
+                     compute_seconds=float(m["compute-seconds"]), wall_arrival=now)
+
+
+def run_on_grid(grid: Grid, cfg: Config, db_path: str,
+                progress: Callable[[Progress], None] | None = None,
+                on_start: Callable[[int], None] | None = None) -> int:
+    """Run one training job on ``grid``; everything lands in the run store. Returns the run id."""
+    strategy = registry.build_strategy(cfg.strategy, cfg.outer)
+    writer = RunWriter(db_path, name=cfg.name or f"{cfg.strategy}-{cfg.fleet.preset}",
+                       strategy=cfg.strategy, local_steps=cfg.local_steps,
+                       profile=cfg.fleet.preset, model=cfg.model, workers=cfg.workers,
+                       seed=cfg.seed, mode="virtual", config_json=cfg.to_json(),
+                       strategy_summary=strategy.summary())
+    if on_start:
+        on_start(writer.run_id)
+    engine = None
+    try:
+        transport = FlowerTransport(grid, cfg)
+        node_of = transport.connect()
+        fleet = fleet_lib.profiles(cfg.fleet, cfg.workers)
+        shards = worker_shards(cfg.data, cfg.workers, cfg.seed)
+        writer.add_workers({"worker": p.worker, "node_id": str(node_of[p.worker]),
+                            "step_time": p.step_time, "jitter": p.jitter,
+                            "region": p.region.name, "latency": p.region.latency,
+                            "down_bw": p.region.down_bw, "up_bw": p.region.up_bw,
+                            "shard_sequences": len(shards[p.worker])} for p in fleet)
+        net = model_lib.build(cfg.model, cfg.data.seq_len, seed=cfg.seed)
+        params = snapshot(net)
+        writer.set_model_info(model_lib.num_parameters(net), params_hash(params))
+        engine = Engine(cfg, strategy=strategy, local_steps=registry.build_local_steps(cfg.local_steps),
+                        transport=transport, fleet=fleet, writer=writer,
+                        evaluate=Evaluator(cfg), progress=progress)
+        final = engine.run(params)
+        writer.finish(status="finished", virtual_time=engine.clock.now, updates=engine.version,
+                      final_hash=params_hash(final))
+    except BaseException as exc:
+        writer.finish(status="failed", virtual_time=engine.clock.now if engine else 0.0,
+                      updates=engine.version if engine else 0, final_hash=None,
+                      error=f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        writer.close()
+    return writer.run_id
+
+
+def make_server_app(cfg: Config, db_path: str,
+                    progress: Callable[[Progress], None] | None = None,
+                    on_start: Callable[[int], None] | None = None) -> ServerApp:
+    """A ServerApp bound to ``cfg`` (for ``run_simulation``, whose run config is empty)."""
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        run_on_grid(grid, cfg, db_path, progress, on_start)
+
+    return app
+
+
+# -- for `flwr run .`: config from [tool.flwr.app.config] / --run-config -------------
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    rc = context.run_config
+    path = str(rc.get("config", "")) or None
+    overrides = [s for s in str(rc.get("set", "")).split() if s]
+    cfg = config_lib.load(path, overrides)
+    db = str(rc.get("db", "")) or cfg.db
+
+    def log_progress(p: Progress) -> None:
+        ppl = f"{p.perplexity:.2f}" if p.perplexity is not None else "-"
+        log.warning("fedlm: version %d/%d, virtual %.1f s, perplexity %s",
+                    p.version, p.target, p.virtual_time, ppl)
+
+    run_id = run_on_grid(grid, cfg, db, log_progress)
+    log.warning("fedlm: run %d stored in %s", run_id, db)

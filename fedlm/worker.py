@@ -1,0 +1,142 @@
+"""The worker's job: H inner AdamW steps on its own shard, as a pure function.
+
+    run_job(θ, optimizer state, job) -> (outer gradient, new optimizer state, metrics)
+
+The ClientApp calls it inside Flower; replay and tests call it directly. What
+a job reads is fixed by its ``data_seed``, and the inner optimizer's state
+(AdamW moments, the schedule position) belongs to the worker, travels in and
+out of this function, and is never sent to the server.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+from fedlm import data, model as model_lib
+from fedlm.config import Config, DataConfig, InnerConfig
+from fedlm.params import load_into, outer_gradient, snapshot
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What the server asks of one job (sent in the message's config)."""
+
+    job_id: int
+    worker: int
+    base_version: int
+    local_steps: int
+    data_seed: int
+
+
+@dataclass(frozen=True)
+class JobResult:
+    outer_grad: "OrderedDict[str, torch.Tensor]"  # θ_start − θ_end
+    opt_state: dict  # the worker's new inner-optimizer state (stays on the worker)
+    steps: int
+    tokens: int
+    train_loss: float  # mean training loss over the job's steps
+    compute_seconds: float  # real seconds the inner loop took
+
+
+def inner_lr(step: int, cfg: InnerConfig, decay_steps: int) -> float:
+    """Linear warmup to ``cfg.lr``, then cosine decay to ``min_lr_ratio × lr``.
+
+    ``step`` counts the worker's own inner steps over the whole run, so the
+    schedule continues across jobs instead of restarting every job.
+    """
+    if cfg.warmup_steps and step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    span = max(1, decay_steps - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    floor = cfg.min_lr_ratio
+    return cfg.lr * (floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
+# -- per-process caches (read-only or scratch; never per-node state) ----------
+
+@lru_cache(maxsize=4)
+def worker_shards(data_cfg: DataConfig, num_workers: int, seed: int) -> tuple[np.ndarray, ...]:
+    corpus = data.load_corpus(data_cfg)
+    return tuple(data.partition(corpus, data_cfg, num_workers, seed))
+
+
+@lru_cache(maxsize=2)
+def _scratch_model(preset: str, block_size: int, device: str) -> model_lib.GPT:
+    # Weights are overwritten by every job; only the structure is reused.
+    return model_lib.build(preset, block_size, seed=0, device=device)
+
+
+# -- optimizer state <-> flat tensor dict ----------------------------------------
+
+def _export_opt_state(opt: torch.optim.Optimizer, names: list[str]) -> dict[str, torch.Tensor]:
+    flat: dict[str, torch.Tensor] = {}
+    state = opt.state_dict()["state"]
+    for idx, name in enumerate(names):
+        for key, value in state.get(idx, {}).items():
+            flat[f"{name}/{key}"] = value.detach().to("cpu", copy=True)
+    return flat
+
+
+def _import_opt_state(opt: torch.optim.Optimizer, names: list[str],
+                      flat: dict[str, torch.Tensor], device: str) -> None:
+    if not flat:
+        return
+    sd = opt.state_dict()
+    sd["state"] = {}
+    for idx, name in enumerate(names):
+        entry = {k.split("/", 1)[1]: v for k, v in flat.items() if k.split("/", 1)[0] == name}
+        if entry:
+            sd["state"][idx] = {k: (v if k == "step" else v.to(device)) for k, v in entry.items()}
+    opt.load_state_dict(sd)
+
+
+def run_job(params, opt_state: dict, job: JobSpec, cfg: Config) -> JobResult:
+    """Run one job; pure in (params, opt_state, job, cfg) for a fixed thread count."""
+    import time
+
+    torch.set_num_threads(cfg.inner.threads)
+    device = model_lib.resolve_device(cfg.device)
+    net = _scratch_model(cfg.model, cfg.data.seq_len, device)
+    load_into(net, params)
+    names = [n for n, _ in net.named_parameters()]
+
+    i = cfg.inner
+    opt = torch.optim.AdamW(net.parameters(), lr=i.lr, betas=(i.beta1, i.beta2),
+                            weight_decay=i.weight_decay)
+    tensors = {k: v for k, v in opt_state.items() if k != "schedule_step"}
+    _import_opt_state(opt, names, tensors, device)
+    schedule_step = int(opt_state.get("schedule_step", 0))
+
+    corpus = data.load_corpus(cfg.data)
+    shard = worker_shards(cfg.data, cfg.workers, cfg.seed)[job.worker]
+    batches = data.job_batches(shard, job.local_steps, i.batch_size, job.data_seed)
+    decay = cfg.decay_steps()
+
+    net.train()
+    losses = []
+    t0 = time.perf_counter()
+    for s in range(job.local_steps):
+        for group in opt.param_groups:
+            group["lr"] = inner_lr(schedule_step + s, i, decay)
+        seqs = torch.from_numpy(corpus.train[batches[s]].astype(np.int64)).to(device)  # (B, T+1)
+        _, loss = net(seqs[:, :-1], seqs[:, 1:])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if i.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(net.parameters(), i.grad_clip)
+        opt.step()
+        losses.append(loss.item())
+    seconds = time.perf_counter() - t0
+
+    new_state = _export_opt_state(opt, names)
+    new_state["schedule_step"] = schedule_step + job.local_steps
+    grad = outer_gradient(params, snapshot(net))
+    return JobResult(grad, new_state, job.local_steps,
+                     job.local_steps * i.batch_size * cfg.data.seq_len,
+                     float(np.mean(losses)), seconds)

@@ -1,0 +1,89 @@
+"""Composable outer-optimizer pieces, optax style.
+
+A ``Transform`` is a pair of pure functions:
+
+    init(params)            -> state
+    update(grads, state)    -> (step, new_state)
+
+``chain`` composes them left to right; the strategy then descends:
+θ ← θ − step. Tensors are dicts name -> tensor (see fedlm.params); states are
+small dicts of such dicts, so they save with ``torch.save``.
+
+    FedAvg / Local-SGD  = chain(scale(1.0))
+    DiLoCo              = chain(trace(0.9, nesterov=True), scale(0.7))
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Callable, NamedTuple
+
+import torch
+
+Tensors = "OrderedDict[str, torch.Tensor]"
+
+
+class Transform(NamedTuple):
+    init: Callable[[Any], Any]
+    update: Callable[[Any, Any], tuple[Any, Any]]
+
+
+def _map(fn, *trees):
+    return OrderedDict((k, fn(*(t[k] for t in trees))) for k in trees[0])
+
+
+def scale(factor: float) -> Transform:
+    """step = factor · g (the outer learning rate)."""
+
+    def init(params):
+        return {}
+
+    def update(grads, state):
+        return _map(lambda g: g * factor, grads), state
+
+    return Transform(init, update)
+
+
+def trace(momentum: float, nesterov: bool = False) -> Transform:
+    """Heavy-ball or Nesterov momentum, in the form the async-local-SGD paper writes:
+
+        m ← β·m + g;   step = β·m + g  (Nesterov)   or   step = m  (heavy ball)
+    """
+
+    def init(params):
+        return {"m": _map(torch.zeros_like, params)}
+
+    def update(grads, state):
+        m = _map(lambda m, g: momentum * m + g, state["m"], grads)
+        step = _map(lambda m, g: momentum * m + g, m, grads) if nesterov else m
+        return step, {"m": m}
+
+    return Transform(init, update)
+
+
+def chain(*transforms: Transform) -> Transform:
+    """Apply ``transforms`` left to right; the state is a tuple of their states."""
+
+    def init(params):
+        return tuple(t.init(params) for t in transforms)
+
+    def update(grads, state):
+        new_state = []
+        for t, s in zip(transforms, state):
+            grads, s = t.update(grads, s)
+            new_state.append(s)
+        return grads, tuple(new_state)
+
+    return Transform(init, update)
+
+
+def sgd(lr: float, momentum: float = 0.0, nesterov: bool = False) -> Transform:
+    """Outer SGD; with momentum > 0 a (Nesterov) momentum trace comes first."""
+    if momentum == 0.0:
+        return chain(scale(lr))
+    return chain(trace(momentum, nesterov), scale(lr))
+
+
+def descend(params, step) -> "OrderedDict[str, torch.Tensor]":
+    """θ ← θ − step (the outer gradient points uphill, see fedlm.params)."""
+    return _map(lambda p, s: p - s, params, step)

@@ -1,0 +1,23 @@
+"""Shared fixtures: a tiny, fast config and a private data cache per session."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from fedlm import config
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cache_dir(tmp_path_factory):
+    # Tests share one tokenized-corpus cache, kept out of the user's ~/.cache.
+    os.environ.setdefault("FEDLM_CACHE", str(tmp_path_factory.mktemp("fedlm-cache")))
+    yield
+
+
+def tiny_config(*overrides: str) -> config.Config:
+    """A run small enough for a unit test: tiny model, few short jobs."""
+    return config.load(None, ["model=tiny", "workers=3", "updates=4", "inner.steps=3",
+                              "inner.batch_size=4", "eval.every=2", "eval.batches=2",
+                              "eval.batch_size=8", "data.seq_len=64", *overrides])

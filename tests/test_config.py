@@ -1,0 +1,62 @@
+import subprocess
+import sys
+
+import pytest
+
+from fedlm import config
+from fedlm.config import ConfigError
+
+
+def test_defaults_are_valid_and_documented():
+    cfg = config.load()
+    assert (cfg.workers, cfg.fleet.preset, cfg.model, cfg.strategy) == (4, "moderate", "small",
+                                                                         "diloco")
+    assert config.Config.from_json(cfg.to_json()) == cfg
+
+
+def test_set_overrides_parse_toml_values_and_aliases():
+    cfg = config.load(None, ["inner.lr=1e-3", "strategy=fedavg", "profile=very",
+                             "fleet.step_times=[1, 2.5]", "outer.lr=0.5"])
+    assert cfg.inner.lr == 1e-3 and isinstance(cfg.inner.lr, float)
+    assert cfg.strategy == "fedavg" and cfg.fleet.preset == "very"
+    assert cfg.fleet.step_times == [1.0, 2.5]
+    assert cfg.outer == {"lr": 0.5}
+
+
+@pytest.mark.parametrize("override, fragment", [
+    ("bogus=1", "bogus: unknown key"),
+    ("inner.bogus=1", "inner.bogus: unknown key"),
+    ("fleet.step_times=[1.0, -2.0]", "fleet.step_times[1]: must be > 0, got -2.0"),
+    ("fleet.preset=warp", "fleet.preset: unknown preset"),
+    ("strategy=nope", "strategy: unknown strategy 'nope'"),
+    ("model=huge", "model: unknown preset"),
+    ("workers=0", "workers: must be >= 1, got 0"),
+    ("inner.lr=fast", "inner.lr: expected float, got 'fast'"),
+    ("outer.momentum=2.0", "outer.momentum: must be in [0, 1), got 2.0"),
+    ("outer.warp=1", "outer.warp: not a setting of 'diloco'"),
+    ("data.partition=random", "data.partition: must be iid, by-play or dirichlet"),
+    ("local_steps=magic", "local_steps: unknown policy 'magic'"),
+])
+def test_bad_values_are_refused_with_one_line_naming_the_field(override, fragment):
+    with pytest.raises(ConfigError) as info:
+        config.load(None, [override])
+    message = str(info.value)
+    assert fragment in message
+    assert "\n" not in message
+
+
+def test_config_file_round_trip(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('strategy = "fedavg"\nworkers = 2\n[inner]\nsteps = 7\n')
+    cfg = config.load(path)
+    assert (cfg.strategy, cfg.workers, cfg.inner.steps) == ("fedavg", 2, 7)
+    with pytest.raises(ConfigError, match="no such file"):
+        config.load(tmp_path / "missing.toml")
+
+
+def test_cli_refuses_bad_config_without_traceback():
+    out = subprocess.run([sys.executable, "-m", "fedlm", "run", "--set", "fleet.step_times=[-1]"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.strip() == ("fedlm: error: fleet.step_times[0]: must be > 0, got -1.0")
+    assert "Traceback" not in out.stderr

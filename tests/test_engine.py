@@ -1,0 +1,111 @@
+"""The engine with an in-process transport: ordering, idle time, failures."""
+
+import sqlite3
+from dataclasses import replace
+
+import pytest
+import torch
+
+from fedlm import fleet, model as M
+from fedlm.engine import Engine, Reply
+from fedlm.evaluate import Evaluator
+from fedlm.inprocess import InProcessTransport
+from fedlm.params import num_bytes, params_hash, snapshot
+from fedlm.store import RunWriter, summarize
+from strategies import registry
+from tests.conftest import tiny_config
+
+
+def run_engine(cfg, db, transport=None, evaluate=True):
+    writer = RunWriter(db, name="t", strategy=cfg.strategy, local_steps=cfg.local_steps,
+                       profile=cfg.fleet.preset, model=cfg.model, workers=cfg.workers,
+                       seed=cfg.seed, mode="virtual", config_json=cfg.to_json())
+    profiles = fleet.profiles(cfg.fleet, cfg.workers)
+    writer.add_workers({"worker": p.worker, "node_id": None, "step_time": p.step_time,
+                        "jitter": p.jitter, "region": p.region.name, "latency": p.region.latency,
+                        "down_bw": p.region.down_bw, "up_bw": p.region.up_bw,
+                        "shard_sequences": 0} for p in profiles)
+    engine = Engine(cfg, strategy=registry.build_strategy(cfg.strategy, cfg.outer),
+                    local_steps=registry.build_local_steps(cfg.local_steps),
+                    transport=transport or InProcessTransport(cfg), fleet=profiles,
+                    writer=writer, evaluate=Evaluator(cfg) if evaluate else None)
+    theta = snapshot(M.build(cfg.model, cfg.data.seq_len, seed=cfg.seed))
+    final = engine.run(theta)
+    writer.finish(status="finished", virtual_time=engine.clock.now, updates=engine.version,
+                  final_hash=params_hash(final))
+    writer.close()
+    return engine, final, writer.run_id
+
+
+def test_result_does_not_depend_on_real_arrival_order(tmp_path):
+    cfg = tiny_config("strategy=diloco")
+    hashes = {params_hash(run_engine(cfg, tmp_path / "a.db",
+                                     InProcessTransport(cfg, arrival_seed=s), False)[1])
+              for s in (None, 1, 2)}
+    assert len(hashes) == 1
+
+
+def test_sync_idle_time_matches_the_profile_arithmetic(tmp_path):
+    cfg = tiny_config("fleet.step_times=[1.0, 2.0, 4.0]", "fleet.jitter=0.0", "updates=3")
+    engine, final, run_id = run_engine(cfg, tmp_path / "r.db", evaluate=False)
+    comm = 2 * (fleet.REGIONS["local"].latency
+                + num_bytes(final) / fleet.REGIONS["local"].down_bw)
+    job_time = [cfg.inner.steps * st + comm for st in (1.0, 2.0, 4.0)]
+    rounds = 3
+    assert engine.clock.now == pytest.approx(rounds * max(job_time))
+    s = summarize(tmp_path / "r.db", run_id)
+    for w, expected in zip(s.workers, job_time):
+        # fast workers wait for the slowest at every barrier; the slowest never waits
+        assert w.idle == pytest.approx(rounds * (max(job_time) - expected))
+        assert w.compute == pytest.approx(rounds * cfg.inner.steps * w.step_time)
+        assert w.jobs == rounds
+    assert s.workers[2].idle == 0.0
+    assert s.workers[0].idle_fraction == pytest.approx(1 - job_time[0] / max(job_time))
+
+
+def test_run_store_holds_the_operation_log(tmp_path):
+    cfg = tiny_config()
+    engine, final, run_id = run_engine(cfg, tmp_path / "r.db")
+    conn = sqlite3.connect(tmp_path / "r.db")
+    rows = conn.execute("SELECT seq, worker, base_version, received_version, applied_version,"
+                        " staleness FROM updates WHERE run_id=? ORDER BY seq",
+                        (run_id,)).fetchall()
+    assert len(rows) == cfg.updates * cfg.workers
+    for seq, worker, base, received, applied, staleness in rows:
+        assert staleness == 0 and base == received and applied == base + 1
+    kinds = {k for (k,) in conn.execute("SELECT DISTINCT kind FROM intervals")}
+    assert kinds == {"download", "compute", "upload", "idle"}
+    versions = [v for (v,) in conn.execute("SELECT version FROM metrics ORDER BY id")]
+    assert versions == [0, 2, 4]
+
+
+class FlakyTransport(InProcessTransport):
+    """Loses one job's reply and corrupts another's update with NaN."""
+
+    def collect(self, timeout):
+        out = []
+        for r in super().collect(timeout):
+            if r.job_id == 1:
+                r = Reply(r.job_id, None, error="flower error 3: message expired")
+            elif r.job_id == 4:
+                bad = dict(r.outer_grad)
+                first = next(iter(bad))
+                bad[first] = torch.full_like(bad[first], float("nan"))
+                r = replace(r, outer_grad=bad)
+            out.append(r)
+        return out
+
+
+def test_lost_and_bad_updates_are_logged_redone_and_never_applied(tmp_path):
+    cfg = tiny_config()
+    engine, final, run_id = run_engine(cfg, tmp_path / "r.db", FlakyTransport(cfg), False)
+    assert engine.version == cfg.updates
+    assert all(torch.isfinite(t).all() for t in final.values())
+    conn = sqlite3.connect(tmp_path / "r.db")
+    events = conn.execute("SELECT job_id, detail FROM events WHERE kind='job_failed'"
+                          " ORDER BY job_id").fetchall()
+    assert [e[0] for e in events] == [1, 4]
+    assert "expired" in events[0][1] and "NaN" in events[1][1]
+    applied_jobs = {j for (j,) in conn.execute("SELECT job_id FROM updates")}
+    assert not applied_jobs & {1, 4}
+    assert len(applied_jobs) == cfg.updates * cfg.workers  # the lost work was redone

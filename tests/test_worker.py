@@ -1,0 +1,52 @@
+import torch
+
+from fedlm import data, model as M
+from fedlm.config import InnerConfig
+from fedlm.params import load_into, params_hash, snapshot
+from fedlm.worker import JobSpec, inner_lr, run_job, worker_shards
+from tests.conftest import tiny_config
+
+
+def test_lr_schedule_warms_up_then_decays_to_the_floor():
+    cfg = InnerConfig(lr=1.0, warmup_steps=10, min_lr_ratio=0.1)
+    lrs = [inner_lr(s, cfg, decay_steps=110) for s in range(130)]
+    assert lrs[0] == 0.1 and lrs[9] == 1.0
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
+    assert abs(lrs[60] - 0.55) < 1e-9  # halfway down the cosine
+    assert lrs[110] == lrs[129] == 0.1
+
+
+def test_job_returns_the_outer_gradient_and_carries_optimizer_state():
+    cfg = tiny_config("inner.warmup_steps=0", "inner.lr=1e-2")
+    theta = snapshot(M.build(cfg.model, cfg.data.seq_len, seed=0))
+    job = JobSpec(job_id=0, worker=1, base_version=0, local_steps=3, data_seed=7)
+    r1 = run_job(theta, {}, job, cfg)
+    assert r1.steps == 3 and r1.tokens == 3 * cfg.inner.batch_size * cfg.data.seq_len
+    assert r1.opt_state["schedule_step"] == 3
+    # Sign convention g = θ_start − θ_end: θ − g is the worker's end model, which
+    # fits the job's own batches better than θ does.
+    corpus = data.load_corpus(cfg.data)
+    shard = worker_shards(cfg.data, cfg.workers, cfg.seed)[1]
+    seqs = torch.from_numpy(corpus.train[data.job_batches(shard, 3, 4, 7).ravel()].astype("int64"))
+    net = M.build(cfg.model, cfg.data.seq_len, seed=0)
+
+    def loss_of(p):
+        load_into(net, p)
+        with torch.no_grad():
+            return net(seqs[:, :-1], seqs[:, 1:])[1].item()
+
+    end = {n: theta[n] - r1.outer_grad[n] for n in theta}
+    assert loss_of(end) < loss_of(theta) - 0.01
+    r2 = run_job(theta, r1.opt_state, JobSpec(1, 1, 0, 3, 8), cfg)
+    assert r2.opt_state["schedule_step"] == 6
+
+
+def test_job_is_a_pure_function_of_params_state_and_job():
+    cfg = tiny_config()
+    theta = snapshot(M.build(cfg.model, cfg.data.seq_len, seed=0))
+    job = JobSpec(job_id=0, worker=0, base_version=0, local_steps=3, data_seed=11)
+    a = run_job(theta, {}, job, cfg)
+    b = run_job(theta, {}, job, cfg)
+    assert params_hash(a.outer_grad) == params_hash(b.outer_grad)
+    c = run_job(theta, {}, JobSpec(0, 0, 0, 3, 12), cfg)
+    assert params_hash(a.outer_grad) != params_hash(c.outer_grad)
