@@ -5,6 +5,8 @@
     fedlm show RUN_ID [--db PATH]                               a run's summary
     fedlm export RUN_ID [--db PATH] [--format csv|parquet]      a run's tables as files
     fedlm config [CONFIG.toml] [--set key=value ...]            print the resolved config
+    fedlm replay RUN_ID [--db PATH]                             re-execute a run from its log
+    fedlm strategies                                            list strategies and policies
 
 Bad input ends with one line, ``fedlm: error: FIELD: ...``, and exit status 2.
 """
@@ -19,6 +21,8 @@ from pathlib import Path
 
 from fedlm import config as config_lib
 from fedlm.config import Config, ConfigError
+from fedlm.replay import ReplayError
+from fedlm.store import StoreError
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -56,6 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("config", help="print the resolved config as TOML")
     _add_config_args(p)
+
+    p = sub.add_parser("replay", help="re-execute a run from its operation log and compare "
+                       "the final weights' hash")
+    p.add_argument("run_id", type=int)
+    _add_db_arg(p)
+
+    sub.add_parser("strategies", help="list the available strategies and local-steps policies")
     return parser
 
 
@@ -190,8 +201,37 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_replay(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from fedlm.replay import describe, replay
+
+    _quiet_libraries()
+    bar = tqdm(unit="op", desc="replaying", dynamic_ncols=True)
+
+    def on_progress(done: int, total: int) -> None:
+        bar.total = total
+        bar.n = done
+        bar.refresh()
+
+    result = replay(args.db or Config().db, args.run_id, on_progress)
+    bar.close()
+    print(describe(result))
+    return 0 if result.identical else 1
+
+
+def cmd_strategies(args: argparse.Namespace) -> int:
+    from strategies.registry import describe
+
+    for name, kind, line in describe():
+        print(f"{name:<18} {kind:<12} {line}")
+    print("\nplug in your own: --set strategy=package.module:Class, or an entry point in the "
+          "'fedlm.strategies' group (docs/strategies.md)")
+    return 0
+
+
 COMMANDS = {"run": cmd_run, "runs": cmd_runs, "show": cmd_show, "export": cmd_export,
-            "config": cmd_config}
+            "config": cmd_config, "replay": cmd_replay, "strategies": cmd_strategies}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"fedlm: error: {exc}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, KeyError) as exc:
+    except (FileNotFoundError, KeyError, StoreError, ReplayError) as exc:
         msg = exc.args[0] if exc.args else str(exc)
         print(f"fedlm: error: {msg}", file=sys.stderr)
         return 2

@@ -94,6 +94,8 @@ class Config:
     strategy: str = "diloco"  # aggregation strategy (see `strategies/`)
     local_steps: str = "fixed"  # local-steps policy: how many inner steps a job gets
     updates: int = 20  # outer updates of the global model to apply, then stop
+    grace: float = 0.0  # async grace period, virtual s: jobs finishing this close are applied together
+    clock: str = "virtual"  # virtual: apply in simulated-completion order; wall: real arrival order
     device: str = "auto"  # auto | cpu | cuda
     db: str = "runs/fedlm.db"  # run store (SQLite); `--db` overrides
     outer: dict[str, Any] = field(default_factory=dict)  # strategy keyword arguments
@@ -197,6 +199,8 @@ def validate(cfg: Config) -> None:
              f"unknown preset (known: {', '.join(model.PRESETS)})")
     _require(cfg.device in ("auto", "cpu", "cuda"), "device", cfg.device,
              "must be auto, cpu or cuda")
+    _require(cfg.grace >= 0, "grace", cfg.grace, "must be >= 0")
+    _require(cfg.clock in ("virtual", "wall"), "clock", cfg.clock, "must be virtual or wall")
     registry.check_strategy(cfg.strategy, cfg.outer)
     registry.check_local_steps(cfg.local_steps)
 

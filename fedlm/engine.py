@@ -8,9 +8,16 @@ its completion goes on the virtual clock while its real compute runs — in
 parallel with every other outstanding job — behind a ``Transport`` (Flower's
 Grid in ``server_app``; an in-process trainer in tests and replay).
 
-Results are handed to the strategy in *virtual-completion* order, never in
-real arrival order; that makes a simulated run a pure function of its config
-and seed, however Ray schedules the compute.
+Two orders in which finished jobs reach the strategy:
+
+- ``virtual`` (simulation): virtual-completion order, never real arrival
+  order. A simulated run is then a pure function of its config and seed,
+  however Ray schedules the compute.
+- ``wall`` (real nodes): real arrival order, times from the wall clock.
+
+Either way every dispatch, update and lost job is written to the operation
+log with a global operation number, so ``fedlm replay`` can re-execute the
+run exactly (see ``fedlm.replay``).
 
 The engine owns: the global params and version, the clock, which worker is
 busy or free since when, and the run log. It knows nothing of the algorithm.
@@ -68,7 +75,7 @@ class Transport(Protocol):
 class InFlight:
     job: JobSpec
     t_dispatch: float
-    timing: JobTiming
+    timing: JobTiming | None  # virtual durations; None on the wall clock
 
 
 @dataclass(frozen=True)
@@ -90,8 +97,12 @@ class Engine:
     def __init__(self, cfg: Config, *, strategy: Strategy, local_steps: LocalSteps,
                  transport: Transport, fleet: list[WorkerProfile], writer: RunWriter | None,
                  evaluate: Callable | None = None,
-                 progress: Callable[[Progress], None] | None = None) -> None:
+                 progress: Callable[[Progress], None] | None = None,
+                 order: str = "virtual") -> None:
+        if order not in ("virtual", "wall"):
+            raise ValueError(f"order: must be virtual or wall, got {order!r}")
         self.cfg = cfg
+        self.order = order
         self.strategy = strategy
         self.policy = local_steps
         self.transport = transport
@@ -102,18 +113,29 @@ class Engine:
         self.timer = JobTimer(fleet, cfg.seed)
         self.clock: VirtualClock[int] = VirtualClock()  # events: job ids
         self.in_flight: dict[int, InFlight] = {}
-        self.free_since: dict[int, float] = {}  # free worker -> virtual time it became free
+        self.free_since: dict[int, float] = {}  # free worker -> time it became free
         self.retired: set[int] = set()
         self.failures = [0] * len(fleet)
         self.jobs_of = [0] * len(fleet)
-        self.arrived: dict[int, Reply] = {}
+        self.arrived: dict[int, Reply] = {}  # replies not yet handed on, by job id
+        self.arrival_order: list[int] = []  # job ids in real arrival order
         self.next_job_id = 0
-        self.seq = 0
+        self.op = 0  # operation counter: dispatches, updates, lost jobs
+        self.seq = 0  # updates handed to the strategy
         self.version = 0
         self.tokens = 0
         self.jobs_done = 0
         self.last_perplexity: float | None = None
+        self._last_eval_version = -1
+        self._wall_start = time.monotonic()
         self.wall_start = time.time()
+
+    @property
+    def now(self) -> float:
+        """Seconds since the start: virtual, or real on the wall clock."""
+        if self.order == "virtual":
+            return self.clock.now
+        return time.monotonic() - self._wall_start
 
     # -- the loop -------------------------------------------------------------
     def run(self, params):
@@ -131,15 +153,21 @@ class Engine:
                 raise EngineError(f"stalled at version {self.version}: no job in flight and "
                                   f"strategy {self.strategy.name!r} gives none to the "
                                   f"{len(self.free_since)} free workers")
-            t, job_id = self.clock.pop()
-            self._complete(job_id, self._wait_for(job_id))
+            self._complete(*self._next_finished())
+            # Grace period: jobs finishing within `grace` of this one are applied
+            # right after it, so their workers restart from the same model.
+            first = self.now
+            while (self.order == "virtual" and self.cfg.grace > 0
+                   and self.version < self.cfg.updates and self.clock.peek() is not None
+                   and self.clock.peek()[0] <= first + self.cfg.grace):
+                self._complete(*self._next_finished())
         if self._last_eval_version != self.version:
             self._evaluate()
         self._close_timeline()
         return self.params
 
     def _dispatch_free_workers(self) -> None:
-        now = self.clock.now
+        now = self.now
         for w in sorted(self.free_since):
             if w in self.retired or not self.strategy.wants_job(w, version=self.version):
                 continue
@@ -148,13 +176,45 @@ class Engine:
                           data_seed(self.cfg.seed, w, self.jobs_of[w]))
             self.next_job_id += 1
             self.jobs_of[w] += 1
-            timing = self.timer.timing(w, steps, self.model_bytes, self.model_bytes)
+            timing = (self.timer.timing(w, steps, self.model_bytes, self.model_bytes)
+                      if self.order == "virtual" else None)
             self._log_intervals([(w, IntervalKind.IDLE, self.free_since.pop(w), now,
                                   self.version, None)])
             self.strategy.on_dispatch(w, version=self.version)
             self.in_flight[job.job_id] = InFlight(job, now, timing)
-            self.clock.schedule(now + timing.total, job.job_id)
+            if timing is not None:
+                self.clock.schedule(now + timing.total, job.job_id)
+            if self.writer:
+                self.writer.add_job(job, op=self._next_op(), t_dispatch=now)
             self.transport.submit(job, self.params)
+
+    def _next_op(self) -> int:
+        self.op += 1
+        return self.op - 1
+
+    def _next_finished(self) -> tuple[int, Reply]:
+        """The next job to hand on: earliest virtual completion, or first real arrival."""
+        if self.order == "virtual":
+            _, job_id = self.clock.pop()
+            return job_id, self._wait_for(job_id)
+        while not self.arrival_order:
+            self._receive(self.cfg.sim.reply_timeout)
+            if not self.arrival_order:
+                # nothing at all within the timeout: give up on the oldest job
+                job_id = min(self.in_flight)
+                return job_id, Reply(job_id, None, wall_arrival=time.time(),
+                                     error=f"no reply within {self.cfg.sim.reply_timeout} s")
+        job_id = self.arrival_order.pop(0)
+        return job_id, self.arrived.pop(job_id)
+
+    def _receive(self, timeout: float) -> None:
+        for reply in self.transport.collect(timeout=timeout):
+            if reply.job_id in self.in_flight and reply.job_id not in self.arrived:
+                self.arrived[reply.job_id] = reply
+                self.arrival_order.append(reply.job_id)
+            elif self.writer:  # a reply for a job we no longer wait for
+                self.writer.add_event(kind="duplicate_reply", virtual_time=self.now,
+                                      job_id=reply.job_id, detail="ignored")
 
     def _wait_for(self, job_id: int) -> Reply:
         """Block until the reply of ``job_id`` has arrived; keep the others for later."""
@@ -164,25 +224,29 @@ class Engine:
             if left <= 0:
                 return Reply(job_id, None, error=f"no reply within {self.cfg.sim.reply_timeout} s",
                              wall_arrival=time.time())
-            for reply in self.transport.collect(timeout=min(left, 1.0)):
-                if reply.job_id in self.in_flight and reply.job_id not in self.arrived:
-                    self.arrived[reply.job_id] = reply
-                elif self.writer:  # a reply for a job we no longer wait for
-                    self.writer.add_event(kind="duplicate_reply", virtual_time=self.clock.now,
-                                          job_id=reply.job_id, detail="ignored")
+            self._receive(min(left, 1.0))
+        self.arrival_order.remove(job_id)
         return self.arrived.pop(job_id)
+
+    def _job_intervals(self, f: InFlight, end: float, compute_seconds: float):
+        """download / compute / upload spans of a job, cut at ``end``."""
+        t0, w, job = f.t_dispatch, f.job.worker, f.job
+        if f.timing is not None:
+            a = t0 + f.timing.download
+            b = a + f.timing.compute
+        else:  # wall clock: the client reports its compute time; the rest is transfer
+            b = end
+            a = max(t0, end - compute_seconds)
+        return [(w, IntervalKind.DOWNLOAD, t0, min(a, end), job.base_version, job.job_id),
+                (w, IntervalKind.COMPUTE, min(a, end), min(b, end), job.base_version, job.job_id),
+                (w, IntervalKind.UPLOAD, min(b, end), end, job.base_version, job.job_id)]
 
     def _complete(self, job_id: int, reply: Reply) -> None:
         flight = self.in_flight.pop(job_id)
-        job, t0, tm = flight.job, flight.t_dispatch, flight.timing
-        now = self.clock.now
+        job, t0 = flight.job, flight.t_dispatch
+        now = self.now
         w = job.worker
-        self._log_intervals([
-            (w, IntervalKind.DOWNLOAD, t0, t0 + tm.download, job.base_version, job_id),
-            (w, IntervalKind.COMPUTE, t0 + tm.download, t0 + tm.download + tm.compute,
-             job.base_version, job_id),
-            (w, IntervalKind.UPLOAD, t0 + tm.download + tm.compute, now, job.base_version, job_id),
-        ])
+        self._log_intervals(self._job_intervals(flight, now, reply.compute_seconds))
         self.free_since[w] = now
 
         error = reply.error
@@ -192,7 +256,9 @@ class Engine:
             except BadUpdate as exc:
                 error = f"rejected update: {exc}"
         if error is not None:
-            self._job_failed(job, error)
+            # A rejected update was computed (the worker's optimizer moved on);
+            # an error reply means the ClientApp did not finish.
+            self._job_failed(job, error, computed=reply.error is None)
             return
         self.failures[w] = 0
 
@@ -203,15 +269,17 @@ class Engine:
         self.jobs_done += 1
         if self.writer:
             self.writer.add_update({
-                "seq": self.seq, "job_id": job_id, "worker": w,
+                "seq": self.seq, "op": self._next_op(), "job_id": job_id, "worker": w,
                 "base_version": job.base_version, "received_version": self.version,
                 "staleness": update.staleness, "local_steps": reply.steps,
                 "data_seed": job.data_seed, "tokens": reply.tokens,
                 "train_loss": reply.train_loss, "t_dispatch": t0, "t_done": now,
                 "wall_arrival": reply.wall_arrival, "compute_seconds": reply.compute_seconds,
                 "update_hash": params_hash(reply.outer_grad)})
+            self.writer.end_job(job_id, status="done", op=self.op - 1)
         self.seq += 1
-        self.policy.observe(w, steps=reply.steps, seconds=tm.compute)
+        compute = flight.timing.compute if flight.timing is not None else reply.compute_seconds
+        self.policy.observe(w, steps=reply.steps, seconds=compute)
         new_params = self.strategy.on_update(update, self.params)
         if new_params is not None:
             self.params = new_params
@@ -224,17 +292,18 @@ class Engine:
             self.writer.commit()
         self._report()
 
-    def _job_failed(self, job: JobSpec, error: str) -> None:
+    def _job_failed(self, job: JobSpec, error: str, computed: bool) -> None:
         w = job.worker
         self.failures[w] += 1
         if self.writer:
-            self.writer.add_event(kind="job_failed", virtual_time=self.clock.now, worker=w,
+            self.writer.add_event(kind="job_failed", virtual_time=self.now, worker=w,
                                   job_id=job.job_id, detail=error)
+            self.writer.end_job(job.job_id, status="lost", op=self._next_op(), computed=computed)
         self.strategy.on_job_lost(w, job_id=job.job_id)
         if self.failures[w] >= MAX_CONSECUTIVE_FAILURES:
             self.retired.add(w)
             if self.writer:
-                self.writer.add_event(kind="worker_retired", virtual_time=self.clock.now,
+                self.writer.add_event(kind="worker_retired", virtual_time=self.now,
                                       worker=w, detail=f"{self.failures[w]} failures in a row")
         if len(self.retired) == len(self.fleet):
             raise EngineError(f"every worker failed {MAX_CONSECUTIVE_FAILURES} jobs in a row; "
@@ -249,21 +318,14 @@ class Engine:
 
     def _close_timeline(self) -> None:
         """At the end: free workers were idle until now; jobs in flight are cut at now."""
-        end = self.clock.now
+        end = self.now
         rows = [(w, IntervalKind.IDLE, t, end, self.version, None)
                 for w, t in sorted(self.free_since.items())]
         for job_id, f in sorted(self.in_flight.items()):
-            t0, tm, w = f.t_dispatch, f.timing, f.job.worker
-            a, b = t0 + tm.download, t0 + tm.download + tm.compute
-            rows += [(w, IntervalKind.DOWNLOAD, t0, min(a, end), f.job.base_version, job_id),
-                     (w, IntervalKind.COMPUTE, min(a, end), min(b, end), f.job.base_version,
-                      job_id),
-                     (w, IntervalKind.UPLOAD, min(b, end), end, f.job.base_version, job_id)]
+            rows += self._job_intervals(f, end, compute_seconds=0.0)
         self._log_intervals(rows)
         if self.writer:
             self.writer.commit()
-
-    _last_eval_version = -1
 
     def _evaluate(self) -> None:
         self._last_eval_version = self.version
@@ -272,7 +334,7 @@ class Engine:
         ev = self.evaluate(self.params)
         self.last_perplexity = ev.perplexity
         if self.writer:
-            self.writer.add_metric(version=self.version, virtual_time=self.clock.now,
+            self.writer.add_metric(version=self.version, virtual_time=self.now,
                                    wall_time=time.time() - self.wall_start, tokens=self.tokens,
                                    jobs=self.jobs_done, loss=ev.loss, perplexity=ev.perplexity,
                                    bits_per_byte=ev.bits_per_byte)
@@ -281,5 +343,5 @@ class Engine:
 
     def _report(self) -> None:
         if self.progress:
-            self.progress(Progress(self.version, self.cfg.updates, self.clock.now,
+            self.progress(Progress(self.version, self.cfg.updates, self.now,
                                    self.jobs_done, self.tokens, self.last_perplexity))

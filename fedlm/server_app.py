@@ -124,7 +124,7 @@ def run_on_grid(grid: Grid, cfg: Config, db_path: str,
     writer = RunWriter(db_path, name=cfg.name or f"{cfg.strategy}-{cfg.fleet.preset}",
                        strategy=cfg.strategy, local_steps=cfg.local_steps,
                        profile=cfg.fleet.preset, model=cfg.model, workers=cfg.workers,
-                       seed=cfg.seed, mode="virtual", config_json=cfg.to_json(),
+                       seed=cfg.seed, mode=cfg.clock, config_json=cfg.to_json(),
                        strategy_summary=strategy.summary())
     if on_start:
         on_start(writer.run_id)
@@ -144,7 +144,7 @@ def run_on_grid(grid: Grid, cfg: Config, db_path: str,
         writer.set_model_info(model_lib.num_parameters(net), params_hash(params))
         engine = Engine(cfg, strategy=strategy, local_steps=registry.build_local_steps(cfg.local_steps),
                         transport=transport, fleet=fleet, writer=writer,
-                        evaluate=Evaluator(cfg), progress=progress)
+                        evaluate=Evaluator(cfg), progress=progress, order=cfg.clock)
         final = engine.run(params)
         writer.finish(status="finished", virtual_time=engine.clock.now, updates=engine.version,
                       final_hash=params_hash(final))

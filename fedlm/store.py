@@ -7,9 +7,12 @@ read-only. Tables:
     runs       one row per run: config, seed, status, final numbers
     workers    each worker's profile (speed, jitter, region link)
     intervals  every download / compute / upload / idle span, virtual time
-    updates    the operation log: every finished job in the order the engine
-               handed it to the strategy, with its base version, staleness,
-               local steps and data seed — enough to replay the run
+    jobs       every dispatched job: worker, base version, local steps, data
+               seed, and its place (op) in the operation log
+    updates    every finished job in the order the engine handed it to the
+               strategy, with its base version, staleness and a hash of it.
+               jobs + updates (+ lost jobs) ordered by op are the operation
+               log: enough to replay the run exactly (fedlm.replay)
     metrics    validation evaluations of the global model
     events     anything else worth seeing (rejected updates, lost messages)
 """
@@ -25,7 +28,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Iterable
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -53,8 +56,18 @@ CREATE TABLE IF NOT EXISTS intervals (
     t_start REAL NOT NULL, t_end REAL NOT NULL, version INTEGER, job_id INTEGER
 );
 CREATE INDEX IF NOT EXISTS intervals_run ON intervals (run_id, t_end);
+CREATE TABLE IF NOT EXISTS jobs (
+    run_id INTEGER NOT NULL, job_id INTEGER NOT NULL, worker INTEGER NOT NULL,
+    base_version INTEGER NOT NULL, local_steps INTEGER NOT NULL, data_seed INTEGER NOT NULL,
+    dispatch_op INTEGER NOT NULL,       -- position in the operation log
+    t_dispatch REAL NOT NULL,
+    status TEXT NOT NULL,               -- running | done | lost
+    end_op INTEGER,                     -- op of its update, or of its loss
+    computed INTEGER,                   -- lost but computed (update rejected): 1
+    PRIMARY KEY (run_id, job_id)
+);
 CREATE TABLE IF NOT EXISTS updates (
-    run_id INTEGER NOT NULL, seq INTEGER NOT NULL, job_id INTEGER NOT NULL,
+    run_id INTEGER NOT NULL, seq INTEGER NOT NULL, op INTEGER NOT NULL, job_id INTEGER NOT NULL,
     worker INTEGER NOT NULL, base_version INTEGER NOT NULL,
     received_version INTEGER NOT NULL,  -- global version when the strategy took it
     applied_version INTEGER,            -- first version that includes it (NULL: held)
@@ -80,6 +93,10 @@ CREATE TABLE IF NOT EXISTS events (
 """
 
 
+class StoreError(RuntimeError):
+    """The run database cannot be used (the message says why)."""
+
+
 class IntervalKind(str, Enum):
     DOWNLOAD = "download"
     COMPUTE = "compute"
@@ -94,6 +111,13 @@ def connect(path: str | Path) -> sqlite3.Connection:
     conn = sqlite3.connect(path, timeout=30.0, check_same_thread=False)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
+    has_meta = conn.execute("SELECT 1 FROM sqlite_master WHERE name='meta'").fetchone()
+    if has_meta:
+        row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        if row and int(row[0]) != SCHEMA_VERSION:
+            conn.close()
+            raise StoreError(f"db: {path} holds schema version {row[0]}, this fedlm writes "
+                             f"version {SCHEMA_VERSION}; use another --db")
     conn.executescript(_SCHEMA)
     conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
     conn.commit()
@@ -150,10 +174,20 @@ class RunWriter:
 
     def add_update(self, row: dict[str, Any]) -> None:
         self.conn.execute(
-            "INSERT INTO updates VALUES (:run_id, :seq, :job_id, :worker, :base_version,"
+            "INSERT INTO updates VALUES (:run_id, :seq, :op, :job_id, :worker, :base_version,"
             " :received_version, NULL, :staleness, :local_steps, :data_seed, :tokens,"
             " :train_loss, :t_dispatch, :t_done, :wall_arrival, :compute_seconds, :update_hash)",
             {"run_id": self.run_id, **row})
+
+    def add_job(self, job, *, op: int, t_dispatch: float) -> None:
+        self.conn.execute(
+            "INSERT INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'running', NULL, NULL)",
+            (self.run_id, job.job_id, job.worker, job.base_version, job.local_steps,
+             job.data_seed, op, t_dispatch))
+
+    def end_job(self, job_id: int, *, status: str, op: int, computed: bool = True) -> None:
+        self.conn.execute("UPDATE jobs SET status=?, end_op=?, computed=? WHERE run_id=?"
+                          " AND job_id=?", (status, op, int(computed), self.run_id, job_id))
 
     def mark_applied(self, version: int) -> None:
         """Every held update so far is part of global ``version``."""
@@ -273,7 +307,7 @@ def summarize(path: str | Path, run_id: int) -> RunSummary:
         run["final_hash"])
 
 
-TABLES = ("runs", "workers", "intervals", "updates", "metrics", "events")
+TABLES = ("runs", "workers", "jobs", "intervals", "updates", "metrics", "events")
 
 
 def export(path: str | Path, run_id: int, out_dir: str | Path, fmt: str = "csv") -> list[Path]:

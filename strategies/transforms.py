@@ -87,3 +87,41 @@ def sgd(lr: float, momentum: float = 0.0, nesterov: bool = False) -> Transform:
 def descend(params, step) -> "OrderedDict[str, torch.Tensor]":
     """θ ← θ − step (the outer gradient points uphill, see fedlm.params)."""
     return _map(lambda p, s: p - s, params, step)
+
+
+def delayed_nesterov(momentum: float, buffer_size: int, c: float = 0.0) -> Transform:
+    """Delayed Nesterov (Liu et al. 2024, Algorithm 3), without the learning rate.
+
+    Each arriving outer gradient g is applied at once as g/N; the momentum is
+    updated only every N-th arrival, from the sum Δ of the N gradients since:
+
+        Δ ← Δ + g
+        every N-th:  m ← β·m + Δ/N;  step = (1 − c·N + c)·β·m + g/N;  Δ ← 0
+        otherwise:   step = c·β·m + g/N
+
+    With c = 0, N consecutive steps add up to one Nesterov step on the mean of
+    the N gradients; with N = 1 it is Nesterov.
+    """
+    if buffer_size < 1:
+        raise ValueError(f"outer.buffer_size: must be >= 1, got {buffer_size!r}")
+    if not 0.0 <= c <= 1.0 / buffer_size:
+        raise ValueError(f"outer.c: must be in [0, 1/buffer_size], got {c!r}")
+    n = buffer_size
+
+    def init(params):
+        return {"m": _map(torch.zeros_like, params), "delta": _map(torch.zeros_like, params),
+                "t": 0}
+
+    def update(grads, state):
+        delta = _map(lambda d, g: d + g, state["delta"], grads)
+        m = state["m"]
+        if (state["t"] + 1) % n == 0:
+            m = _map(lambda m, d: momentum * m + d / n, m, delta)
+            k = (1.0 - c * n + c) * momentum
+            step = _map(lambda m, g: k * m + g / n, m, grads)
+            delta = _map(torch.zeros_like, delta)
+        else:
+            step = _map(lambda m, g: c * momentum * m + g / n, m, grads)
+        return step, {"m": m, "delta": delta, "t": state["t"] + 1}
+
+    return Transform(init, update)

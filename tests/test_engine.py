@@ -19,7 +19,7 @@ from tests.conftest import tiny_config
 def run_engine(cfg, db, transport=None, evaluate=True):
     writer = RunWriter(db, name="t", strategy=cfg.strategy, local_steps=cfg.local_steps,
                        profile=cfg.fleet.preset, model=cfg.model, workers=cfg.workers,
-                       seed=cfg.seed, mode="virtual", config_json=cfg.to_json())
+                       seed=cfg.seed, mode=cfg.clock, config_json=cfg.to_json())
     profiles = fleet.profiles(cfg.fleet, cfg.workers)
     writer.add_workers({"worker": p.worker, "node_id": None, "step_time": p.step_time,
                         "jitter": p.jitter, "region": p.region.name, "latency": p.region.latency,
@@ -28,8 +28,11 @@ def run_engine(cfg, db, transport=None, evaluate=True):
     engine = Engine(cfg, strategy=registry.build_strategy(cfg.strategy, cfg.outer),
                     local_steps=registry.build_local_steps(cfg.local_steps),
                     transport=transport or InProcessTransport(cfg), fleet=profiles,
-                    writer=writer, evaluate=Evaluator(cfg) if evaluate else None)
+                    writer=writer, evaluate=Evaluator(cfg) if evaluate else None,
+                    order=cfg.clock)
     theta = snapshot(M.build(cfg.model, cfg.data.seq_len, seed=cfg.seed))
+    writer.set_model_info(M.num_parameters(M.build(cfg.model, cfg.data.seq_len, seed=cfg.seed)),
+                          params_hash(theta))
     final = engine.run(theta)
     writer.finish(status="finished", virtual_time=engine.clock.now, updates=engine.version,
                   final_hash=params_hash(final))
@@ -80,14 +83,18 @@ def test_run_store_holds_the_operation_log(tmp_path):
 
 
 class FlakyTransport(InProcessTransport):
-    """Loses one job's reply and corrupts another's update with NaN."""
+    """Job 1's ClientApp crashes before finishing; job 4's update comes back NaN."""
+
+    def submit(self, job, params):
+        if job.job_id == 1:
+            self.ready.append(Reply(1, None, error="flower error 3: message expired"))
+        else:
+            super().submit(job, params)
 
     def collect(self, timeout):
         out = []
         for r in super().collect(timeout):
-            if r.job_id == 1:
-                r = Reply(r.job_id, None, error="flower error 3: message expired")
-            elif r.job_id == 4:
+            if r.job_id == 4:
                 bad = dict(r.outer_grad)
                 first = next(iter(bad))
                 bad[first] = torch.full_like(bad[first], float("nan"))

@@ -1,0 +1,147 @@
+"""Replay a run from its operation log, in one process.
+
+The log (tables ``jobs`` and ``updates``, ordered by op number) says which job
+was dispatched to which worker from which model version with which data seed
+and how many local steps, which jobs were lost, and in which order finished
+jobs reached the strategy. Replay walks it:
+
+    dispatch op  -> strategy.on_dispatch(worker, version)
+    lost op      -> strategy.on_job_lost(worker, job)
+    update op    -> run the job again (worker.run_job) from the model version it
+                    started from, with that worker's own optimizer state, and
+                    hand it to the strategy with the recorded staleness
+
+and ends with the final weights' hash, to compare with the recorded one. The
+order came from the log, so it does not matter whether the run's order came
+from a virtual clock or from real arrival times. Only the model versions that
+some job still to be replayed starts from are kept in memory.
+"""
+
+from __future__ import annotations
+
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from fedlm import model as model_lib
+from fedlm.config import Config
+from fedlm.params import params_hash, snapshot
+from fedlm.store import connect_readonly
+from fedlm.worker import JobSpec, run_job
+from strategies import registry
+from strategies.base import Update
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    run_id: int
+    recorded_hash: str | None
+    replayed_hash: str
+    versions: int
+    updates: int
+    mismatched_updates: int  # updates whose outer-gradient hash differed from the log
+    max_versions_held: int
+
+    @property
+    def identical(self) -> bool:
+        return self.recorded_hash == self.replayed_hash
+
+
+class ReplayError(RuntimeError):
+    pass
+
+
+def replay(db: str | Path, run_id: int,
+           progress: Callable[[int, int], None] | None = None) -> ReplayResult:
+    with closing(connect_readonly(db)) as conn:
+        run = conn.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
+        if run is None:
+            raise KeyError(f"no run {run_id} in {db}")
+        jobs = {r["job_id"]: r for r in conn.execute(
+            "SELECT * FROM jobs WHERE run_id=? ORDER BY job_id", (run_id,))}
+        updates = conn.execute("SELECT * FROM updates WHERE run_id=? ORDER BY op",
+                               (run_id,)).fetchall()
+    cfg = Config.from_json(run["config_json"])
+    if run["status"] != "finished":
+        raise ReplayError(f"run {run_id} is {run['status']}; only finished runs replay")
+
+    ops: list[tuple[int, str, object]] = []
+    for j in jobs.values():
+        ops.append((j["dispatch_op"], "dispatch", j))
+        if j["status"] == "lost":
+            ops.append((j["end_op"], "lost", j))
+    ops += [(u["op"], "update", u) for u in updates]
+    ops.sort(key=lambda o: o[0])
+
+    # The last op that needs each version as a job's starting point.
+    last_use: dict[int, int] = {}
+    for op, kind, row in ops:
+        if kind == "update" or (kind == "lost" and row["computed"]):
+            last_use[row["base_version"]] = max(last_use.get(row["base_version"], -1), op)
+
+    params = snapshot(model_lib.build(cfg.model, cfg.data.seq_len, seed=cfg.seed))
+    if run["initial_hash"] and params_hash(params) != run["initial_hash"]:
+        raise ReplayError("the initial model differs from the recorded one "
+                          "(different torch version or model code?)")
+    strategy = registry.build_strategy(cfg.strategy, cfg.outer)
+    strategy.start(params, num_workers=cfg.workers)
+    versions = {0: params}
+    version, held, mismatched = 0, 1, 0
+    opt_states: dict[int, dict] = {}
+
+    for n, (op, kind, row) in enumerate(ops):
+        if kind == "dispatch":
+            strategy.on_dispatch(row["worker"], version=row["base_version"])
+        elif kind == "lost":
+            if row["computed"]:  # its update was rejected, but the worker's state moved on
+                job = JobSpec(row["job_id"], row["worker"], row["base_version"],
+                              row["local_steps"], row["data_seed"])
+                if row["base_version"] in versions:
+                    opt_states[job.worker] = run_job(versions[row["base_version"]],
+                                                     opt_states.get(job.worker, {}), job,
+                                                     cfg).opt_state
+            strategy.on_job_lost(row["worker"], job_id=row["job_id"])
+        else:
+            base = row["base_version"]
+            if base not in versions:
+                raise ReplayError(f"update {row['seq']} starts from version {base}, "
+                                  f"which the log never produced")
+            job = JobSpec(row["job_id"], row["worker"], base, row["local_steps"],
+                          row["data_seed"])
+            result = run_job(versions[base], opt_states.get(job.worker, {}), job, cfg)
+            opt_states[job.worker] = result.opt_state
+            if params_hash(result.outer_grad) != row["update_hash"]:
+                mismatched += 1
+            if version - base != row["staleness"]:
+                raise ReplayError(f"update {row['seq']}: staleness {version - base}, "
+                                  f"log says {row['staleness']}")
+            new = strategy.on_update(Update(worker=job.worker, job_id=job.job_id,
+                                            base_version=base, outer_grad=result.outer_grad,
+                                            tokens=result.tokens, local_steps=result.steps,
+                                            staleness=row["staleness"]), versions[version])
+            if new is not None:
+                version += 1
+                versions[version] = new
+            # forget versions no later job starts from (always keep the current one)
+            for v in [v for v in versions if v != version and last_use.get(v, -1) <= op]:
+                del versions[v]
+        held = max(held, len(versions))
+        if progress:
+            progress(n + 1, len(ops))
+
+    return ReplayResult(run_id, run["final_hash"], params_hash(versions[version]), version,
+                        len(updates), mismatched, held)
+
+
+def describe(result: ReplayResult) -> str:
+    verdict = "identical" if result.identical else "DIFFERENT"
+    lines = [f"run {result.run_id}: replayed {result.updates} updates -> {result.versions} "
+             f"versions (at most {result.max_versions_held} held in memory)",
+             f"  recorded final weights {result.recorded_hash}",
+             f"  replayed final weights {result.replayed_hash}",
+             f"  {verdict}"]
+    if result.mismatched_updates:
+        lines.append(f"  {result.mismatched_updates} updates differed from the log's hashes")
+    return "\n".join(lines)
+

@@ -1,0 +1,69 @@
+"""Async scheduling in the engine: no barrier, staleness, grace period, DyLU."""
+
+import sqlite3
+
+import pytest
+
+from fedlm import store
+from tests.conftest import tiny_config
+from tests.test_engine import run_engine
+
+HETERO = ["fleet.step_times=[1.0, 2.0, 4.0]", "fleet.jitter=0.0"]
+
+
+def test_async_workers_are_not_idle_while_sync_ones_wait(tmp_path):
+    db = tmp_path / "r.db"
+    _, _, sync_id = run_engine(tiny_config(*HETERO, "strategy=diloco", "updates=3"), db,
+                               evaluate=False)
+    _, _, async_id = run_engine(tiny_config(*HETERO, "strategy=async-sgd", "updates=9"), db,
+                                evaluate=False)
+    sync, asyn = store.summarize(db, sync_id), store.summarize(db, async_id)
+    assert sync.workers[0].idle_fraction > 0.5  # 4x faster than the slowest
+    assert all(w.idle_fraction < 1e-9 for w in asyn.workers)
+    # fast workers did more jobs than the slow one
+    assert asyn.workers[0].jobs > asyn.workers[2].jobs
+
+
+def test_staleness_is_version_at_apply_minus_base_version(tmp_path):
+    cfg = tiny_config(*HETERO, "strategy=async-nesterov", "updates=8")
+    _, _, run_id = run_engine(cfg, tmp_path / "r.db", evaluate=False)
+    conn = sqlite3.connect(tmp_path / "r.db")
+    rows = conn.execute("SELECT worker, base_version, received_version, staleness,"
+                        " applied_version FROM updates ORDER BY seq").fetchall()
+    assert all(s == recv - base for _, base, recv, s, _ in rows)
+    assert all(applied == recv + 1 for *_, recv, s, applied in
+               [(r[0], r[1], r[2], r[3], r[4]) for r in rows])
+    slow = [s for w, _, _, s, _ in rows if w == 2]
+    assert max(slow) >= 2  # the slow worker's updates are stale
+
+
+def test_grace_period_restarts_close_finishers_from_the_same_model(tmp_path):
+    # workers 0 and 1 finish 0.1 s apart each time; a grace of 0.5 s groups them
+    steps = ["fleet.step_times=[1.0, 1.02, 3.0]", "fleet.jitter=0.0", "inner.steps=5",
+             "strategy=async-sgd", "updates=6"]
+    conn_of = {}
+    for grace in (0.0, 0.5):
+        db = tmp_path / f"g{grace}.db"
+        run_engine(tiny_config(*steps, f"grace={grace}"), db, evaluate=False)
+        conn_of[grace] = sqlite3.connect(db)
+    pairs = {}
+    for grace, conn in conn_of.items():
+        jobs = conn.execute("SELECT worker, base_version FROM jobs WHERE worker < 2"
+                            " ORDER BY job_id").fetchall()
+        second = [[b for w, b in jobs if w == k][1] for k in (0, 1)]
+        pairs[grace] = second
+    assert pairs[0.0][0] != pairs[0.0][1]  # without grace they restart from different models
+    assert pairs[0.5][0] == pairs[0.5][1]  # with grace, from the same one
+
+
+def test_dylu_gives_slow_workers_fewer_steps_and_evens_job_times(tmp_path):
+    cfg = tiny_config(*HETERO, "strategy=delayed-nesterov", "local_steps=dylu",
+                      "inner.steps=8", "updates=9")
+    _, _, run_id = run_engine(cfg, tmp_path / "r.db", evaluate=False)
+    conn = sqlite3.connect(tmp_path / "r.db")
+    steps = dict(conn.execute("SELECT worker, MAX(local_steps) FROM jobs GROUP BY worker"))
+    assert steps == {0: 8, 1: 4, 2: 2}
+    compute = conn.execute("SELECT worker, AVG(t_end - t_start) FROM intervals"
+                           " WHERE kind='compute' GROUP BY worker").fetchall()
+    spans = [c for _, c in compute]
+    assert max(spans) / min(spans) == pytest.approx(1.0)
