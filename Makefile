@@ -2,6 +2,7 @@
 # `make test` installs what is missing and runs the test suite.
 PYTHON ?= python3
 STAMP := .make/installed
+SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
 .PHONY: install run test
 
@@ -9,6 +10,9 @@ STAMP := .make/installed
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m pip install --quiet "torch==2.13.0"
 	$(PYTHON) -m pip install --quiet -e ".[test]"
+	@# Debian's Chromium drives the dashboard's browser test (no `playwright install`).
+	@command -v chromium >/dev/null || $(SUDO) apt-get install -y -q chromium \
+		|| { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium; }
 	@mkdir -p .make && touch $(STAMP)
 
 install: $(STAMP)

@@ -7,6 +7,7 @@
     fedlm config [CONFIG.toml] [--set key=value ...]            print the resolved config
     fedlm replay RUN_ID [--db PATH]                             re-execute a run from its log
     fedlm strategies                                            list strategies and policies
+    fedlm dashboard [--db PATH] [--port N]                      the live Streamlit dashboard
 
 Bad input ends with one line, ``fedlm: error: FIELD: ...``, and exit status 2.
 """
@@ -67,6 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_db_arg(p)
 
     sub.add_parser("strategies", help="list the available strategies and local-steps policies")
+
+    p = sub.add_parser("dashboard", help="serve the live dashboard (Streamlit)")
+    _add_db_arg(p)
+    p.add_argument("--port", type=int, default=8501)
+    p.add_argument("--host", default="127.0.0.1", help="address to serve on (default: loopback)")
     return parser
 
 
@@ -100,6 +106,7 @@ def backend_config(cfg: Config) -> dict:
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = config_lib.load(args.config, args.overrides)
     db = args.db or cfg.db
+    by_steps = cfg.local_step_budget > 0
     _quiet_libraries()
     from flwr.simulation import run_simulation
     from tqdm import tqdm
@@ -109,20 +116,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fedlm.engine import Progress
     from fedlm.server_app import make_server_app
 
+    stop = f"{cfg.updates} updates" + (f" or {cfg.local_step_budget} local steps"
+                                       if by_steps else "")
     print(f"fedlm: {cfg.workers} workers, {cfg.fleet.preset} profile, {cfg.model} model, "
           f"{cfg.strategy} ({cfg.local_steps} local steps, H={cfg.inner.steps}), "
-          f"{cfg.updates} updates -> {db}", flush=True)
+          f"{stop} -> {db}", flush=True)
     data.load_corpus(cfg.data)  # tokenize once here, not in every Ray actor at once
     started: dict[str, int] = {}
-    bar = None if args.quiet else tqdm(total=cfg.updates, unit="update", dynamic_ncols=True,
-                                       desc="training")
+    bar = None if args.quiet else tqdm(
+        total=cfg.local_step_budget if by_steps else cfg.updates,
+        unit="step" if by_steps else "update", dynamic_ncols=True, desc="training")
 
     def on_progress(p: Progress) -> None:
         if bar is None:
             return
-        bar.n = p.version
+        bar.n = min(p.local_steps, p.budget) if by_steps else p.version
         ppl = f"{p.perplexity:.2f}" if p.perplexity is not None else "-"
-        bar.set_postfix_str(f"virtual {p.virtual_time:.0f}s, jobs {p.jobs}, ppl {ppl}",
+        bar.set_postfix_str(f"v{p.version}, virtual {p.virtual_time:.0f}s, jobs {p.jobs}, "
+                            f"ppl {ppl}",
                             refresh=False)
         bar.refresh()
 
@@ -150,7 +161,8 @@ def _print_summary(db: str, run_id: int) -> int:
     final = f"{s.final_perplexity:.2f}" if s.final_perplexity else "-"
     print(f"\nrun {s.run_id} ({s.name}): {s.strategy}, {s.profile}, {s.model} model")
     print(f"  validation perplexity {first} -> {final} (best {s.best_perplexity:.2f})")
-    print(f"  {s.updates} updates from {s.jobs} jobs, {s.tokens:,} tokens; "
+    print(f"  {s.updates} updates from {s.jobs} jobs, {s.local_steps:,} local steps, "
+          f"{s.tokens:,} tokens; "
           f"virtual time {s.virtual_time:.1f} s, real time {s.wall_time:.1f} s")
     print(f"  {'worker':>6} {'s/step':>7} {'region':>6} {'jobs':>5} {'compute':>9} "
           f"{'comm':>8} {'idle':>9} {'idle %':>7}")
@@ -230,7 +242,25 @@ def cmd_strategies(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "runs": cmd_runs, "show": cmd_show, "export": cmd_export,
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    import subprocess
+
+    import dashboard
+
+    app = Path(dashboard.__file__).resolve().parent / "app.py"
+    db = str(Path(args.db or Config().db).resolve())
+    print(f"fedlm dashboard on http://{args.host}:{args.port} reading {db} (Ctrl-C stops it)",
+          flush=True)
+    cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.headless=true",
+           f"--server.port={args.port}", f"--server.address={args.host}",
+           "--browser.gatherUsageStats=false", "--", "--db", db]
+    try:
+        return subprocess.call(cmd)
+    except KeyboardInterrupt:
+        return 0
+
+
+COMMANDS = {"run": cmd_run, "dashboard": cmd_dashboard, "runs": cmd_runs, "show": cmd_show, "export": cmd_export,
             "config": cmd_config, "replay": cmd_replay, "strategies": cmd_strategies}
 
 

@@ -29,7 +29,7 @@ class InnerConfig:
     batch_size: int = 8  # sequences per inner step
     lr: float = 3e-3  # peak AdamW learning rate
     warmup_steps: int = 20  # linear warmup, counted in the worker's own inner steps
-    decay_steps: int = 0  # cosine horizon in inner steps; 0 = updates x steps
+    decay_steps: int = 0  # cosine horizon in a worker's inner steps; 0 = auto (see Config)
     min_lr_ratio: float = 0.1  # cosine floor as a fraction of lr
     weight_decay: float = 0.1  # AdamW decoupled weight decay
     beta1: float = 0.9  # AdamW beta1
@@ -94,6 +94,7 @@ class Config:
     strategy: str = "diloco"  # aggregation strategy (see `strategies/`)
     local_steps: str = "fixed"  # local-steps policy: how many inner steps a job gets
     updates: int = 20  # outer updates of the global model to apply, then stop
+    local_step_budget: int = 0  # also stop once workers have run this many inner steps (0: off)
     grace: float = 0.0  # async grace period, virtual s: jobs finishing this close are applied together
     clock: str = "virtual"  # virtual: apply in simulated-completion order; wall: real arrival order
     device: str = "auto"  # auto | cpu | cuda
@@ -117,8 +118,15 @@ class Config:
         return from_dict(json.loads(text))
 
     def decay_steps(self) -> int:
-        """Cosine horizon of the inner schedule, in a worker's inner steps."""
-        return self.inner.decay_steps or self.updates * self.inner.steps
+        """Cosine horizon of the inner schedule, in a worker's inner steps.
+
+        Auto: the budget's share per worker when a local-step budget is set,
+        else updates x H (exact for a synchronous run)."""
+        if self.inner.decay_steps:
+            return self.inner.decay_steps
+        if self.local_step_budget:
+            return max(1, self.local_step_budget // self.workers)
+        return self.updates * self.inner.steps
 
 
 # ---------------------------------------------------------------------------
@@ -199,6 +207,8 @@ def validate(cfg: Config) -> None:
              f"unknown preset (known: {', '.join(model.PRESETS)})")
     _require(cfg.device in ("auto", "cpu", "cuda"), "device", cfg.device,
              "must be auto, cpu or cuda")
+    _require(cfg.local_step_budget >= 0, "local_step_budget", cfg.local_step_budget,
+             "must be >= 0")
     _require(cfg.grace >= 0, "grace", cfg.grace, "must be >= 0")
     _require(cfg.clock in ("virtual", "wall"), "clock", cfg.clock, "must be virtual or wall")
     registry.check_strategy(cfg.strategy, cfg.outer)

@@ -86,6 +86,8 @@ class Progress:
     jobs: int
     tokens: int
     perplexity: float | None
+    local_steps: int  # inner steps of all updates received
+    budget: int  # local_step_budget (0: none)
 
 
 def data_seed(seed: int, worker: int, job_index: int) -> int:
@@ -124,6 +126,7 @@ class Engine:
         self.seq = 0  # updates handed to the strategy
         self.version = 0
         self.tokens = 0
+        self.steps_done = 0
         self.jobs_done = 0
         self.last_perplexity: float | None = None
         self._last_eval_version = -1
@@ -137,9 +140,15 @@ class Engine:
             return self.clock.now
         return time.monotonic() - self._wall_start
 
+    def done(self) -> bool:
+        budget = self.cfg.local_step_budget
+        return self.version >= self.cfg.updates or (budget > 0 and self.steps_done >= budget)
+
     # -- the loop -------------------------------------------------------------
     def run(self, params):
-        """Train until ``cfg.updates`` global versions exist; return the final params."""
+        """Train until ``cfg.updates`` global versions exist (or the local-step
+        budget is spent; updates then held in a buffer are not applied); return
+        the final params."""
         self.params = params
         self.model_bytes = num_bytes(params)
         self.strategy.start(params, num_workers=len(self.fleet))
@@ -147,7 +156,7 @@ class Engine:
                           step_times=[p.step_time for p in self.fleet])
         self.free_since = {w: 0.0 for w in range(len(self.fleet))}
         self._evaluate()
-        while self.version < self.cfg.updates:
+        while not self.done():
             self._dispatch_free_workers()
             if not self.in_flight:
                 raise EngineError(f"stalled at version {self.version}: no job in flight and "
@@ -158,7 +167,7 @@ class Engine:
             # right after it, so their workers restart from the same model.
             first = self.now
             while (self.order == "virtual" and self.cfg.grace > 0
-                   and self.version < self.cfg.updates and self.clock.peek() is not None
+                   and not self.done() and self.clock.peek() is not None
                    and self.clock.peek()[0] <= first + self.cfg.grace):
                 self._complete(*self._next_finished())
         if self._last_eval_version != self.version:
@@ -266,6 +275,7 @@ class Engine:
                         outer_grad=reply.outer_grad, tokens=reply.tokens,
                         local_steps=reply.steps, staleness=self.version - job.base_version)
         self.tokens += reply.tokens
+        self.steps_done += reply.steps
         self.jobs_done += 1
         if self.writer:
             self.writer.add_update({
@@ -344,4 +354,5 @@ class Engine:
     def _report(self) -> None:
         if self.progress:
             self.progress(Progress(self.version, self.cfg.updates, self.now,
-                                   self.jobs_done, self.tokens, self.last_perplexity))
+                                   self.jobs_done, self.tokens, self.last_perplexity,
+                                   self.steps_done, self.cfg.local_step_budget))

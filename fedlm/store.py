@@ -252,6 +252,7 @@ class RunSummary:
     updates: int
     jobs: int
     tokens: int
+    local_steps: int
     virtual_time: float
     wall_time: float
     first_perplexity: float | None
@@ -296,13 +297,14 @@ def summarize(path: str | Path, run_id: int) -> RunSummary:
                 w["worker"], w["step_time"], w["region"], jobs, spans.get("compute", 0.0),
                 spans.get("download", 0.0) + spans.get("upload", 0.0), idle,
                 idle / end if end else 0.0))
-        tokens, jobs = conn.execute("SELECT COALESCE(SUM(tokens), 0), COUNT(*) FROM updates"
-                                    " WHERE run_id=?", (run_id,)).fetchone()
+        tokens, jobs, steps = conn.execute(
+            "SELECT COALESCE(SUM(tokens), 0), COUNT(*), COALESCE(SUM(local_steps), 0)"
+            " FROM updates WHERE run_id=?", (run_id,)).fetchone()
     ppl = [m["perplexity"] for m in metrics]
     return RunSummary(
         run_id, run["name"], run["status"], run["strategy"], run["profile"], run["model"],
         workers, run["updates"] or (metrics[-1]["version"] if metrics else 0), jobs, tokens,
-        end, ((run["finished_at"] or time.time()) - run["created_at"]),
+        steps, end, ((run["finished_at"] or time.time()) - run["created_at"]),
         ppl[0] if ppl else None, ppl[-1] if ppl else None, min(ppl) if ppl else None,
         run["final_hash"])
 

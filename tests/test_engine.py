@@ -17,7 +17,7 @@ from tests.conftest import tiny_config
 
 
 def run_engine(cfg, db, transport=None, evaluate=True):
-    writer = RunWriter(db, name="t", strategy=cfg.strategy, local_steps=cfg.local_steps,
+    writer = RunWriter(db, name=cfg.name or "t", strategy=cfg.strategy, local_steps=cfg.local_steps,
                        profile=cfg.fleet.preset, model=cfg.model, workers=cfg.workers,
                        seed=cfg.seed, mode=cfg.clock, config_json=cfg.to_json())
     profiles = fleet.profiles(cfg.fleet, cfg.workers)

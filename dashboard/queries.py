@@ -1,0 +1,131 @@
+"""Read-only queries behind the dashboard.
+
+Every function opens the run database read-only (``mode=ro``), so the
+dashboard never blocks — nor is blocked by — a run that is writing. Heavy
+tables are aggregated in SQL: per-worker totals with GROUP BY, and the Gantt
+chart reads only a recent window of intervals, so a run of 100k intervals
+stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import closing
+from pathlib import Path
+
+import pandas as pd
+
+from fedlm.store import connect_readonly
+
+
+def _query(db: str | Path, sql: str, params: tuple = ()) -> pd.DataFrame:
+    with closing(connect_readonly(db)) as conn:
+        return pd.read_sql_query(sql, conn, params=params)
+
+
+def change_marker(db: str | Path) -> tuple:
+    """Cheap fingerprint of the database's content. In WAL mode the main file's
+    mtime does not move on commit, so count rows instead."""
+    with closing(connect_readonly(db)) as conn:
+        return tuple(conn.execute(
+            "SELECT (SELECT COUNT(*) FROM runs), (SELECT COALESCE(MAX(id), 0) FROM intervals),"
+            " (SELECT COALESCE(MAX(id), 0) FROM metrics), (SELECT COUNT(*) FROM updates),"
+            " (SELECT COUNT(*) FROM runs WHERE status = 'running')").fetchone())
+
+
+def runs(db: str | Path) -> pd.DataFrame:
+    return _query(db, "SELECT id, name, status, strategy, local_steps, profile, model, workers,"
+                      " seed, mode, strategy_summary, num_parameters, created_at, finished_at,"
+                      " virtual_time, updates, final_hash, error FROM runs ORDER BY id")
+
+
+def run_config(db: str | Path, run_id: int) -> dict:
+    frame = _query(db, "SELECT config_json FROM runs WHERE id=?", (run_id,))
+    return json.loads(frame.iloc[0, 0]) if len(frame) else {}
+
+
+def headline(db: str | Path, run_id: int) -> dict:
+    """The numbers at the top of the page for one run."""
+    with closing(connect_readonly(db)) as conn:
+        r = conn.execute("SELECT status, virtual_time FROM runs WHERE id=?", (run_id,)).fetchone()
+        vt_now = conn.execute("SELECT COALESCE(MAX(t_end), 0) FROM intervals WHERE run_id=?",
+                              (run_id,)).fetchone()[0]
+        versions, jobs, tokens = conn.execute(
+            "SELECT COALESCE(MAX(applied_version), 0), COUNT(*), COALESCE(SUM(tokens), 0)"
+            " FROM updates WHERE run_id=?", (run_id,)).fetchone()
+        ppl = conn.execute("SELECT perplexity FROM metrics WHERE run_id=? ORDER BY id DESC"
+                           " LIMIT 1", (run_id,)).fetchone()
+        best = conn.execute("SELECT MIN(perplexity) FROM metrics WHERE run_id=?",
+                            (run_id,)).fetchone()[0]
+        spans = dict(conn.execute("SELECT kind, SUM(t_end - t_start) FROM intervals"
+                                  " WHERE run_id=? GROUP BY kind", (run_id,)).fetchall())
+    total = sum(spans.values())
+    return {"status": r["status"], "virtual_time": r["virtual_time"] or vt_now,
+            "updates": versions, "jobs": jobs, "tokens": tokens,
+            "perplexity": ppl[0] if ppl else None, "best_perplexity": best,
+            "idle": spans.get("idle", 0.0), "idle_fraction": spans.get("idle", 0.0) / total
+            if total else 0.0}
+
+
+def worker_totals(db: str | Path, run_id: int) -> pd.DataFrame:
+    """Per worker: seconds per kind of interval, idle fraction, jobs and updates."""
+    spans = _query(db, "SELECT worker, kind, SUM(t_end - t_start) AS seconds FROM intervals"
+                       " WHERE run_id=? GROUP BY worker, kind", (run_id,))
+    wide = spans.pivot_table(index="worker", columns="kind", values="seconds",
+                             fill_value=0.0).reset_index()
+    for kind in ("download", "compute", "upload", "idle"):
+        if kind not in wide:
+            wide[kind] = 0.0
+    counts = _query(db, "SELECT worker, COUNT(*) AS updates FROM updates WHERE run_id=?"
+                        " GROUP BY worker", (run_id,))
+    prof = _query(db, "SELECT worker, step_time, region FROM workers WHERE run_id=?", (run_id,))
+    out = prof.merge(wide, on="worker", how="left").merge(counts, on="worker", how="left")
+    out = out.fillna({"download": 0.0, "compute": 0.0, "upload": 0.0, "idle": 0.0,
+                      "updates": 0})
+    total = out[["download", "compute", "upload", "idle"]].sum(axis=1)
+    out["idle_fraction"] = (out["idle"] / total.where(total > 0)).fillna(0.0)
+    out["updates"] = out["updates"].astype(int)
+    return out
+
+
+def recent_intervals(db: str | Path, run_id: int, window: float,
+                     limit: int = 5000) -> pd.DataFrame:
+    """Intervals ending in the last ``window`` virtual seconds (at most ``limit``)."""
+    with closing(connect_readonly(db)) as conn:
+        end = conn.execute("SELECT COALESCE(MAX(t_end), 0) FROM intervals WHERE run_id=?",
+                           (run_id,)).fetchone()[0]
+    return _query(db, "SELECT worker, kind, t_start, t_end, version, job_id FROM intervals"
+                      " WHERE run_id=? AND t_end >= ? ORDER BY t_end DESC LIMIT ?",
+                  (run_id, end - window, limit))
+
+
+def in_flight(db: str | Path, run_id: int) -> pd.DataFrame:
+    """Jobs dispatched and not finished, drawn from dispatch to the latest known time."""
+    with closing(connect_readonly(db)) as conn:
+        now = conn.execute("SELECT COALESCE(MAX(t_end), 0) FROM intervals WHERE run_id=?",
+                           (run_id,)).fetchone()[0]
+    frame = _query(db, "SELECT worker, 'in flight' AS kind, t_dispatch AS t_start,"
+                       " base_version AS version, job_id FROM jobs WHERE run_id=?"
+                       " AND status='running'", (run_id,))
+    frame["t_end"] = now
+    return frame[frame["t_end"] > frame["t_start"]]
+
+
+def metrics(db: str | Path, run_ids: list[int]) -> pd.DataFrame:
+    if not run_ids:
+        return pd.DataFrame()
+    marks = ",".join("?" * len(run_ids))
+    return _query(db, "SELECT m.run_id, r.name, r.strategy, m.version AS updates,"
+                      " m.virtual_time, m.wall_time, m.tokens, m.jobs, m.loss, m.perplexity,"
+                      " m.bits_per_byte FROM metrics m JOIN runs r ON r.id = m.run_id"
+                      f" WHERE m.run_id IN ({marks}) ORDER BY m.run_id, m.id", tuple(run_ids))
+
+
+def staleness(db: str | Path, run_id: int) -> pd.DataFrame:
+    return _query(db, "SELECT staleness, COUNT(*) AS updates FROM updates WHERE run_id=?"
+                      " GROUP BY staleness ORDER BY staleness", (run_id,))
+
+
+def events(db: str | Path, run_id: int, limit: int = 200) -> pd.DataFrame:
+    return _query(db, "SELECT virtual_time, kind, worker, job_id, detail FROM events"
+                      " WHERE run_id=? ORDER BY id DESC LIMIT ?", (run_id, limit))

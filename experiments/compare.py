@@ -1,0 +1,81 @@
+"""Run a set of `fedlm run` arms and tabulate them against the first (the reference).
+
+    python experiments/compare.py experiments/configs/async_comparison.toml
+
+The TOML has ``base`` (a list of --set overrides shared by all arms), ``db``,
+``out`` (a markdown file) and ``[[arm]]`` entries with ``label`` and ``set``.
+Each arm is a real `fedlm run` (Flower simulation engine). The table gives
+final validation perplexity, virtual time, idle fraction, and the virtual time
+each arm needed to first reach the reference arm's final perplexity.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sqlite3
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+from fedlm import store
+
+
+def time_to_reach(db: str, run_id: int, target: float) -> float | None:
+    conn = sqlite3.connect(db)
+    for vt, ppl in conn.execute("SELECT virtual_time, perplexity FROM metrics WHERE run_id=?"
+                                " ORDER BY id", (run_id,)):
+        if ppl <= target:
+            return vt
+    return None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("spec")
+    ap.add_argument("--only", nargs="*", help="labels of arms to run (default: all)")
+    args = ap.parse_args()
+    spec = tomllib.loads(Path(args.spec).read_text())
+    db, out = spec["db"], Path(spec["out"])
+    rows = []
+    for arm in spec["arm"]:
+        if args.only and arm["label"] not in args.only:
+            continue
+        cmd = [sys.executable, "-m", "fedlm", "run", "--quiet", "--db", db]
+        for kv in [*spec.get("base", []), *arm["set"], f"name={arm['label']}"]:
+            cmd += ["--set", kv]
+        print(f"== {arm['label']}: {' '.join(cmd[3:])}", flush=True)
+        t0 = time.time()
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            print(proc.stdout[-2000:], proc.stderr[-2000:], file=sys.stderr)
+            return 1
+        run_id = max(r["id"] for r in store.list_runs(db))
+        rows.append((arm, store.summarize(db, run_id), time.time() - t0))
+        print(f"   run {run_id}: final ppl {rows[-1][1].final_perplexity:.3f}, "
+              f"virtual {rows[-1][1].virtual_time:.0f} s, real {rows[-1][2]:.0f} s", flush=True)
+
+    ref = rows[0][1]
+    lines = [f"# {spec.get('title', 'Comparison')}", "", spec.get("description", "").strip(), "",
+             f"Reference: **{rows[0][0]['label']}** (final perplexity "
+             f"{ref.final_perplexity:.3f}). Run store: `{db}`.", "",
+             "| arm | final ppl | best ppl | updates | local steps | virtual time (s) "
+             "| time to reference ppl (s) | idle fraction | real time (s) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for arm, s, real in rows:
+        reach = time_to_reach(db, s.run_id, ref.final_perplexity)
+        lines.append(f"| {arm['label']} | {s.final_perplexity:.3f} | {s.best_perplexity:.3f} | "
+                     f"{s.updates} | {s.local_steps} | {s.virtual_time:.0f} | "
+                     f"{'-' if reach is None else f'{reach:.0f}'} | "
+                     f"{100 * s.idle_fraction:.1f}% | {real:.0f} |")
+    lines += ["", "Arms:", ""] + [f"- **{a['label']}**: `{' '.join(a['set'])}`" for a, _, _ in rows]
+    lines += ["", f"Shared settings: `{' '.join(spec.get('base', []))}`", ""]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines))
+    print(out.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

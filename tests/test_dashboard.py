@@ -1,0 +1,110 @@
+"""The dashboard against real run databases written by fedlm's own store (AppTest)."""
+
+import time
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from fedlm.store import IntervalKind, RunWriter, connect
+from tests.conftest import tiny_config
+from tests.test_engine import run_engine
+
+APP = str(Path(__file__).resolve().parent.parent / "dashboard" / "app.py")
+
+
+def app(monkeypatch, db) -> AppTest:
+    monkeypatch.setenv("FEDLM_DB", str(db))
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def metric(at, label):
+    return next(m.value for m in at.metric if m.label == label)
+
+
+def test_missing_and_empty_databases_say_so(monkeypatch, tmp_path):
+    at = app(monkeypatch, tmp_path / "nothing.db")
+    assert "No run database" in at.info[0].value
+    connect(tmp_path / "empty.db").close()
+    at = app(monkeypatch, tmp_path / "empty.db")
+    assert "holds no runs yet" in at.info[0].value
+
+
+def test_finished_runs_show_numbers_charts_and_comparison(monkeypatch, tmp_path):
+    db = tmp_path / "r.db"
+    run_engine(tiny_config("strategy=diloco", "fleet.step_times=[1.0, 2.0, 4.0]",
+                           "name=sync"), db)
+    run_engine(tiny_config("strategy=delayed-nesterov", "fleet.step_times=[1.0, 2.0, 4.0]",
+                           "updates=12", "eval.every=4", "name=async"), db)
+    at = app(monkeypatch, db)
+    assert "#2 async" in at.subheader[0].value
+    assert metric(at, "updates applied") == "12"
+    assert metric(at, "idle fraction") == "0.0%"  # async: nobody waits
+    charts = at.get("vega_lite_chart")
+    assert len(charts) >= 6  # 3 perplexity tabs, timeline, 3 worker charts, staleness
+    assert set(at.multiselect[0].value) == {1, 2}  # both runs on the perplexity charts
+    at.selectbox[0].set_value(1).run()
+    assert metric(at, "idle fraction") != "0.0%"  # sync: fast workers wait at the barrier
+    assert "all 12 updates were fresh" in " ".join(c.value for c in at.caption)
+
+
+def test_a_growing_run_updates_between_reruns(monkeypatch, tmp_path):
+    db = tmp_path / "live.db"
+    cfg = tiny_config()
+    w = RunWriter(db, name="live", strategy="diloco", local_steps="fixed", profile="moderate",
+                  model="tiny", workers=2, seed=0, mode="virtual", config_json=cfg.to_json())
+    w.add_workers({"worker": k, "node_id": None, "step_time": 1.0 + k, "jitter": 0.0,
+                   "region": "local", "latency": 0.0, "down_bw": 1e9, "up_bw": 1e9,
+                   "shard_sequences": 10} for k in range(2))
+    w.add_metric(version=0, virtual_time=0.0, wall_time=0.0, tokens=0, jobs=0, loss=5.0,
+                 perplexity=148.4, bits_per_byte=7.2)
+    w.add_intervals([(0, IntervalKind.COMPUTE, 0.0, 3.0, 0, 0),
+                     (1, IntervalKind.COMPUTE, 0.0, 6.0, 0, 1),
+                     (0, IntervalKind.IDLE, 3.0, 6.0, 0, None)])
+    w.commit()
+    at = app(monkeypatch, db)
+    assert metric(at, "latest perplexity") == "148.40"
+    assert "running" in at.caption[0].value
+    assert metric(at, "idle fraction") == "25.0%"  # 3 of 12 worker-seconds
+
+    w.add_metric(version=1, virtual_time=6.0, wall_time=1.0, tokens=100, jobs=2, loss=3.0,
+                 perplexity=20.09, bits_per_byte=4.3)
+    w.add_intervals([(0, IntervalKind.COMPUTE, 6.0, 9.0, 1, 2),
+                     (1, IntervalKind.COMPUTE, 6.0, 12.0, 1, 3),
+                     (0, IntervalKind.IDLE, 9.0, 12.0, 1, None)])
+    w.commit()  # the writer keeps its connection open, as during a real run
+    at.run()  # what run_every does in a browser
+    assert metric(at, "latest perplexity") == "20.09"
+    assert metric(at, "best perplexity") == "20.09"
+    assert metric(at, "virtual time") == "12 s"
+    w.finish(status="finished", virtual_time=12.0, updates=1, final_hash="x")
+    w.close()
+    at.run()
+    assert "finished" in at.caption[0].value
+
+
+@pytest.mark.parametrize("n", [100_000])
+def test_a_big_run_renders_with_a_bounded_timeline(monkeypatch, tmp_path, n):
+    db = tmp_path / "big.db"
+    cfg = tiny_config()
+    w = RunWriter(db, name="big", strategy="async-sgd", local_steps="fixed", profile="very",
+                  model="tiny", workers=16, seed=0, mode="virtual", config_json=cfg.to_json())
+    w.add_workers({"worker": k, "node_id": None, "step_time": 1.0, "jitter": 0.0,
+                   "region": "local", "latency": 0.0, "down_bw": 1e9, "up_bw": 1e9,
+                   "shard_sequences": 10} for k in range(16))
+    kinds = [IntervalKind.DOWNLOAD, IntervalKind.COMPUTE, IntervalKind.UPLOAD, IntervalKind.IDLE]
+    w.add_intervals((i % 16, kinds[i % 4], float(i), i + 0.9, i // 64, i) for i in range(n))
+    for v in range(0, 500, 10):
+        w.add_metric(version=v, virtual_time=float(v), wall_time=0.0, tokens=v, jobs=v,
+                     loss=5.0 / (1 + v / 100), perplexity=2.0 ** (5.0 / (1 + v / 100)),
+                     bits_per_byte=1.0)
+    w.finish(status="finished", virtual_time=float(n), updates=500, final_hash="x")
+    w.close()
+    t0 = time.perf_counter()
+    at = app(monkeypatch, db)
+    print(f"\n{n:,} intervals: first render {time.perf_counter() - t0:.2f} s")
+    caption = " ".join(c.value for c in at.caption)
+    assert "5,000 intervals drawn" in caption
