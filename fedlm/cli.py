@@ -17,7 +17,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from fedlm import config as config_lib
@@ -82,10 +84,12 @@ def _quiet_libraries() -> None:
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     os.environ.setdefault("TQDM_DISABLE", "")  # leave tqdm on for our bar
+    import datasets
+    import flwr.simulation  # noqa: F401  (configures flwr's logger; quiet it after)
+
     # ERROR: hides run_simulation's deprecation notice (we use it on purpose: it runs
     # in-process and leaves no daemon behind; see docs/architecture.md).
     logging.getLogger("flwr").setLevel(logging.ERROR)
-    import datasets
 
     datasets.disable_progress_bars()
 
@@ -137,9 +141,28 @@ def cmd_run(args: argparse.Namespace) -> int:
                             refresh=False)
         bar.refresh()
 
-    server = make_server_app(cfg, db, on_progress, on_start=lambda rid: started.update(id=rid))
-    run_simulation(server_app=server, client_app=client_app, num_supernodes=cfg.workers,
-                   backend_config=backend_config(cfg))
+    # Ctrl-C / SIGTERM: ask the engine to stop; the ServerApp then returns and
+    # run_simulation shuts Ray down, so no actor outlives the command.
+    stop = threading.Event()
+
+    def on_signal(signum, frame) -> None:
+        if not stop.is_set():
+            print("\nfedlm: stopping (the run is kept, marked interrupted)...", file=sys.stderr,
+                  flush=True)
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    server = make_server_app(cfg, db, on_progress, on_start=lambda rid: started.update(id=rid),
+                             should_stop=stop.is_set)
+    try:
+        run_simulation(server_app=server, client_app=client_app, num_supernodes=cfg.workers,
+                       backend_config=backend_config(cfg))
+    except Exception:  # re-raised from the ServerApp thread; the store has the reason
+        if "id" not in started or os.environ.get("FEDLM_DEBUG"):
+            raise
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
     if bar is not None:
         bar.close()
     if "id" not in started:
@@ -155,8 +178,8 @@ def _print_summary(db: str, run_id: int) -> int:
     if s.status != "finished":
         with store.connect_readonly(db) as conn:
             err = conn.execute("SELECT error FROM runs WHERE id=?", (run_id,)).fetchone()[0]
-        print(f"fedlm: run {run_id} {s.status}: {err}", file=sys.stderr)
-        return 1
+        print(f"fedlm: run {run_id} {s.status}: {err or 'still running'}", file=sys.stderr)
+        return 130 if s.status == "interrupted" else 1
     first = f"{s.first_perplexity:.2f}" if s.first_perplexity else "-"
     final = f"{s.final_perplexity:.2f}" if s.final_perplexity else "-"
     print(f"\nrun {s.run_id} ({s.name}): {s.strategy}, {s.profile}, {s.model} model")

@@ -47,6 +47,10 @@ class EngineError(RuntimeError):
     """The run cannot go on (the message says why)."""
 
 
+class Interrupted(EngineError):
+    """The user asked the run to stop (Ctrl-C, SIGTERM)."""
+
+
 @dataclass(frozen=True)
 class Reply:
     """A job's reply as the transport delivers it: a result or an error."""
@@ -100,7 +104,8 @@ class Engine:
                  transport: Transport, fleet: list[WorkerProfile], writer: RunWriter | None,
                  evaluate: Callable | None = None,
                  progress: Callable[[Progress], None] | None = None,
-                 order: str = "virtual") -> None:
+                 order: str = "virtual",
+                 should_stop: Callable[[], bool] | None = None) -> None:
         if order not in ("virtual", "wall"):
             raise ValueError(f"order: must be virtual or wall, got {order!r}")
         self.cfg = cfg
@@ -112,6 +117,7 @@ class Engine:
         self.writer = writer
         self.evaluate = evaluate
         self.progress = progress
+        self.should_stop = should_stop or (lambda: False)
         self.timer = JobTimer(fleet, cfg.seed)
         self.clock: VirtualClock[int] = VirtualClock()  # events: job ids
         self.in_flight: dict[int, InFlight] = {}
@@ -206,17 +212,20 @@ class Engine:
         if self.order == "virtual":
             _, job_id = self.clock.pop()
             return job_id, self._wait_for(job_id)
+        deadline = time.monotonic() + self.cfg.sim.reply_timeout
         while not self.arrival_order:
-            self._receive(self.cfg.sim.reply_timeout)
-            if not self.arrival_order:
-                # nothing at all within the timeout: give up on the oldest job
+            left = deadline - time.monotonic()
+            if left <= 0:  # nothing at all within the timeout: give up on the oldest job
                 job_id = min(self.in_flight)
                 return job_id, Reply(job_id, None, wall_arrival=time.time(),
                                      error=f"no reply within {self.cfg.sim.reply_timeout} s")
+            self._receive(min(left, 1.0))
         job_id = self.arrival_order.pop(0)
         return job_id, self.arrived.pop(job_id)
 
     def _receive(self, timeout: float) -> None:
+        if self.should_stop():
+            raise Interrupted(f"interrupted at version {self.version}")
         for reply in self.transport.collect(timeout=timeout):
             if reply.job_id in self.in_flight and reply.job_id not in self.arrived:
                 self.arrived[reply.job_id] = reply

@@ -22,7 +22,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedlm import config as config_lib, fleet as fleet_lib, model as model_lib
 from fedlm.config import Config
-from fedlm.engine import Engine, EngineError, Progress, Reply
+from fedlm.engine import Engine, EngineError, Interrupted, Progress, Reply
 from fedlm.evaluate import Evaluator
 from fedlm.params import params_hash, snapshot
 from fedlm.store import RunWriter
@@ -118,7 +118,8 @@ class FlowerTransport:
 
 def run_on_grid(grid: Grid, cfg: Config, db_path: str,
                 progress: Callable[[Progress], None] | None = None,
-                on_start: Callable[[int], None] | None = None) -> int:
+                on_start: Callable[[int], None] | None = None,
+                should_stop: Callable[[], bool] | None = None) -> int:
     """Run one training job on ``grid``; everything lands in the run store. Returns the run id."""
     strategy = registry.build_strategy(cfg.strategy, cfg.outer)
     writer = RunWriter(db_path, name=cfg.name or f"{cfg.strategy}-{cfg.fleet.preset}",
@@ -144,12 +145,13 @@ def run_on_grid(grid: Grid, cfg: Config, db_path: str,
         writer.set_model_info(model_lib.num_parameters(net), params_hash(params))
         engine = Engine(cfg, strategy=strategy, local_steps=registry.build_local_steps(cfg.local_steps),
                         transport=transport, fleet=fleet, writer=writer,
-                        evaluate=Evaluator(cfg), progress=progress, order=cfg.clock)
+                        evaluate=Evaluator(cfg), progress=progress, order=cfg.clock,
+                        should_stop=should_stop)
         final = engine.run(params)
         writer.finish(status="finished", virtual_time=engine.clock.now, updates=engine.version,
                       final_hash=params_hash(final))
     except BaseException as exc:
-        writer.finish(status="failed", virtual_time=engine.clock.now if engine else 0.0,
+        writer.finish(status="interrupted" if isinstance(exc, Interrupted) else "failed", virtual_time=engine.clock.now if engine else 0.0,
                       updates=engine.version if engine else 0, final_hash=None,
                       error=f"{type(exc).__name__}: {exc}")
         raise
@@ -160,13 +162,14 @@ def run_on_grid(grid: Grid, cfg: Config, db_path: str,
 
 def make_server_app(cfg: Config, db_path: str,
                     progress: Callable[[Progress], None] | None = None,
-                    on_start: Callable[[int], None] | None = None) -> ServerApp:
+                    on_start: Callable[[int], None] | None = None,
+                    should_stop: Callable[[], bool] | None = None) -> ServerApp:
     """A ServerApp bound to ``cfg`` (for ``run_simulation``, whose run config is empty)."""
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        run_on_grid(grid, cfg, db_path, progress, on_start)
+        run_on_grid(grid, cfg, db_path, progress, on_start, should_stop)
 
     return app
 
