@@ -1,0 +1,19 @@
+"""Every strategy runs on every profile preset (in process, tiny model)."""
+
+import pytest
+import torch
+
+from fedlm import fleet
+from strategies.registry import STRATEGIES
+from tests.conftest import tiny_config
+from tests.test_engine import run_engine
+
+
+@pytest.mark.parametrize("preset", fleet.PRESETS)
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+def test_strategy_runs_on_preset(tmp_path, strategy, preset):
+    cfg = tiny_config(f"strategy={strategy}", f"profile={preset}", "updates=2",
+                      "inner.steps=2", "local_steps=dylu")
+    engine, final, _ = run_engine(cfg, tmp_path / "r.db", evaluate=False)
+    assert engine.version == 2
+    assert all(torch.isfinite(t).all() for t in final.values())
