@@ -34,13 +34,18 @@ def time_to_reach(db: str, run_id: int, target: float) -> float | None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("spec")
-    ap.add_argument("--only", nargs="*", help="labels of arms to run (default: all)")
+    ap.add_argument("--rerun", action="store_true",
+                    help="run every arm again (default: reuse finished runs of the same label)")
     args = ap.parse_args()
     spec = tomllib.loads(Path(args.spec).read_text())
     db, out = spec["db"], Path(spec["out"])
     rows = []
     for arm in spec["arm"]:
-        if args.only and arm["label"] not in args.only:
+        done = [r for r in (store.list_runs(db) if Path(db).exists() else [])
+                if r["name"] == arm["label"] and r["status"] == "finished"]
+        if done and not args.rerun:
+            rows.append((arm, store.summarize(db, done[-1]["id"]), float("nan")))
+            print(f"== {arm['label']}: reusing run {done[-1]['id']}", flush=True)
             continue
         cmd = [sys.executable, "-m", "fedlm", "run", "--quiet", "--db", db]
         for kv in [*spec.get("base", []), *arm["set"], f"name={arm['label']}"]:
@@ -68,7 +73,7 @@ def main() -> int:
         lines.append(f"| {arm['label']} | {s.final_perplexity:.3f} | {s.best_perplexity:.3f} | "
                      f"{s.updates} | {s.local_steps} | {s.virtual_time:.0f} | "
                      f"{'-' if reach is None else f'{reach:.0f}'} | "
-                     f"{100 * s.idle_fraction:.1f}% | {real:.0f} |")
+                     f"{100 * s.idle_fraction:.1f}% | {s.wall_time:.0f} |")
     lines += ["", "Arms:", ""] + [f"- **{a['label']}**: `{' '.join(a['set'])}`" for a, _, _ in rows]
     lines += ["", f"Shared settings: `{' '.join(spec.get('base', []))}`", ""]
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -95,6 +95,8 @@ class Config:
     local_steps: str = "fixed"  # local-steps policy: how many inner steps a job gets
     updates: int = 20  # outer updates of the global model to apply, then stop
     local_step_budget: int = 0  # also stop once workers have run this many inner steps (0: off)
+    time_budget: float = 0.0  # also stop at this virtual time, seconds (0: off)
+    concurrency: int = 0  # most jobs in flight at once (sampled among free workers); 0 = all
     grace: float = 0.0  # async grace period, virtual s: jobs finishing this close are applied together
     clock: str = "virtual"  # virtual: apply in simulated-completion order; wall: real arrival order
     device: str = "auto"  # auto | cpu | cuda
@@ -209,6 +211,8 @@ def validate(cfg: Config) -> None:
              "must be auto, cpu or cuda")
     _require(cfg.local_step_budget >= 0, "local_step_budget", cfg.local_step_budget,
              "must be >= 0")
+    _require(cfg.time_budget >= 0, "time_budget", cfg.time_budget, "must be >= 0")
+    _require(cfg.concurrency >= 0, "concurrency", cfg.concurrency, "must be >= 0")
     _require(cfg.grace >= 0, "grace", cfg.grace, "must be >= 0")
     _require(cfg.clock in ("virtual", "wall"), "clock", cfg.clock, "must be virtual or wall")
     registry.check_strategy(cfg.strategy, cfg.outer)

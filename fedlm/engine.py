@@ -122,14 +122,18 @@ class Engine:
         self.clock: VirtualClock[int] = VirtualClock()  # events: job ids
         self.in_flight: dict[int, InFlight] = {}
         self.free_since: dict[int, float] = {}  # free worker -> time it became free
+        self._newly_free: list[int] = []  # freed since the last dispatch scan
+        self._scanned_version = -1
+        self._blocked = False  # a concurrency cap stopped the last scan
+        self._sampler = np.random.default_rng([cfg.seed, 15485863])
         self.retired: set[int] = set()
         self.failures = [0] * len(fleet)
         self.jobs_of = [0] * len(fleet)
-        self.arrived: dict[int, Reply] = {}  # replies not yet handed on, by job id
-        self.arrival_order: list[int] = []  # job ids in real arrival order
+        self.arrived: dict[int, Reply] = {}  # replies not yet handed on, in arrival order
         self.next_job_id = 0
         self.op = 0  # operation counter: dispatches, updates, lost jobs
         self.seq = 0  # updates handed to the strategy
+        self._held: list[int] = []  # seqs the strategy holds, not yet in a version
         self.version = 0
         self.tokens = 0
         self.steps_done = 0
@@ -147,8 +151,10 @@ class Engine:
         return time.monotonic() - self._wall_start
 
     def done(self) -> bool:
-        budget = self.cfg.local_step_budget
-        return self.version >= self.cfg.updates or (budget > 0 and self.steps_done >= budget)
+        """Stop at ``updates`` versions, or when a local-step or time budget is spent."""
+        budget, limit = self.cfg.local_step_budget, self.cfg.time_budget
+        return (self.version >= self.cfg.updates or (budget > 0 and self.steps_done >= budget)
+                or (limit > 0 and self.now >= limit))
 
     # -- the loop -------------------------------------------------------------
     def run(self, params):
@@ -171,6 +177,10 @@ class Engine:
             self._complete(*self._next_finished())
             # Grace period: jobs finishing within `grace` of this one are applied
             # right after it, so their workers restart from the same model.
+            if self.cfg.time_budget and self.order == "virtual":
+                nxt = self.clock.peek()
+                if nxt is not None and nxt[0] > self.cfg.time_budget:
+                    break  # the next job would finish after the time budget
             first = self.now
             while (self.order == "virtual" and self.cfg.grace > 0
                    and not self.done() and self.clock.peek() is not None
@@ -181,9 +191,35 @@ class Engine:
         self._close_timeline()
         return self.params
 
+    def _candidates(self) -> list[int]:
+        """Free workers to offer a job, in the order they are offered.
+
+        The strategy is asked about a free worker when it becomes free and again
+        whenever the global version changes (or a concurrency cap blocked
+        someone): a sync barrier then costs one scan per round, not one per
+        finished job — what keeps 100,000 simulated workers cheap.
+        """
+        if self.version != self._scanned_version or self._blocked:
+            pool = list(self.free_since)
+        else:
+            pool = [w for w in self._newly_free if w in self.free_since]
+        self._newly_free = []
+        self._scanned_version = self.version
+        self._blocked = False
+        cap = self.cfg.concurrency
+        if cap and len(pool) > cap - len(self.in_flight):
+            # More candidates than slots: sample uniformly among the available
+            # ones (seeded), as FedScale does, instead of favouring low indices.
+            return [pool[i] for i in self._sampler.permutation(len(pool))]
+        return sorted(pool)
+
     def _dispatch_free_workers(self) -> None:
         now = self.now
-        for w in sorted(self.free_since):
+        cap = self.cfg.concurrency
+        for w in self._candidates():
+            if cap and len(self.in_flight) >= cap:
+                self._blocked = True
+                break
             if w in self.retired or not self.strategy.wants_job(w, version=self.version):
                 continue
             steps = self.policy.local_steps(w)
@@ -213,14 +249,14 @@ class Engine:
             _, job_id = self.clock.pop()
             return job_id, self._wait_for(job_id)
         deadline = time.monotonic() + self.cfg.sim.reply_timeout
-        while not self.arrival_order:
+        while not self.arrived:
             left = deadline - time.monotonic()
             if left <= 0:  # nothing at all within the timeout: give up on the oldest job
                 job_id = min(self.in_flight)
                 return job_id, Reply(job_id, None, wall_arrival=time.time(),
                                      error=f"no reply within {self.cfg.sim.reply_timeout} s")
             self._receive(min(left, 1.0))
-        job_id = self.arrival_order.pop(0)
+        job_id = next(iter(self.arrived))  # dicts keep insertion (= arrival) order
         return job_id, self.arrived.pop(job_id)
 
     def _receive(self, timeout: float) -> None:
@@ -229,7 +265,6 @@ class Engine:
         for reply in self.transport.collect(timeout=timeout):
             if reply.job_id in self.in_flight and reply.job_id not in self.arrived:
                 self.arrived[reply.job_id] = reply
-                self.arrival_order.append(reply.job_id)
             elif self.writer:  # a reply for a job we no longer wait for
                 self.writer.add_event(kind="duplicate_reply", virtual_time=self.now,
                                       job_id=reply.job_id, detail="ignored")
@@ -243,7 +278,6 @@ class Engine:
                 return Reply(job_id, None, error=f"no reply within {self.cfg.sim.reply_timeout} s",
                              wall_arrival=time.time())
             self._receive(min(left, 1.0))
-        self.arrival_order.remove(job_id)
         return self.arrived.pop(job_id)
 
     def _job_intervals(self, f: InFlight, end: float, compute_seconds: float):
@@ -266,6 +300,7 @@ class Engine:
         w = job.worker
         self._log_intervals(self._job_intervals(flight, now, reply.compute_seconds))
         self.free_since[w] = now
+        self._newly_free.append(w)
 
         error = reply.error
         if error is None:
@@ -296,6 +331,7 @@ class Engine:
                 "wall_arrival": reply.wall_arrival, "compute_seconds": reply.compute_seconds,
                 "update_hash": params_hash(reply.outer_grad)})
             self.writer.end_job(job_id, status="done", op=self.op - 1)
+        self._held.append(self.seq)
         self.seq += 1
         compute = flight.timing.compute if flight.timing is not None else reply.compute_seconds
         self.policy.observe(w, steps=reply.steps, seconds=compute)
@@ -304,11 +340,12 @@ class Engine:
             self.params = new_params
             self.version += 1
             if self.writer:
-                self.writer.mark_applied(self.version)
+                self.writer.mark_applied(self.version, self._held)
+            self._held = []
             if self.version % self.cfg.eval.every == 0:
                 self._evaluate()
         if self.writer:
-            self.writer.commit()
+            self.writer.commit(force=False)
         self._report()
 
     def _job_failed(self, job: JobSpec, error: str, computed: bool) -> None:
@@ -328,7 +365,7 @@ class Engine:
             raise EngineError(f"every worker failed {MAX_CONSECUTIVE_FAILURES} jobs in a row; "
                               f"last error: {error}")
         if self.writer:
-            self.writer.commit()
+            self.writer.commit(force=False)
 
     # -- bookkeeping ----------------------------------------------------------
     def _log_intervals(self, rows) -> None:

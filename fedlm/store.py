@@ -135,8 +135,11 @@ def connect_readonly(path: str | Path) -> sqlite3.Connection:
 
 
 class RunWriter:
-    """Everything the engine writes about one run. Commits per finished job,
-    so a live reader sees the run advance."""
+    """Everything the engine writes about one run. Commits at most every
+    ``COMMIT_EVERY`` seconds (and at evaluations and the end), so a live reader
+    sees the run advance without a commit per job slowing big runs down."""
+
+    COMMIT_EVERY = 0.25
 
     def __init__(self, path: str | Path, *, name: str, strategy: str, local_steps: str,
                  profile: str, model: str, workers: int, seed: int, mode: str,
@@ -151,6 +154,7 @@ class RunWriter:
              strategy_summary, time.time()))
         self.run_id = int(cur.lastrowid)
         self.conn.commit()
+        self._last_commit = time.monotonic()
 
     def set_model_info(self, num_parameters: int, initial_hash: str) -> None:
         self.conn.execute("UPDATE runs SET num_parameters=?, initial_hash=? WHERE id=?",
@@ -189,10 +193,10 @@ class RunWriter:
         self.conn.execute("UPDATE jobs SET status=?, end_op=?, computed=? WHERE run_id=?"
                           " AND job_id=?", (status, op, int(computed), self.run_id, job_id))
 
-    def mark_applied(self, version: int) -> None:
-        """Every held update so far is part of global ``version``."""
-        self.conn.execute("UPDATE updates SET applied_version=? WHERE run_id=?"
-                          " AND applied_version IS NULL", (version, self.run_id))
+    def mark_applied(self, version: int, seqs: list[int]) -> None:
+        """The updates ``seqs`` (held until now) are part of global ``version``."""
+        self.conn.executemany("UPDATE updates SET applied_version=? WHERE run_id=? AND seq=?",
+                              [(version, self.run_id, q) for q in seqs])
 
     def add_metric(self, *, version: int, virtual_time: float, wall_time: float, tokens: int,
                    jobs: int, loss: float, perplexity: float, bits_per_byte: float) -> None:
@@ -209,8 +213,11 @@ class RunWriter:
             " VALUES (?, ?, ?, ?, ?, ?, ?)",
             (self.run_id, virtual_time, time.time(), kind, worker, job_id, detail))
 
-    def commit(self) -> None:
-        self.conn.commit()
+    def commit(self, force: bool = True) -> None:
+        """Commit now (``force``) or only if the last commit is older than COMMIT_EVERY."""
+        if force or time.monotonic() - self._last_commit >= self.COMMIT_EVERY:
+            self.conn.commit()
+            self._last_commit = time.monotonic()
 
     def finish(self, *, status: str, virtual_time: float, updates: int,
                final_hash: str | None, error: str | None = None) -> None:

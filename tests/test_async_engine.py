@@ -67,3 +67,21 @@ def test_dylu_gives_slow_workers_fewer_steps_and_evens_job_times(tmp_path):
                            " WHERE kind='compute' GROUP BY worker").fetchall()
     spans = [c for _, c in compute]
     assert max(spans) / min(spans) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("strategy", ["async-sgd", "fedavg"])
+def test_concurrency_cap_bounds_jobs_in_flight_and_samples_workers(tmp_path, strategy):
+    cfg = tiny_config("workers=6", "concurrency=2", f"strategy={strategy}", "updates=8",
+                      "fleet.jitter=0.0")
+    engine, _, run_id = run_engine(cfg, tmp_path / "r.db", evaluate=False)
+    conn = sqlite3.connect(tmp_path / "r.db")
+    spans = conn.execute("SELECT j.t_dispatch, u.t_done, j.worker FROM jobs j JOIN updates u"
+                         " ON u.job_id = j.job_id").fetchall()
+    events = sorted([(t0, 1) for t0, _, _ in spans] + [(t1, -1) for _, t1, _ in spans],
+                    key=lambda e: (e[0], e[1]))  # a finish frees its slot before a dispatch
+    running = peak = 0
+    for _, delta in events:
+        running += delta
+        peak = max(peak, running)
+    assert peak == 2
+    assert len({w for *_, w in spans}) > 2  # sampled across the fleet, not just workers 0-1
