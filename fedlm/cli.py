@@ -8,6 +8,7 @@
     fedlm replay RUN_ID [--db PATH]                             re-execute a run from its log
     fedlm strategies                                            list strategies and policies
     fedlm dashboard [--db PATH] [--port N]                      the live Streamlit dashboard
+    fedlm sweep SPEC.toml [--quick] [--backend B]               strategies x profiles, one report
 
 Bad input ends with one line, ``fedlm: error: FIELD: ...``, and exit status 2.
 """
@@ -47,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     _add_db_arg(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--backend", choices=("flower", "inprocess"), default="flower",
+                   help="flower: Flower's simulation engine (Ray actors, the default); "
+                        "inprocess: every job in this process, no Ray (debugging, sweeps)")
 
     p = sub.add_parser("runs", help="list stored runs")
     _add_db_arg(p)
@@ -70,6 +74,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_db_arg(p)
 
     sub.add_parser("strategies", help="list the available strategies and local-steps policies")
+
+    p = sub.add_parser("sweep", help="run strategies x heterogeneity profiles and write a "
+                       "report with tables and plots")
+    p.add_argument("spec", help="sweep spec, e.g. experiments/configs/paper.toml")
+    p.add_argument("--quick", action="store_true", help="the spec's reduced [quick] version")
+    p.add_argument("--backend", choices=("flower", "inprocess"), default="flower")
+    p.add_argument("--rerun", action="store_true", help="ignore finished runs of the same name")
+    p.add_argument("--db", default=None, help="override the spec's run database")
+    p.add_argument("--out", default=None, help="override the spec's report path")
 
     p = sub.add_parser("dashboard", help="serve the live dashboard (Streamlit)")
     _add_db_arg(p)
@@ -118,6 +131,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fedlm import data
     from fedlm.client_app import app as client_app
     from fedlm.engine import Progress
+    from fedlm.runner import run_inprocess
     from fedlm.server_app import make_server_app
 
     stop = f"{cfg.updates} updates" + (f" or {cfg.local_step_budget} local steps"
@@ -155,8 +169,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     server = make_server_app(cfg, db, on_progress, on_start=lambda rid: started.update(id=rid),
                              should_stop=stop.is_set)
     try:
-        run_simulation(server_app=server, client_app=client_app, num_supernodes=cfg.workers,
-                       backend_config=backend_config(cfg))
+        if args.backend == "inprocess":
+            run_inprocess(cfg, db, progress=on_progress,
+                          on_start=lambda rid: started.update(id=rid), should_stop=stop.is_set)
+        else:
+            run_simulation(server_app=server, client_app=client_app,
+                           num_supernodes=cfg.workers, backend_config=backend_config(cfg))
     except Exception:  # re-raised from the ServerApp thread; the store has the reason
         if "id" not in started or os.environ.get("FEDLM_DEBUG"):
             raise
@@ -265,6 +283,26 @@ def cmd_strategies(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from fedlm import sweep
+
+    spec = sweep.load_spec(args.spec, args.quick)
+    if args.db:
+        spec["db"] = args.db
+    if args.out:
+        spec["out"] = args.out
+    cells = sweep.run_sweep(spec, backend=args.backend, rerun=args.rerun)
+    out = Path(spec["out"])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pngs = sweep.plot(spec, cells, out.with_suffix(""))
+    text = sweep.report(spec, cells)
+    text += "\n## Plots\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in pngs) + "\n"
+    out.write_text(text)
+    print(text)
+    print(f"wrote {out}, {', '.join(str(p) for p in pngs)}")
+    return 0
+
+
 def cmd_dashboard(args: argparse.Namespace) -> int:
     import subprocess
 
@@ -283,7 +321,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         return 0
 
 
-COMMANDS = {"run": cmd_run, "dashboard": cmd_dashboard, "runs": cmd_runs, "show": cmd_show, "export": cmd_export,
+COMMANDS = {"run": cmd_run, "dashboard": cmd_dashboard, "sweep": cmd_sweep, "runs": cmd_runs, "show": cmd_show, "export": cmd_export,
             "config": cmd_config, "replay": cmd_replay, "strategies": cmd_strategies}
 
 

@@ -1,0 +1,178 @@
+"""Sweeps: strategies × heterogeneity profiles, one `fedlm run` each, one report.
+
+    fedlm sweep experiments/configs/paper.toml [--quick] [--backend flower|inprocess]
+
+The spec (TOML) names a run database, a markdown report, shared ``base``
+overrides, the ``profiles`` to cross, and ``[[arm]]`` entries (``label``,
+``set``; one arm is the ``reference``, the synchronous baseline). ``[quick]``
+holds overrides for ``--quick`` (``base`` added to the shared ones,
+``profiles`` replacing them). ``[paper]`` maps arm labels to the paper's final
+perplexities per profile, shown beside ours. Finished runs are reused by name,
+so an interrupted sweep resumes where it stopped (``--rerun`` to start over).
+
+The report: final validation perplexity per arm × profile laid out like the
+paper's table, the virtual time each run needed, the virtual time to reach the
+reference's final perplexity, idle fractions, and PNG plots of perplexity
+against virtual time and against updates.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from fedlm import store
+
+
+@dataclass(frozen=True)
+class Cell:
+    arm: str
+    profile: str
+    run_id: int
+    summary: store.RunSummary
+
+
+def _run_name(arm: str, profile: str) -> str:
+    return f"{arm} @ {profile}"
+
+
+def load_spec(path: str | Path, quick: bool) -> dict:
+    spec = tomllib.loads(Path(path).read_text())
+    for key in ("db", "out", "arm", "profiles"):
+        if key not in spec:
+            raise ValueError(f"sweep spec {path}: missing {key!r}")
+    if sum(bool(a.get("reference")) for a in spec["arm"]) != 1:
+        raise ValueError(f"sweep spec {path}: exactly one [[arm]] needs reference = true")
+    if quick:
+        q = spec.get("quick", {})
+        spec["base"] = [*spec.get("base", []), *q.get("base", [])]
+        spec["profiles"] = q.get("profiles", spec["profiles"])
+        spec["db"] = q.get("db", spec["db"])
+        spec["out"] = q.get("out", spec["out"])
+    return spec
+
+
+def run_sweep(spec: dict, *, backend: str = "flower", rerun: bool = False,
+              log=print) -> list[Cell]:
+    db = spec["db"]
+    cells = []
+    total = len(spec["arm"]) * len(spec["profiles"])
+    for profile in spec["profiles"]:
+        for arm in spec["arm"]:
+            name = _run_name(arm["label"], profile)
+            done = [r for r in (store.list_runs(db) if Path(db).exists() else [])
+                    if r["name"] == name and r["status"] == "finished"]
+            if done and not rerun:
+                run_id = done[-1]["id"]
+                log(f"[{len(cells) + 1}/{total}] {name}: reusing run {run_id}")
+            else:
+                cmd = [sys.executable, "-m", "fedlm", "run", "--quiet", "--backend", backend,
+                       "--db", db]
+                for kv in [*spec.get("base", []), f"profile={profile}", *arm["set"],
+                           f"name={name}"]:
+                    cmd += ["--set", kv]
+                log(f"[{len(cells) + 1}/{total}] {name} ...")
+                t0 = time.time()
+                proc = subprocess.run(cmd, capture_output=True, text=True)
+                if proc.returncode != 0:
+                    raise RuntimeError(f"{name} failed:\n{proc.stdout[-1500:]}\n"
+                                       f"{proc.stderr[-1500:]}")
+                run_id = max(r["id"] for r in store.list_runs(db) if r["name"] == name)
+                log(f"    run {run_id} in {time.time() - t0:.0f} s")
+            cells.append(Cell(arm["label"], profile, run_id, store.summarize(db, run_id)))
+    return cells
+
+
+def _curve(db: str, run_id: int) -> list[tuple[float, int, float]]:
+    with sqlite3.connect(db) as conn:
+        return conn.execute("SELECT virtual_time, version, perplexity FROM metrics"
+                            " WHERE run_id=? ORDER BY id", (run_id,)).fetchall()
+
+
+def time_to_reach(db: str, run_id: int, target: float) -> float | None:
+    for vt, _, ppl in _curve(db, run_id):
+        if ppl <= target:
+            return vt
+    return None
+
+
+def plot(spec: dict, cells: list[Cell], out_prefix: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    profiles = spec["profiles"]
+    arms = [a["label"] for a in spec["arm"]]
+    written = []
+    for xname, xi, xlabel in [("time", 0, "virtual time (s)"), ("updates", 1, "updates applied")]:
+        fig, axes = plt.subplots(1, len(profiles), figsize=(4.2 * len(profiles), 3.8),
+                                 squeeze=False, sharey=True)
+        for ax, profile in zip(axes[0], profiles):
+            for k, arm in enumerate(arms):
+                cell = next(c for c in cells if c.arm == arm and c.profile == profile)
+                pts = _curve(spec["db"], cell.run_id)[1:]  # skip the untrained start
+                ax.plot([p[xi] for p in pts], [p[2] for p in pts], marker=".", ms=3,
+                        label=arm, color=f"C{k}", lw=1.4)
+            ax.set_title(profile)
+            ax.set_xlabel(xlabel)
+            ax.set_yscale("log")
+            ax.grid(alpha=0.3, which="both")
+        axes[0][0].set_ylabel("validation perplexity")
+        axes[0][-1].legend(fontsize=7, loc="upper right")
+        fig.tight_layout()
+        path = out_prefix.parent / f"{out_prefix.name}_ppl_vs_{xname}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def report(spec: dict, cells: list[Cell]) -> str:
+    db, profiles = spec["db"], spec["profiles"]
+    arms = [a["label"] for a in spec["arm"]]
+    ref = next(a["label"] for a in spec["arm"] if a.get("reference"))
+    paper = spec.get("paper", {})
+    paper_profiles = spec.get("paper_profiles", profiles)
+    get = {(c.arm, c.profile): c for c in cells}
+
+    def table(title: str, fmt, with_paper: bool = False) -> list[str]:
+        head = "| strategy | " + " | ".join(profiles) + " |"
+        if with_paper:
+            head += " paper: " + " / ".join(paper_profiles) + " |"
+        lines = [f"### {title}", "", head,
+                 "|---|" + "---|" * (len(profiles) + (1 if with_paper else 0))]
+        for arm in arms:
+            row = f"| {arm} | " + " | ".join(fmt(get[(arm, p)]) for p in profiles) + " |"
+            if with_paper:
+                nums = paper.get(arm)
+                row += (" " + " / ".join(f"{x:.2f}" for x in nums) if nums else " –") + " |"
+            lines.append(row)
+        return lines + [""]
+
+    def reach(c: Cell) -> str:
+        target = get[(ref, c.profile)].summary.final_perplexity
+        t = time_to_reach(db, c.run_id, target)
+        return "not reached" if t is None else f"{t:,.0f}"
+
+    out = [f"# {spec.get('title', 'Sweep')}", "", spec.get("description", "").strip(), "",
+           f"Run store: `{db}` (run ids in the last table). Reference (sync): **{ref}**.", ""]
+    out += table("Final validation perplexity", lambda c: f"{c.summary.final_perplexity:.3f}",
+                 with_paper=bool(paper))
+    out += table("Virtual time the run needed (s)", lambda c: f"{c.summary.virtual_time:,.0f}")
+    out += table(f"Virtual time to reach {ref}'s final perplexity (s)", reach)
+    out += table("Idle fraction (all workers)", lambda c: f"{100 * c.summary.idle_fraction:.1f}%")
+    out += table("Updates applied / local steps",
+                 lambda c: f"{c.summary.updates} / {c.summary.local_steps:,}")
+    out += table("Run id and real time (s)",
+                 lambda c: f"#{c.run_id}, {c.summary.wall_time:,.0f}")
+    out += ["### Arms", ""] + [f"- **{a['label']}**: `{' '.join(a['set'])}`" for a in spec["arm"]]
+    out += ["", f"Shared: `{' '.join(spec.get('base', []))}`", ""]
+    if spec.get("discussion"):
+        out += ["## Reading", "", spec["discussion"].strip(), ""]
+    return "\n".join(out)
