@@ -31,6 +31,14 @@ def time_to_reach(db: str, run_id: int, target: float) -> float | None:
     return None
 
 
+def value_at(db: str, run_id: int, t: float) -> float | None:
+    """The run's last evaluated perplexity at or before virtual time ``t``."""
+    conn = sqlite3.connect(db)
+    row = conn.execute("SELECT perplexity FROM metrics WHERE run_id=? AND virtual_time <= ?"
+                       " ORDER BY virtual_time DESC, id DESC LIMIT 1", (run_id, t)).fetchone()
+    return row[0] if row else None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("spec")
@@ -66,16 +74,21 @@ def main() -> int:
              f"Reference: **{rows[0][0]['label']}** (final perplexity "
              f"{ref.final_perplexity:.3f}). Run store: `{db}`.", "",
              "| arm | final ppl | best ppl | updates | local steps | virtual time (s) "
-             "| time to reference ppl (s) | idle fraction | real time (s) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| reference's ppl at that virtual time | time to reference ppl (s) "
+             "| idle fraction | real time (s) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for arm, s, real in rows:
         reach = time_to_reach(db, s.run_id, ref.final_perplexity)
+        at = value_at(db, ref.run_id, s.virtual_time)
         lines.append(f"| {arm['label']} | {s.final_perplexity:.3f} | {s.best_perplexity:.3f} | "
                      f"{s.updates} | {s.local_steps} | {s.virtual_time:.0f} | "
+                     f"{'-' if at is None else f'{at:.3f}'} | "
                      f"{'-' if reach is None else f'{reach:.0f}'} | "
                      f"{100 * s.idle_fraction:.1f}% | {s.wall_time:.0f} |")
     lines += ["", "Arms:", ""] + [f"- **{a['label']}**: `{' '.join(a['set'])}`" for a, _, _ in rows]
     lines += ["", f"Shared settings: `{' '.join(spec.get('base', []))}`", ""]
+    if spec.get("discussion"):
+        lines += ["## Reading", "", spec["discussion"].strip(), ""]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines))
     print(out.read_text())

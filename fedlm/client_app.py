@@ -12,14 +12,17 @@ run config travels inside each job message, so the same app works under
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
+from pathlib import Path
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedlm.config import Config
-from fedlm.worker import JobSpec, run_job
+from fedlm.data import cache_dir
+from fedlm.worker import JobSpec, run_job, warm_up
 
 OPT_TENSORS = "fedlm.inner-optimizer"  # context.state key: AdamW moments (ArrayRecord)
 OPT_META = "fedlm.inner-meta"  # context.state key: schedule position (ConfigRecord)
@@ -39,22 +42,47 @@ def _partition(context: Context) -> tuple[int, int]:
 @app.query()
 def query(msg: Message, context: Context) -> Message:
     pid, n = _partition(context)
+    ask = msg.content["ask"] if "ask" in msg.content else {}
+    if "config" in ask:  # warm this process's caches while the run starts up
+        warm_up(_config(str(ask["config"])))
     info = ConfigRecord({"partition-id": pid, "num-partitions": n})
     return Message(RecordDict({"info": info}), reply_to=msg)
 
 
+def _state_file(run_key: str, worker: int) -> Path:
+    folder = cache_dir() / "worker-state" / run_key
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"worker{worker}.pt"
+
+
 def _load_opt_state(context: Context) -> dict:
-    state: dict = {}
-    if OPT_TENSORS in context.state:
-        state.update(context.state[OPT_TENSORS].to_torch_state_dict())
-        state["schedule_step"] = int(context.state[OPT_META]["schedule-step"])
+    """The worker's AdamW state: in ``context.state``, or in a file it points to."""
+    if OPT_META not in context.state:
+        return {}
+    meta = context.state[OPT_META]
+    if "file" in meta:
+        state = torch.load(str(meta["file"]), weights_only=True)
+    else:
+        state = dict(context.state[OPT_TENSORS].to_torch_state_dict())
+    state["schedule_step"] = int(meta["schedule-step"])
     return state
 
 
-def _save_opt_state(context: Context, state: dict) -> None:
+def _save_opt_state(context: Context, state: dict, cfg: Config, run_key: str,
+                    worker: int) -> None:
     tensors = {k: v for k, v in state.items() if k != "schedule_step"}
-    context.state[OPT_TENSORS] = ArrayRecord(torch_state_dict=tensors)
-    context.state[OPT_META] = ConfigRecord({"schedule-step": int(state["schedule_step"])})
+    meta = {"schedule-step": int(state["schedule_step"])}
+    if cfg.inner.state_store == "disk":
+        # Thousands of simulated nodes: keep only a path in memory, so memory grows
+        # with the jobs in flight, not with the number of workers.
+        path = _state_file(run_key, worker)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        torch.save(tensors, tmp)
+        os.replace(tmp, path)
+        meta["file"] = str(path)
+    else:
+        context.state[OPT_TENSORS] = ArrayRecord(torch_state_dict=tensors)
+    context.state[OPT_META] = ConfigRecord(meta)
 
 
 @app.train()
@@ -69,7 +97,7 @@ def train(msg: Message, context: Context) -> Message:
         raise ValueError(f"job {job.job_id} is for worker {job.worker}, this node holds {pid}")
     params = msg.content["arrays"].to_torch_state_dict()
     result = run_job(params, _load_opt_state(context), job, cfg)
-    _save_opt_state(context, result.opt_state)
+    _save_opt_state(context, result.opt_state, cfg, str(spec["run-key"]), job.worker)
     metrics = MetricRecord({"steps": result.steps, "tokens": result.tokens,
                             "train-loss": result.train_loss,
                             "compute-seconds": result.compute_seconds,

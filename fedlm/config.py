@@ -36,6 +36,7 @@ class InnerConfig:
     beta2: float = 0.95  # AdamW beta2
     grad_clip: float = 1.0  # clip the global grad norm to this; 0 disables
     threads: int = 1  # torch intra-op threads per worker (bit-exactness needs it fixed)
+    state_store: str = "context"  # where a worker keeps AdamW state: context (memory) | disk
 
 
 @dataclass(frozen=True)
@@ -230,6 +231,8 @@ def validate(cfg: Config) -> None:
     _require(0 <= i.beta2 < 1, "inner.beta2", i.beta2, "must be in [0, 1)")
     _require(i.grad_clip >= 0, "inner.grad_clip", i.grad_clip, "must be >= 0")
     _require(i.threads >= 1, "inner.threads", i.threads, "must be >= 1")
+    _require(i.state_store in ("context", "disk"), "inner.state_store", i.state_store,
+             "must be context or disk")
 
     d = cfg.data
     _require(d.source == "shakespeare" or d.source.startswith(("hf:", "text:")),

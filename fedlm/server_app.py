@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from typing import Callable
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
@@ -39,6 +40,7 @@ class FlowerTransport:
         self.grid = grid
         self.cfg = cfg
         self.cfg_json = cfg.to_json()
+        self.run_key = uuid.uuid4().hex  # names this run's worker-state files on the nodes
         self.node_of: dict[int, int] = {}  # worker (partition id) -> Flower node id
         self.pending: dict[str, int] = {}  # message id -> job id
 
@@ -54,7 +56,8 @@ class FlowerTransport:
                 raise EngineError(f"workers: expected {want} SuperNodes, only {len(nodes)} "
                                   f"registered within {NODE_WAIT_SECONDS:.0f} s")
             time.sleep(0.5)
-        msgs = [Message(RecordDict({"ask": ConfigRecord({"what": "partition-id"})}),
+        msgs = [Message(RecordDict({"ask": ConfigRecord({"what": "partition-id",
+                                                         "config": self.cfg_json})}),
                         dst_node_id=n, message_type=MessageType.QUERY, ttl=self.cfg.sim.ttl)
                 for n in nodes]
         replies = self.grid.send_and_receive(msgs, timeout=NODE_WAIT_SECONDS)
@@ -79,7 +82,7 @@ class FlowerTransport:
             "job": ConfigRecord({"job-id": job.job_id, "worker": job.worker,
                                  "base-version": job.base_version,
                                  "local-steps": job.local_steps, "data-seed": job.data_seed,
-                                 "config": self.cfg_json}),
+                                 "config": self.cfg_json, "run-key": self.run_key}),
         })
         msg = Message(content, dst_node_id=self.node_of[job.worker],
                       message_type=MessageType.TRAIN, ttl=self.cfg.sim.ttl,

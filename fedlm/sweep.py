@@ -101,6 +101,15 @@ def time_to_reach(db: str, run_id: int, target: float) -> float | None:
     return None
 
 
+def value_at(db: str, run_id: int, t: float) -> float | None:
+    """The run's last evaluated perplexity at or before virtual time ``t``."""
+    best = None
+    for vt, _, ppl in _curve(db, run_id):
+        if vt <= t:
+            best = ppl
+    return best
+
+
 def plot(spec: dict, cells: list[Cell], out_prefix: Path) -> list[Path]:
     import matplotlib
 
@@ -165,6 +174,12 @@ def report(spec: dict, cells: list[Cell]) -> str:
     out += table("Final validation perplexity", lambda c: f"{c.summary.final_perplexity:.3f}",
                  with_paper=bool(paper))
     out += table("Virtual time the run needed (s)", lambda c: f"{c.summary.virtual_time:,.0f}")
+
+    def ref_at(c: Cell) -> str:
+        v = value_at(db, get[(ref, c.profile)].run_id, c.summary.virtual_time)
+        return "-" if v is None else f"{v:.3f}"
+
+    out += table(f"{ref}'s perplexity at the same virtual time (wall-clock view)", ref_at)
     out += table(f"Virtual time to reach {ref}'s final perplexity (s)", reach)
     out += table("Idle fraction (all workers)", lambda c: f"{100 * c.summary.idle_fraction:.1f}%")
     out += table("Updates applied / local steps",

@@ -72,6 +72,13 @@ def _scratch_model(preset: str, block_size: int, device: str) -> model_lib.GPT:
     return model_lib.build(preset, block_size, seed=0, device=device)
 
 
+def warm_up(cfg: Config) -> None:
+    """Load the corpus, the shards and the scratch model into this process's caches,
+    so the first job does not pay for them (called on the partition query)."""
+    worker_shards(cfg.data, cfg.workers, cfg.seed)
+    _scratch_model(cfg.model, cfg.data.seq_len, model_lib.resolve_device(cfg.device))
+
+
 # -- optimizer state <-> flat tensor dict ----------------------------------------
 
 def _export_opt_state(opt: torch.optim.Optimizer, names: list[str]) -> dict[str, torch.Tensor]:

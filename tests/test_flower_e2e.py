@@ -88,3 +88,11 @@ def test_async_flower_run_in_real_arrival_order_replays_exactly(tmp_path):
     assert conn.execute("SELECT mode FROM runs").fetchone()[0] == "wall"
     steps = dict(conn.execute("SELECT worker, MAX(local_steps) FROM jobs GROUP BY worker"))
     assert steps[0] > steps[2]  # DyLU: the slow worker runs fewer local steps
+
+
+def test_worker_state_on_disk_gives_the_same_run(two_runs, tmp_path):
+    # For thousands of nodes the AdamW state can live in a file per worker
+    # instead of Flower's in-memory context; the run must not change.
+    db, _, _ = two_runs
+    fedlm_run(tmp_path / "disk.db", "inner.state_store=disk")
+    assert store.summarize(tmp_path / "disk.db", 1).final_hash == store.summarize(db, 1).final_hash
