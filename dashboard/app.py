@@ -130,7 +130,8 @@ def worker_charts(wt: pd.DataFrame) -> None:
         width="stretch")
     right.markdown("**Updates applied per worker**")
     right.altair_chart(alt.Chart(wt).mark_bar(color=KIND_COLORS["compute"]).encode(
-        y=alt.Y("label:N", title=None), x=alt.X("updates:Q", title="updates"),
+        y=alt.Y("label:N", title=None),
+        x=alt.X("updates:Q", title="updates", axis=alt.Axis(tickMinStep=1, format="d")),
         tooltip=["label", "updates", "step_time", "region"]), width="stretch")
 
 
@@ -220,8 +221,10 @@ def live(db: str, smoothing: float, log_scale: bool, window: float) -> None:
                        if not stl.empty else "no updates yet")
         else:
             st.altair_chart(alt.Chart(stl).mark_bar().encode(
-                x=alt.X("staleness:O", title="staleness (versions)"),
-                y=alt.Y("updates:Q", title="updates")).properties(height=200),
+                x=alt.X("staleness:O", title="staleness (versions)",
+                        axis=alt.Axis(labelAngle=0)),
+                y=alt.Y("updates:Q", title="updates",
+                        axis=alt.Axis(tickMinStep=1, format="d"))).properties(height=200),
                 width="stretch")
     with right:
         st.markdown("#### Config and data")

@@ -9,6 +9,7 @@
     fedlm strategies                                            list strategies and policies
     fedlm dashboard [--db PATH] [--port N]                      the live Streamlit dashboard
     fedlm sweep SPEC.toml [--quick] [--backend B]               strategies x profiles, one report
+    fedlm deploy local --workers N [CONFIG] [--set ...]         SuperLink + SuperNodes on loopback
 
 Bad input ends with one line, ``fedlm: error: FIELD: ...``, and exit status 2.
 """
@@ -83,6 +84,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rerun", action="store_true", help="ignore finished runs of the same name")
     p.add_argument("--db", default=None, help="override the spec's run database")
     p.add_argument("--out", default=None, help="override the spec's report path")
+
+    p = sub.add_parser("deploy", help="run on Flower's deployment engine (SuperLink + "
+                       "SuperNodes) on this machine")
+    p.add_argument("where", choices=("local",), help="local: every process on 127.0.0.1")
+    p.add_argument("--workers", type=int, default=None, help="SuperNodes (default: config's)")
+    _add_config_args(p)
+    _add_db_arg(p)
+    p.add_argument("--home", default="runs/deploy", help="FLWR_HOME and logs (default: "
+                   "runs/deploy)")
 
     p = sub.add_parser("dashboard", help="serve the live dashboard (Streamlit)")
     _add_db_arg(p)
@@ -202,9 +212,9 @@ def _print_summary(db: str, run_id: int) -> int:
     final = f"{s.final_perplexity:.2f}" if s.final_perplexity else "-"
     print(f"\nrun {s.run_id} ({s.name}): {s.strategy}, {s.profile}, {s.model} model")
     print(f"  validation perplexity {first} -> {final} (best {s.best_perplexity:.2f})")
+    clock = "virtual time" if s.mode == "virtual" else "wall-clock time"
     print(f"  {s.updates} updates from {s.jobs} jobs, {s.local_steps:,} local steps, "
-          f"{s.tokens:,} tokens; "
-          f"virtual time {s.virtual_time:.1f} s, real time {s.wall_time:.1f} s")
+          f"{s.tokens:,} tokens; {clock} {s.virtual_time:.1f} s, real time {s.wall_time:.1f} s")
     print(f"  {'worker':>6} {'s/step':>7} {'region':>6} {'jobs':>5} {'compute':>9} "
           f"{'comm':>8} {'idle':>9} {'idle %':>7}")
     for w in s.workers:
@@ -303,6 +313,24 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_deploy(args: argparse.Namespace) -> int:
+    from fedlm import deploy
+
+    overrides = list(args.overrides)
+    if args.workers is not None:
+        overrides.append(f"workers={args.workers}")
+    cfg = config_lib.load(args.config, overrides)
+    db = args.db or cfg.db
+    status = deploy.main_local(cfg, overrides, db, Path(args.home).resolve(), args.config)
+    if status != 0:
+        print(f"fedlm: error: flwr run exited with {status}; logs in {args.home}",
+              file=sys.stderr)
+        return 1
+    from fedlm import store
+
+    return _print_summary(db, max(r["id"] for r in store.list_runs(db)))
+
+
 def cmd_dashboard(args: argparse.Namespace) -> int:
     import subprocess
 
@@ -321,7 +349,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         return 0
 
 
-COMMANDS = {"run": cmd_run, "dashboard": cmd_dashboard, "sweep": cmd_sweep, "runs": cmd_runs, "show": cmd_show, "export": cmd_export,
+COMMANDS = {"run": cmd_run, "dashboard": cmd_dashboard, "sweep": cmd_sweep, "deploy": cmd_deploy, "runs": cmd_runs, "show": cmd_show, "export": cmd_export,
             "config": cmd_config, "replay": cmd_replay, "strategies": cmd_strategies}
 
 

@@ -377,7 +377,7 @@ class Engine:
         end = self.now
         rows = [(w, IntervalKind.IDLE, t, end, self.version, None)
                 for w, t in sorted(self.free_since.items())]
-        for job_id, f in sorted(self.in_flight.items()):
+        for _, f in sorted(self.in_flight.items()):
             rows += self._job_intervals(f, end, compute_seconds=0.0)
         self._log_intervals(rows)
         if self.writer:

@@ -156,8 +156,9 @@ def main(grid: Grid, context: Context) -> None:
 
     def log_progress(p: Progress) -> None:
         ppl = f"{p.perplexity:.2f}" if p.perplexity is not None else "-"
-        log.warning("fedlm: version %d/%d, virtual %.1f s, perplexity %s",
-                    p.version, p.target, p.virtual_time, ppl)
+        log.warning("fedlm: version %d/%d, %s %.1f s, perplexity %s", p.version, p.target,
+                    "virtual time" if cfg.clock == "virtual" else "wall clock",
+                    p.virtual_time, ppl)
 
     run_id = run_on_grid(grid, cfg, db, log_progress)
     log.warning("fedlm: run %d stored in %s", run_id, db)
