@@ -112,6 +112,7 @@ def value_at(db: str, run_id: int, t: float) -> float | None:
 
 def plot(spec: dict, cells: list[Cell], out_prefix: Path) -> list[Path]:
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -131,6 +132,8 @@ def plot(spec: dict, cells: list[Cell], out_prefix: Path) -> list[Path]:
             ax.set_title(profile)
             ax.set_xlabel(xlabel)
             ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+            ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
             ax.grid(alpha=0.3, which="both")
         axes[0][0].set_ylabel("validation perplexity")
         axes[0][-1].legend(fontsize=7, loc="upper right")
