@@ -12,7 +12,6 @@ each arm needed to first reach the reference arm's final perplexity.
 from __future__ import annotations
 
 import argparse
-import sqlite3
 import subprocess
 import sys
 import time
@@ -20,23 +19,7 @@ import tomllib
 from pathlib import Path
 
 from fedlm import store
-
-
-def time_to_reach(db: str, run_id: int, target: float) -> float | None:
-    conn = sqlite3.connect(db)
-    for vt, ppl in conn.execute("SELECT virtual_time, perplexity FROM metrics WHERE run_id=?"
-                                " ORDER BY id", (run_id,)):
-        if ppl <= target:
-            return vt
-    return None
-
-
-def value_at(db: str, run_id: int, t: float) -> float | None:
-    """The run's last evaluated perplexity at or before virtual time ``t``."""
-    conn = sqlite3.connect(db)
-    row = conn.execute("SELECT perplexity FROM metrics WHERE run_id=? AND virtual_time <= ?"
-                       " ORDER BY virtual_time DESC, id DESC LIMIT 1", (run_id, t)).fetchone()
-    return row[0] if row else None
+from fedlm.sweep import time_to_reach, value_at
 
 
 def main() -> int:
