@@ -1,6 +1,7 @@
 """The ``fedlm`` command line.
 
     fedlm run [CONFIG.toml] [--set key=value ...] [--db PATH]   train, on Flower's simulation engine
+    fedlm run --resume RUN_ID [--db PATH]                       continue a killed run (checkpoints)
     fedlm runs [--db PATH]                                      list stored runs
     fedlm show RUN_ID [--db PATH]                               a run's summary
     fedlm export RUN_ID [--db PATH] [--format csv|parquet]      a run's tables as files
@@ -20,14 +21,39 @@ import argparse
 import logging
 import os
 import signal
+import sqlite3
 import sys
 import threading
+import tomllib
 from pathlib import Path
+from typing import NoReturn
 
 from fedlm import config as config_lib
 from fedlm.config import Config, ConfigError
 from fedlm.replay import ReplayError
 from fedlm.store import StoreError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line too (exit status 2), like every other."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {_one_line(message)} (see {self.prog} --help)\n")
+
+
+def _one_line(message: object) -> str:
+    lines = [line.strip() for line in str(message).splitlines() if line.strip()]
+    return " ".join(lines) if len(lines) != 1 else str(message)
+
+
+def _run_id(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if not 1 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"must be a run id >= 1, got {text!r}")
+    return value
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -42,7 +68,7 @@ def _add_db_arg(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fedlm", description=__doc__.split("\n\n")[0])
+    parser = _Parser(prog="fedlm", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("run", help="run a simulation on Flower's simulation engine")
@@ -52,16 +78,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=("flower", "inprocess"), default="flower",
                    help="flower: Flower's simulation engine (Ray actors, the default); "
                         "inprocess: every job in this process, no Ray (debugging, sweeps)")
+    p.add_argument("--resume", type=int, default=None, metavar="RUN_ID",
+                   help="continue run RUN_ID of --db from its newest intact checkpoint "
+                        "(with its own config: no CONFIG or --set)")
 
     p = sub.add_parser("runs", help="list stored runs")
     _add_db_arg(p)
 
     p = sub.add_parser("show", help="summary of one run")
-    p.add_argument("run_id", type=int)
+    p.add_argument("run_id", type=_run_id)
     _add_db_arg(p)
 
     p = sub.add_parser("export", help="write a run's tables as CSV or Parquet")
-    p.add_argument("run_id", type=int)
+    p.add_argument("run_id", type=_run_id)
     _add_db_arg(p)
     p.add_argument("--format", choices=("csv", "parquet"), default="csv")
     p.add_argument("--out", default="runs/export", help="output folder (default: runs/export)")
@@ -71,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("replay", help="re-execute a run from its operation log and compare "
                        "the final weights' hash")
-    p.add_argument("run_id", type=int)
+    p.add_argument("run_id", type=_run_id)
     _add_db_arg(p)
 
     sub.add_parser("strategies", help="list the available strategies and local-steps policies")
@@ -130,10 +159,34 @@ def backend_config(cfg: Config) -> dict:
                           "include_dashboard": False}}
 
 
+def _resumable(db: str, run_id: int) -> Config:
+    """The config of run ``run_id`` in ``db``, if it is a run that can be resumed."""
+    from fedlm import store
+
+    if not Path(db).exists():
+        raise StoreError(f"db: no run database at {db}")
+    with store.connect_readonly(db) as conn:
+        row = conn.execute("SELECT status, config_json FROM runs WHERE id=?",
+                           (run_id,)).fetchone()
+    if row is None:
+        raise StoreError(f"--resume: no run {run_id} in {db}")
+    if row["status"] == "finished":
+        raise StoreError(f"--resume: run {run_id} in {db} has already finished")
+    return Config.from_json(row["config_json"])
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    cfg = config_lib.load(args.config, args.overrides)
-    db = args.db or cfg.db
+    if args.resume is not None:
+        if args.config or args.overrides:
+            raise ConfigError("--resume: a resumed run keeps its own config; drop CONFIG "
+                              "and --set")
+        db = args.db or Config().db
+        cfg = _resumable(db, args.resume)
+    else:
+        cfg = config_lib.load(args.config, args.overrides)
+        db = args.db or cfg.db
     by_steps = cfg.local_step_budget > 0
+    _check_writable_db(db)
     _quiet_libraries()
     from flwr.simulation import run_simulation
     from tqdm import tqdm
@@ -177,11 +230,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     server = make_server_app(cfg, db, on_progress, on_start=lambda rid: started.update(id=rid),
-                             should_stop=stop.is_set)
+                             should_stop=stop.is_set, resume=args.resume)
     try:
         if args.backend == "inprocess":
             run_inprocess(cfg, db, progress=on_progress,
-                          on_start=lambda rid: started.update(id=rid), should_stop=stop.is_set)
+                          on_start=lambda rid: started.update(id=rid), should_stop=stop.is_set,
+                          resume=args.resume)
         else:
             run_simulation(server_app=server, client_app=client_app,
                            num_supernodes=cfg.workers, backend_config=backend_config(cfg))
@@ -267,8 +321,10 @@ def cmd_config(args: argparse.Namespace) -> int:
 def cmd_replay(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from fedlm import store
     from fedlm.replay import describe, replay
 
+    store.config_of(args.db or Config().db, args.run_id)  # bad db, unknown run: fail here
     _quiet_libraries()
     bar = tqdm(unit="op", desc="replaying", dynamic_ncols=True)
 
@@ -296,7 +352,7 @@ def cmd_strategies(args: argparse.Namespace) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from fedlm import sweep
 
-    spec = sweep.load_spec(args.spec, args.quick)
+    spec = _sweep_spec(args.spec, args.quick)
     if args.db:
         spec["db"] = args.db
     if args.out:
@@ -321,6 +377,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         overrides.append(f"workers={args.workers}")
     cfg = config_lib.load(args.config, overrides)
     db = args.db or cfg.db
+    _check_writable_db(db)
     status = deploy.main_local(cfg, overrides, db, Path(args.home).resolve(), args.config)
     if status != 0:
         print(f"fedlm: error: flwr run exited with {status}; logs in {args.home}",
@@ -336,8 +393,14 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
     import dashboard
 
+    from fedlm import store
+
+    if not 1 <= args.port <= 65535:
+        raise ConfigError(f"--port: must be in [1, 65535], got {args.port}")
     app = Path(dashboard.__file__).resolve().parent / "app.py"
     db = str(Path(args.db or Config().db).resolve())
+    if Path(db).exists():  # a missing one is fine: the page waits for a run to create it
+        store.list_runs(db)
     print(f"fedlm dashboard on http://{args.host}:{args.port} reading {db} (Ctrl-C stops it)",
           flush=True)
     cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.headless=true",
@@ -349,6 +412,82 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         return 0
 
 
+def _refuse(message: object) -> int:
+    print(f"fedlm: error: {_one_line(message)}", file=sys.stderr)
+    return 2
+
+
+def _check_writable_db(db: str) -> None:
+    """Open the run database as the run will, now: a file of another schema version,
+    not SQLite, a directory or locked past FEDLM_DB_TIMEOUT fails in one line before
+    any library loads or worker starts (an older version is migrated, as by the run)."""
+    from fedlm import store
+
+    if Path(db).is_dir():
+        raise StoreError(f"db: {db} is a directory, not a run database")
+    try:
+        store.connect(db).close()
+    except StoreError:
+        raise
+    except (sqlite3.Error, OSError, ValueError) as exc:
+        raise store.db_error(db, exc) from None
+
+
+def _sweep_spec(path: str, quick: bool) -> dict:
+    """``sweep.load_spec``, after checking the spec's shape, then every run's config:
+    a bad spec fails in one line before the first run starts."""
+    from fedlm import sweep
+
+    where = f"sweep spec {path}"
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"sweep spec: no such file {path!r}")
+    try:
+        raw = tomllib.loads(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read it ({exc.strerror})") from None
+    except (ValueError, RecursionError) as exc:  # TOML, UTF-8, nesting, huge ints
+        raise ConfigError(f"{where}: not a TOML file ({_one_line(exc) or 'too deep'})") from None
+
+    def need(ok: bool, what: str) -> None:
+        if not ok:
+            raise ConfigError(f"{where}: {what}")
+
+    def strings(value: object) -> bool:
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+    quick_part = raw.get("quick", {})
+    need(isinstance(quick_part, dict), "quick: must be a [quick] table")
+    for part, prefix in ((raw, ""), (quick_part, "quick.")):
+        for key in ("db", "out"):
+            need(isinstance(part.get(key, ""), str), f"{prefix}{key}: must be a string")
+        need(strings(part.get("base", [])), f"{prefix}base: must be a list of key=value strings")
+        need(strings(part.get("profiles", [])), f"{prefix}profiles: must be a list of names")
+    arms = raw.get("arm", [])
+    need(isinstance(arms, list) and all(isinstance(a, dict) for a in arms),
+         "arm: must be [[arm]] tables")
+    for k, arm in enumerate(arms):
+        need(isinstance(arm.get("label"), str) and arm["label"] != "",
+             f"arm[{k}].label: must be a non-empty string")
+        need(strings(arm.get("set")), f"arm[{k}].set: must be a list of key=value strings")
+        need(isinstance(arm.get("reference", False), bool), f"arm[{k}].reference: must be "
+             f"true or false")
+    labels = [a["label"] for a in arms]
+    need(len(set(labels)) == len(labels), "arm: labels must be unique")
+    try:
+        spec = sweep.load_spec(p, quick)
+    except ValueError as exc:  # its own one-line messages (a missing key, no reference)
+        raise ConfigError(_one_line(exc)) from None
+    need(bool(spec["profiles"]), "profiles: must name at least one profile")
+    for profile in spec["profiles"]:
+        for arm in spec["arm"]:
+            try:
+                config_lib.load(None, [*spec.get("base", []), f"profile={profile}", *arm["set"]])
+            except ConfigError as exc:
+                raise ConfigError(f"{where}: arm {arm['label']!r} @ {profile}: {exc}") from None
+    return spec
+
+
 COMMANDS = {"run": cmd_run, "dashboard": cmd_dashboard, "sweep": cmd_sweep, "deploy": cmd_deploy, "runs": cmd_runs, "show": cmd_show, "export": cmd_export,
             "config": cmd_config, "replay": cmd_replay, "strategies": cmd_strategies}
 
@@ -358,12 +497,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except ConfigError as exc:
-        print(f"fedlm: error: {exc}", file=sys.stderr)
-        return 2
-    except (FileNotFoundError, KeyError, StoreError, ReplayError) as exc:
-        msg = exc.args[0] if exc.args else str(exc)
-        print(f"fedlm: error: {msg}", file=sys.stderr)
-        return 2
+        return _refuse(exc)
+    except (KeyError, StoreError, ReplayError) as exc:
+        return _refuse(exc.args[0] if exc.args else exc)
+    except (OSError, sqlite3.Error) as exc:  # a path or database the command cannot use
+        if os.environ.get("FEDLM_DEBUG"):
+            raise
+        from fedlm import store
+
+        if isinstance(exc, OSError) and not exc.filename and len(exc.args) == 1:
+            return _refuse(exc.args[0])  # e.g. the store's "no run database at PATH"
+        if isinstance(exc, sqlite3.Error):
+            return _refuse(store.db_error(getattr(args, "db", None) or Config().db, exc))
+        return _refuse(f"{exc.filename}: {exc.strerror or exc}")
     except KeyboardInterrupt:
         print("fedlm: interrupted", file=sys.stderr)
         return 130

@@ -4,28 +4,25 @@
 ``train``  runs one job (``fedlm.worker.run_job``) on the global params it was
            sent and replies with the outer gradient and metrics.
 
-The worker's AdamW state is kept in ``context.state``, which Flower persists per
-node across messages (in simulation as in deployment), and is never sent. The
-run config travels inside each job message, so the same app works under
-``fedlm run`` (whose run config is empty) and ``flwr run``.
+The worker's AdamW states are kept in ``context.state``, which Flower persists
+per node across messages (in simulation as in deployment), or in node-local
+files; each job names the state it starts from (``fedlm.worker_state``).
+They are never sent. The run config travels inside each job message, so the
+same app works under ``fedlm run`` (whose run config is empty) and
+``flwr run``.
 """
 
 from __future__ import annotations
 
-import os
 from functools import lru_cache
-from pathlib import Path
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedlm.config import Config
-from fedlm.data import cache_dir
-from fedlm.worker import JobSpec, run_job, warm_up
-
-OPT_TENSORS = "fedlm.inner-optimizer"  # context.state key: AdamW moments (ArrayRecord)
-OPT_META = "fedlm.inner-meta"  # context.state key: schedule position (ConfigRecord)
+from fedlm.worker import JobSpec, serve_job, warm_up
+from fedlm.worker_state import ContextStates, DiskStates, disk_folder
 
 app = ClientApp()
 
@@ -49,40 +46,13 @@ def query(msg: Message, context: Context) -> Message:
     return Message(RecordDict({"info": info}), reply_to=msg)
 
 
-def _state_file(run_key: str, worker: int) -> Path:
-    folder = cache_dir() / "worker-state" / run_key
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder / f"worker{worker}.pt"
-
-
-def _load_opt_state(context: Context) -> dict:
-    """The worker's AdamW state: in ``context.state``, or in a file it points to."""
-    if OPT_META not in context.state:
-        return {}
-    meta = context.state[OPT_META]
-    if "file" in meta:
-        state = torch.load(str(meta["file"]), weights_only=True)
-    else:
-        state = dict(context.state[OPT_TENSORS].to_torch_state_dict())
-    state["schedule_step"] = int(meta["schedule-step"])
-    return state
-
-
-def _save_opt_state(context: Context, state: dict, cfg: Config, run_key: str,
-                    worker: int) -> None:
-    tensors = {k: v for k, v in state.items() if k != "schedule_step"}
-    meta = {"schedule-step": int(state["schedule_step"])}
-    if cfg.inner.state_store == "disk":
-        # Thousands of simulated nodes: keep only a path in memory, so memory grows
-        # with the jobs in flight, not with the number of workers.
-        path = _state_file(run_key, worker)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        torch.save(tensors, tmp)
-        os.replace(tmp, path)
-        meta["file"] = str(path)
-    else:
-        context.state[OPT_TENSORS] = ArrayRecord(torch_state_dict=tensors)
-    context.state[OPT_META] = ConfigRecord(meta)
+def _states(context: Context, cfg: Config, run_key: str, worker: int):
+    """This worker's optimizer-state store (see fedlm.worker_state)."""
+    if cfg.state_store() == "disk":
+        # Node-local files: survive a crashed process (resume needs them), and keep
+        # memory flat with thousands of simulated nodes.
+        return DiskStates(disk_folder(run_key, worker))
+    return ContextStates(context.state)
 
 
 @app.train()
@@ -91,13 +61,15 @@ def train(msg: Message, context: Context) -> Message:
     cfg = _config(str(spec["config"]))
     job = JobSpec(job_id=int(spec["job-id"]), worker=int(spec["worker"]),
                   base_version=int(spec["base-version"]), local_steps=int(spec["local-steps"]),
-                  data_seed=int(spec["data-seed"]))
+                  data_seed=int(spec["data-seed"]), prev_job=int(spec["prev-job"]),
+                  keep_from=int(spec["keep-from"]), fault=str(spec["fault"]))
     pid, _ = _partition(context)
     if job.worker != pid:
         raise ValueError(f"job {job.job_id} is for worker {job.worker}, this node holds {pid}")
     params = msg.content["arrays"].to_torch_state_dict()
-    result = run_job(params, _load_opt_state(context), job, cfg)
-    _save_opt_state(context, result.opt_state, cfg, str(spec["run-key"]), job.worker)
+    step_time = context.node_config.get("step-time")
+    result = serve_job(params, _states(context, cfg, str(spec["run-key"]), job.worker), job,
+                       cfg, step_time=float(step_time) if step_time is not None else None)
     metrics = MetricRecord({"steps": result.steps, "tokens": result.tokens,
                             "train-loss": result.train_loss,
                             "compute-seconds": result.compute_seconds,

@@ -50,5 +50,18 @@ class VirtualClock(Generic[E]):
         self._now = e.time
         return e.time, e.event
 
+    def state_dict(self) -> dict:
+        """Now, the pending events and the tie-breaking counter (for checkpoints)."""
+        nxt = next(self._seq)
+        self._seq = itertools.count(nxt)
+        return {"now": self._now, "next_seq": nxt,
+                "heap": [(e.time, e.seq, e.event) for e in self._heap]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._now = float(state["now"])
+        self._heap = [_Entry(t, q, e) for t, q, e in state["heap"]]
+        heapq.heapify(self._heap)
+        self._seq = itertools.count(state["next_seq"])
+
     def __len__(self) -> int:
         return len(self._heap)

@@ -11,10 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_type_hints
+
+
+# Per-job fault kinds of the [faults] section (at most one per job), in draw order.
+FAULT_KINDS = ("crash", "hang", "nan", "bad_shape", "bad_dtype", "bad_size", "duplicate")
 
 
 class ConfigError(ValueError):
@@ -36,7 +41,10 @@ class InnerConfig:
     beta2: float = 0.95  # AdamW beta2
     grad_clip: float = 1.0  # clip the global grad norm to this; 0 disables
     threads: int = 1  # torch intra-op threads per worker (bit-exactness needs it fixed)
-    state_store: str = "context"  # where a worker keeps AdamW state: context (memory) | disk
+    # Where a worker keeps its AdamW states: context (Flower's per-node memory) | disk
+    # (node-local files; survive a crash, so resume needs them) | auto (disk when
+    # reliability.checkpoint_every > 0, else context).
+    state_store: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -72,6 +80,9 @@ class FleetConfig:
     jitter: float = 0.05  # sigma of the lognormal multiplier on each job's compute time
     step_times: list[float] = field(default_factory=list)  # explicit s/step per worker
     regions: list[str] = field(default_factory=list)  # explicit region per worker
+    # Wall clock only: a worker pads each job's compute so that it really takes
+    # step_time / (fastest step_time) times as long as on the fastest worker.
+    emulate_speed: bool = False
 
 
 @dataclass(frozen=True)
@@ -82,6 +93,36 @@ class SimConfig:
     cpus: int = 0  # CPUs given to Ray; 0 = all cores
     ttl: float = 3600.0  # Flower message time-to-live, seconds (counts queueing too)
     reply_timeout: float = 900.0  # give up on a job whose reply has not come in this long
+
+
+@dataclass(frozen=True)
+class FaultsConfig:
+    """Injected faults, seeded: each job draws at most one kind, with these
+    probabilities; after each job the worker may go offline for a while."""
+
+    seed: int = -1  # -1: the run's seed
+    crash: float = 0.0  # the ClientApp raises before training
+    hang: float = 0.0  # the worker never replies (on the wall clock it stalls hang_seconds)
+    nan: float = 0.0  # the update holds NaN/Inf
+    bad_shape: float = 0.0  # one tensor of the update has the wrong shape
+    bad_dtype: float = 0.0  # one tensor of the update is float64
+    bad_size: float = 0.0  # one tensor of the update is missing
+    duplicate: float = 0.0  # the reply is delivered twice
+    offline: float = 0.0  # after a job, the worker goes offline for offline_seconds
+    offline_seconds: float = 60.0  # length of an offline period (virtual or wall seconds)
+    hang_seconds: float = 30.0  # wall clock: how long a hung ClientApp stalls before it dies
+    workers: list[int] = field(default_factory=list)  # faults only on these workers (empty: all)
+
+
+@dataclass(frozen=True)
+class ReliabilityConfig:
+    """Deadlines, failure limits and checkpoints."""
+
+    deadline: float = 0.0  # seconds a job may take (virtual or wall); 0: auto
+    deadline_factor: float = 3.0  # auto (virtual clock): factor x the job's nominal time
+    max_failures: int = 3  # a worker failing this many jobs in a row is retired
+    checkpoint_every: int = 10  # write a checkpoint every K global versions (0: off)
+    checkpoint_keep: int = 3  # checkpoints kept per run (older ones are deleted)
 
 
 @dataclass(frozen=True)
@@ -108,6 +149,8 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     fleet: FleetConfig = field(default_factory=FleetConfig)
     sim: SimConfig = field(default_factory=SimConfig)
+    faults: FaultsConfig = field(default_factory=FaultsConfig)
+    reliability: ReliabilityConfig = field(default_factory=ReliabilityConfig)
 
     # -- serialisation -------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -131,13 +174,20 @@ class Config:
             return max(1, self.local_step_budget // self.workers)
         return self.updates * self.inner.steps
 
+    def state_store(self) -> str:
+        """Where workers keep their AdamW states: context or disk (``auto`` resolved)."""
+        if self.inner.state_store != "auto":
+            return self.inner.state_store
+        return "disk" if self.reliability.checkpoint_every > 0 else "context"
+
 
 # ---------------------------------------------------------------------------
 # Building and validating
 # ---------------------------------------------------------------------------
 
 _SECTIONS = {"inner": InnerConfig, "data": DataConfig, "eval": EvalConfig,
-             "fleet": FleetConfig, "sim": SimConfig}
+             "fleet": FleetConfig, "sim": SimConfig, "faults": FaultsConfig,
+             "reliability": ReliabilityConfig}
 
 
 def _coerce(path: str, value: Any, typ: Any) -> Any:
@@ -147,40 +197,87 @@ def _coerce(path: str, value: Any, typ: Any) -> Any:
             return value
     elif typ is int:
         if isinstance(value, int) and not isinstance(value, bool):
-            return value
+            return _int64(path, value)
     elif typ is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            return _finite(path, value)
     elif typ is str:
         if isinstance(value, str):
+            if "\x00" in value:
+                raise ConfigError(f"{path}: must not contain NUL characters, got {_repr(value)}")
             return value
     elif typ == list[float]:
         if isinstance(value, list) and all(
             isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
         ):
-            return [float(v) for v in value]
+            return [_finite(f"{path}[{k}]", v) for k, v in enumerate(value)]
+    elif typ == list[int]:
+        if isinstance(value, list) and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value
+        ):
+            return [_int64(f"{path}[{k}]", v) for k, v in enumerate(value)]
     elif typ == list[str]:
         if isinstance(value, list) and all(isinstance(v, str) for v in value):
-            return list(value)
+            return [_coerce(f"{path}[{k}]", v, str) for k, v in enumerate(value)]
     elif typ == dict[str, Any]:
         if isinstance(value, dict):
             return dict(value)
-    name = getattr(typ, "__name__", str(typ))
-    raise ConfigError(f"{path}: expected {name}, got {value!r}")
+    name = _TYPE_NAMES.get(typ) or getattr(typ, "__name__", str(typ))
+    raise ConfigError(f"{path}: expected {name}, got {_repr(value)}")
+
+
+_TYPE_NAMES = {list[float]: "a list of numbers", list[int]: "a list of integers",
+               list[str]: "a list of strings", dict[str, Any]: "a table"}
+
+
+def _int64(path: str, value: int) -> int:
+    """Ints must fit the run store (SQLite INTEGER) and torch seeds: 64 bits, signed."""
+    if not -(2**63) <= value < 2**63:
+        raise ConfigError(f"{path}: must be an integer in [-2**63, 2**63), got {_repr(value)}")
+    return value
+
+
+def _finite(path: str, value: int | float) -> float:
+    """NaN and infinities are refused for every float setting (0 means "off" where
+    a setting can be off)."""
+    try:
+        result = float(value)
+    except OverflowError:  # an int past float range
+        result = math.inf
+    if not math.isfinite(result):
+        raise ConfigError(f"{path}: must be a finite number, got {_repr(value)}")
+    return result
+
+
+def _repr(value: Any, limit: int = 200) -> str:
+    """repr() for messages: never raises (ints past 4300 digits do), never long."""
+    try:
+        text = repr(value)
+    except ValueError:
+        text = f"<an integer of {value.bit_length()} bits>" if isinstance(value, int) \
+            else f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _show(name: str) -> str:
+    """A key or path for a message: quoted when empty or holding unprintable characters."""
+    return name if name and name.isprintable() else repr(name)
 
 
 def _build(cls: type, raw: dict[str, Any], prefix: str) -> Any:
     hints = get_type_hints(cls)
     known = {f.name for f in fields(cls)}
     kwargs: dict[str, Any] = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a table, got {_repr(raw)}")
     for key, value in raw.items():
         path = f"{prefix}{key}"
         if key not in known:
-            raise ConfigError(f"{path}: unknown key (known: {', '.join(sorted(known))})")
+            raise ConfigError(f"{_show(path)}: unknown key (known: {', '.join(sorted(known))})")
         typ = hints[key]
         if key in _SECTIONS and cls is Config:
             if not isinstance(value, dict):
-                raise ConfigError(f"{path}: expected a [{key}] section, got {value!r}")
+                raise ConfigError(f"{path}: expected a [{key}] section, got {_repr(value)}")
             kwargs[key] = _build(_SECTIONS[key], value, f"{path}.")
         else:
             kwargs[key] = _coerce(path, value, typ)
@@ -196,7 +293,27 @@ def from_dict(raw: dict[str, Any]) -> Config:
 
 def _require(ok: bool, path: str, value: Any, why: str) -> None:
     if not ok:
-        raise ConfigError(f"{path}: {why}, got {value!r}")
+        raise ConfigError(f"{path}: {why}, got {_repr(value)}")
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def _check_outer_types(cls: type, outer: dict[str, Any]) -> None:
+    """``outer.*`` values against the strategy constructor's annotations (scalars only),
+    so that a wrong type is refused naming its key rather than by a TypeError inside
+    the constructor, and NaN/inf/huge ints the same way as everywhere else."""
+    try:
+        hints = get_type_hints(cls.__init__)
+    except Exception:  # a plugin whose annotations do not resolve: the constructor checks
+        return
+    for key, value in outer.items():
+        if not key.isprintable():
+            raise ConfigError(f"outer.{_show(key)}: not a setting of {cls.__name__}")
+        if hints.get(key) in (bool, int, float, str):
+            _coerce(f"outer.{_show(key)}", value, hints[key])
 
 
 def validate(cfg: Config) -> None:
@@ -216,7 +333,14 @@ def validate(cfg: Config) -> None:
     _require(cfg.concurrency >= 0, "concurrency", cfg.concurrency, "must be >= 0")
     _require(cfg.grace >= 0, "grace", cfg.grace, "must be >= 0")
     _require(cfg.clock in ("virtual", "wall"), "clock", cfg.clock, "must be virtual or wall")
-    registry.check_strategy(cfg.strategy, cfg.outer)
+    try:
+        _check_outer_types(registry.strategy_class(cfg.strategy), cfg.outer)
+        registry.check_strategy(cfg.strategy, cfg.outer)
+    except ConfigError:
+        raise
+    except Exception as exc:  # a dotted path that is no module (":x", ".:x"), a broken plugin
+        raise ConfigError(f"strategy: cannot load {_repr(cfg.strategy)} "
+                          f"({type(exc).__name__}: {_first_line(exc)})") from None
     registry.check_local_steps(cfg.local_steps)
 
     i = cfg.inner
@@ -231,8 +355,8 @@ def validate(cfg: Config) -> None:
     _require(0 <= i.beta2 < 1, "inner.beta2", i.beta2, "must be in [0, 1)")
     _require(i.grad_clip >= 0, "inner.grad_clip", i.grad_clip, "must be >= 0")
     _require(i.threads >= 1, "inner.threads", i.threads, "must be >= 1")
-    _require(i.state_store in ("context", "disk"), "inner.state_store", i.state_store,
-             "must be context or disk")
+    _require(i.state_store in ("auto", "context", "disk"), "inner.state_store", i.state_store,
+             "must be auto, context or disk")
 
     d = cfg.data
     _require(d.source == "shakespeare" or d.source.startswith(("hf:", "text:")),
@@ -260,6 +384,30 @@ def validate(cfg: Config) -> None:
         _require(r in fleet.REGIONS, f"fleet.regions[{k}]", r,
                  f"unknown region (known: {', '.join(fleet.REGIONS)})")
 
+    fa = cfg.faults
+    for name in ("crash", "hang", "nan", "bad_shape", "bad_dtype", "bad_size", "duplicate",
+                 "offline"):
+        p = getattr(fa, name)
+        _require(0 <= p <= 1, f"faults.{name}", p, "must be a probability in [0, 1]")
+    total = sum(getattr(fa, n) for n in FAULT_KINDS)
+    _require(total <= 1, "faults", total, "per-job fault probabilities must sum to <= 1")
+    _require(0 < fa.offline_seconds < float("inf"), "faults.offline_seconds",
+             fa.offline_seconds, "must be > 0 and finite")
+    _require(0 <= fa.hang_seconds < float("inf"), "faults.hang_seconds", fa.hang_seconds,
+             "must be >= 0 and finite")
+    for k, w in enumerate(fa.workers):
+        _require(0 <= w < cfg.workers, f"faults.workers[{k}]", w, "must be a worker index")
+
+    r = cfg.reliability
+    _require(r.deadline >= 0, "reliability.deadline", r.deadline, "must be >= 0")
+    _require(r.deadline_factor >= 1, "reliability.deadline_factor", r.deadline_factor,
+             "must be >= 1")
+    _require(r.max_failures >= 1, "reliability.max_failures", r.max_failures, "must be >= 1")
+    _require(r.checkpoint_every >= 0, "reliability.checkpoint_every", r.checkpoint_every,
+             "must be >= 0")
+    _require(r.checkpoint_keep >= 2, "reliability.checkpoint_keep", r.checkpoint_keep,
+             "must be >= 2 (a corrupt newest one falls back to the one before)")
+
     s = cfg.sim
     _require(s.actors >= 0, "sim.actors", s.actors, "must be >= 0")
     _require(s.cpus >= 0, "sim.cpus", s.cpus, "must be >= 0")
@@ -283,24 +431,24 @@ def parse_value(text: str) -> Any:
     """
     try:
         return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
+    except (ValueError, RecursionError):  # not TOML; nested too deep; an int past 4300 digits
         return text
 
 
 def apply_override(raw: dict[str, Any], assignment: str) -> None:
     """Apply one ``key=value`` (dotted key) to the raw config dict in place."""
     if "=" not in assignment:
-        raise ConfigError(f"--set {assignment}: expected key=value")
+        raise ConfigError(f"--set {_show(assignment)}: expected key=value")
     key, text = assignment.split("=", 1)
     key = ALIASES.get(key.strip(), key.strip())
     if not key:
-        raise ConfigError(f"--set {assignment}: empty key")
+        raise ConfigError(f"--set {_show(assignment)}: empty key")
     parts = key.split(".")
     node = raw
     for part in parts[:-1]:
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
-            raise ConfigError(f"{key}: {part} is not a section")
+            raise ConfigError(f"{_show(key)}: {_show(part)} is not a section")
         node = child
     node[parts[-1]] = parse_value(text.strip())
 
@@ -313,9 +461,16 @@ def load(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] 
         if not p.is_file():
             raise ConfigError(f"config: no such file {str(p)!r}")
         try:
-            raw = tomllib.loads(p.read_text())
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config: {p}: {exc}") from None
+            raw = tomllib.loads(p.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(f"config: cannot read {_show(str(p))}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"config: {_show(str(p))}: not UTF-8 text ({exc.reason} at byte "
+                              f"{exc.start})") from None
+        except RecursionError:
+            raise ConfigError(f"config: {_show(str(p))}: nested too deeply") from None
+        except ValueError as exc:  # TOMLDecodeError; an int past 4300 digits
+            raise ConfigError(f"config: {_show(str(p))}: {_first_line(exc)}") from None
     for assignment in overrides:
         apply_override(raw, assignment)
     return from_dict(raw)

@@ -19,8 +19,22 @@ Either way every dispatch, update and lost job is written to the operation
 log with a global operation number, so ``fedlm replay`` can re-execute the
 run exactly (see ``fedlm.replay``).
 
+Failures: every job has a deadline (virtual or real seconds); an error reply,
+a rejected update (NaN, wrong shape/dtype/size: checked here, at the
+boundary) or a missed deadline loses the job, the strategy hears
+``on_job_lost`` (a sync round may then close with what arrived) and the worker
+is free again — or offline for a while, or retired after too many failures in
+a row. A late or duplicate reply is logged and ignored. Each job names the
+worker state it starts from (the worker's last *accepted* job), so a lost job
+leaves no trace on the worker either (``fedlm.worker_state``).
+
+Checkpoints: at the top of the loop (a point where the whole state is in
+``state_dict``), every ``reliability.checkpoint_every`` versions; ``run(...,
+resume=state)`` continues from one, re-sending the jobs that were in flight.
+
 The engine owns: the global params and version, the clock, which worker is
-busy or free since when, and the run log. It knows nothing of the algorithm.
+busy, free or offline since when, and the run log. It knows nothing of the
+algorithm.
 """
 
 from __future__ import annotations
@@ -31,16 +45,16 @@ from typing import Callable, Protocol
 
 import numpy as np
 
+from fedlm import faults
 from fedlm.clock import VirtualClock
 from fedlm.config import Config
 from fedlm.fleet import JobTimer, JobTiming, WorkerProfile
 from fedlm.params import BadUpdate, check_update, num_bytes, params_hash
 from fedlm.store import IntervalKind, RunWriter
 from fedlm.worker import JobSpec
+from fedlm.worker_state import FRESH
 from strategies.base import Strategy, Update
 from strategies.local_steps import LocalSteps
-
-MAX_CONSECUTIVE_FAILURES = 3  # a worker failing this many jobs in a row is retired
 
 
 class EngineError(RuntimeError):
@@ -80,6 +94,9 @@ class InFlight:
     job: JobSpec
     t_dispatch: float
     timing: JobTiming | None  # virtual durations; None on the wall clock
+    index: int  # the worker's how-many-th job (seeds its data and faults)
+    deadline: float  # the job is lost if it has not finished by then
+    expires: bool = False  # virtual clock: it will miss its deadline (its event is the deadline)
 
 
 @dataclass(frozen=True)
@@ -105,30 +122,41 @@ class Engine:
                  evaluate: Callable | None = None,
                  progress: Callable[[Progress], None] | None = None,
                  order: str = "virtual",
-                 should_stop: Callable[[], bool] | None = None) -> None:
+                 should_stop: Callable[[], bool] | None = None,
+                 checkpoint: Callable[[dict], None] | None = None) -> None:
         if order not in ("virtual", "wall"):
             raise ValueError(f"order: must be virtual or wall, got {order!r}")
         self.cfg = cfg
         self.order = order
         self.strategy = strategy
         self.policy = local_steps
-        self.transport = transport
+        self.transport = (faults.DuplicatingTransport(transport) if cfg.faults.duplicate > 0
+                          else transport)
         self.fleet = fleet
         self.writer = writer
         self.evaluate = evaluate
         self.progress = progress
         self.should_stop = should_stop or (lambda: False)
+        self.checkpoint = checkpoint  # called with state_dict() every checkpoint_every versions
         self.timer = JobTimer(fleet, cfg.seed)
-        self.clock: VirtualClock[int] = VirtualClock()  # events: job ids
+        # Events: job ids (a job's completion, or its deadline if it will miss it)
+        # and, negative, -(w + 1): worker w comes back online.
+        self.clock: VirtualClock[int] = VirtualClock()
         self.in_flight: dict[int, InFlight] = {}
         self.free_since: dict[int, float] = {}  # free worker -> time it became free
+        self.offline: dict[int, tuple[float, float]] = {}  # worker -> (since, until)
         self._newly_free: list[int] = []  # freed since the last dispatch scan
         self._scanned_version = -1
-        self._blocked = False  # a concurrency cap stopped the last scan
+        self._blocked = False  # a concurrency cap (or a lost job) asks for a full rescan
         self._sampler = np.random.default_rng([cfg.seed, 15485863])
+        n = len(fleet)
         self.retired: set[int] = set()
-        self.failures = [0] * len(fleet)
-        self.jobs_of = [0] * len(fleet)
+        self.failures = [0] * n
+        self.jobs_of = [0] * n
+        self.state_job = [FRESH] * n  # each worker's last accepted job: its next start state
+        self._pins: list[list[int]] = []  # state_job at each kept checkpoint
+        self.settled: dict[int, str] = {}  # recent finished job -> done | lost (late replies)
+        self.base_params: dict[int, object] = {}  # versions in-flight jobs started from
         self.arrived: dict[int, Reply] = {}  # replies not yet handed on, in arrival order
         self.next_job_id = 0
         self.op = 0  # operation counter: dispatches, updates, lost jobs
@@ -140,6 +168,8 @@ class Engine:
         self.jobs_done = 0
         self.last_perplexity: float | None = None
         self._last_eval_version = -1
+        self._checkpoint_due = False
+        self._grace_from: float | None = None  # time of the batch's first job (grace)
         self._wall_start = time.monotonic()
         self.wall_start = time.time()
 
@@ -157,35 +187,49 @@ class Engine:
                 or (limit > 0 and self.now >= limit))
 
     # -- the loop -------------------------------------------------------------
-    def run(self, params):
+    def run(self, params, resume: dict | None = None):
         """Train until ``cfg.updates`` global versions exist (or the local-step
         budget is spent; updates then held in a buffer are not applied); return
-        the final params."""
-        self.params = params
-        self.model_bytes = num_bytes(params)
+        the final params. ``resume``: a ``state_dict()`` to continue from."""
         self.strategy.start(params, num_workers=len(self.fleet))
         self.policy.start(steps=self.cfg.inner.steps,
                           step_times=[p.step_time for p in self.fleet])
-        self.free_since = {w: 0.0 for w in range(len(self.fleet))}
-        self._evaluate()
-        while not self.done():
-            self._dispatch_free_workers()
-            if not self.in_flight:
-                raise EngineError(f"stalled at version {self.version}: no job in flight and "
-                                  f"strategy {self.strategy.name!r} gives none to the "
-                                  f"{len(self.free_since)} free workers")
-            self._complete(*self._next_finished())
-            # Grace period: jobs finishing within `grace` of this one are applied
-            # right after it, so their workers restart from the same model.
-            if self.cfg.time_budget and self.order == "virtual":
+        if resume is None:
+            self.params = params
+            self.model_bytes = num_bytes(params)
+            self.free_since = {w: 0.0 for w in range(len(self.fleet))}
+            self._evaluate()
+        else:
+            self.load_state_dict(resume)
+            for job_id in sorted(self.in_flight):  # the jobs the dead process was waiting for
+                job = self.in_flight[job_id].job
+                self.transport.submit(job, self.base_params[job.base_version])
+        while True:
+            if self._checkpoint_due and self._grace_from is None:
+                self._write_checkpoint()
+            if self._grace_from is None:
+                if self.done():
+                    break
+                self._dispatch_free_workers()
+                if not self.in_flight and not self.offline:
+                    raise EngineError(f"stalled at version {self.version}: no job in flight "
+                                      f"and strategy {self.strategy.name!r} gives none to "
+                                      f"the {len(self.free_since)} free workers")
+                self._handle(*self._next_event())
+                # Grace period: jobs finishing within `grace` of this one are applied
+                # right after it, so their workers restart from the same model.
+                if self.cfg.time_budget and self.order == "virtual":
+                    nxt = self.clock.peek()
+                    if nxt is not None and nxt[0] > self.cfg.time_budget:
+                        break  # the next job would finish after the time budget
+                if self.order == "virtual" and self.cfg.grace > 0:
+                    self._grace_from = self.now
+            else:
                 nxt = self.clock.peek()
-                if nxt is not None and nxt[0] > self.cfg.time_budget:
-                    break  # the next job would finish after the time budget
-            first = self.now
-            while (self.order == "virtual" and self.cfg.grace > 0
-                   and not self.done() and self.clock.peek() is not None
-                   and self.clock.peek()[0] <= first + self.cfg.grace):
-                self._complete(*self._next_finished())
+                if (self.done() or nxt is None or nxt[0] > self._grace_from + self.cfg.grace):
+                    self._grace_from = None
+                else:
+                    self._handle(*self._next_event())
         if self._last_eval_version != self.version:
             self._evaluate()
         self._close_timeline()
@@ -213,6 +257,20 @@ class Engine:
             return [pool[i] for i in self._sampler.permutation(len(pool))]
         return sorted(pool)
 
+    def _keep_from(self, w: int) -> int:
+        """The oldest state of ``w`` still needed: by its next job or a kept checkpoint."""
+        return min([self.state_job[w], *(pin[w] for pin in self._pins)])
+
+    def _deadline(self, w: int, steps: int, timing: JobTiming | None) -> float:
+        """Seconds a job may take: configured, or a multiple of its nominal virtual time."""
+        r = self.cfg.reliability
+        if r.deadline > 0:
+            return r.deadline
+        if timing is None:  # wall clock without a configured deadline
+            return self.cfg.sim.reply_timeout
+        nominal = timing.download + steps * self.fleet[w].step_time + timing.upload
+        return r.deadline_factor * nominal
+
     def _dispatch_free_workers(self) -> None:
         now = self.now
         cap = self.cfg.concurrency
@@ -223,41 +281,67 @@ class Engine:
             if w in self.retired or not self.strategy.wants_job(w, version=self.version):
                 continue
             steps = self.policy.local_steps(w)
+            index = self.jobs_of[w]
+            fault = faults.draw(self.cfg, w, index)
             job = JobSpec(self.next_job_id, w, self.version, steps,
-                          data_seed(self.cfg.seed, w, self.jobs_of[w]))
+                          data_seed(self.cfg.seed, w, index), prev_job=self.state_job[w],
+                          keep_from=self._keep_from(w), fault=fault)
             self.next_job_id += 1
             self.jobs_of[w] += 1
             timing = (self.timer.timing(w, steps, self.model_bytes, self.model_bytes)
                       if self.order == "virtual" else None)
+            limit = now + self._deadline(w, steps, timing)
+            expires = timing is not None and (fault == "hang" or now + timing.total > limit)
             self._log_intervals([(w, IntervalKind.IDLE, self.free_since.pop(w), now,
                                   self.version, None)])
             self.strategy.on_dispatch(w, version=self.version)
-            self.in_flight[job.job_id] = InFlight(job, now, timing)
+            self.in_flight[job.job_id] = InFlight(job, now, timing, index, limit, expires)
+            if self.checkpoint is not None:  # a checkpoint must be able to re-send it
+                self.base_params.setdefault(self.version, self.params)
             if timing is not None:
-                self.clock.schedule(now + timing.total, job.job_id)
+                self.clock.schedule(limit if expires else now + timing.total, job.job_id)
             if self.writer:
                 self.writer.add_job(job, op=self._next_op(), t_dispatch=now)
+                if fault:
+                    self.writer.add_event(kind="fault_injected", virtual_time=now, worker=w,
+                                          job_id=job.job_id, detail=fault)
             self.transport.submit(job, self.params)
 
     def _next_op(self) -> int:
         self.op += 1
         return self.op - 1
 
-    def _next_finished(self) -> tuple[int, Reply]:
-        """The next job to hand on: earliest virtual completion, or first real arrival."""
+    def _next_event(self) -> tuple[int, Reply | None]:
+        """The next thing that happens: a job to hand on (earliest virtual
+        completion or deadline, or first real arrival or missed deadline), or
+        ``(-(w + 1), None)``: worker w is back online."""
         if self.order == "virtual":
-            _, job_id = self.clock.pop()
-            return job_id, self._wait_for(job_id)
-        deadline = time.monotonic() + self.cfg.sim.reply_timeout
+            _, event = self.clock.pop()
+            if event < 0:
+                return event, None
+            reply = self._wait_for(event)
+            if self.in_flight[event].expires:  # what came back came too late
+                self._ignore(reply, "late_reply")
+                return event, self._missed_deadline(event)
+            return event, reply
         while not self.arrived:
-            left = deadline - time.monotonic()
-            if left <= 0:  # nothing at all within the timeout: give up on the oldest job
-                job_id = min(self.in_flight)
-                return job_id, Reply(job_id, None, wall_arrival=time.time(),
-                                     error=f"no reply within {self.cfg.sim.reply_timeout} s")
-            self._receive(min(left, 1.0))
+            now = self.now
+            back = [w for w, (_, until) in self.offline.items() if until <= now]
+            if back:
+                return -(min(back) + 1), None
+            overdue = [j for j, f in self.in_flight.items() if f.deadline <= now]
+            if overdue:
+                return min(overdue), self._missed_deadline(min(overdue))
+            soonest = min([f.deadline for f in self.in_flight.values()]
+                          + [u for _, u in self.offline.values()], default=now + 1.0)
+            self._receive(min(max(soonest - now, 0.0), 1.0))
         job_id = next(iter(self.arrived))  # dicts keep insertion (= arrival) order
         return job_id, self.arrived.pop(job_id)
+
+    def _missed_deadline(self, job_id: int) -> Reply:
+        f = self.in_flight[job_id]
+        return Reply(job_id, None, wall_arrival=time.time(),
+                     error=f"deadline: no reply within {f.deadline - f.t_dispatch:.1f} s")
 
     def _receive(self, timeout: float) -> None:
         if self.should_stop():
@@ -265,9 +349,14 @@ class Engine:
         for reply in self.transport.collect(timeout=timeout):
             if reply.job_id in self.in_flight and reply.job_id not in self.arrived:
                 self.arrived[reply.job_id] = reply
-            elif self.writer:  # a reply for a job we no longer wait for
-                self.writer.add_event(kind="duplicate_reply", virtual_time=self.now,
-                                      job_id=reply.job_id, detail="ignored")
+            else:
+                self._ignore(reply, "duplicate_reply" if reply.job_id in self.arrived
+                             or self.settled.get(reply.job_id) == "done" else "late_reply")
+
+    def _ignore(self, reply: Reply, kind: str) -> None:
+        if self.writer:  # a reply for a job we no longer wait for
+            self.writer.add_event(kind=kind, virtual_time=self.now, job_id=reply.job_id,
+                                  detail="ignored" + (f" ({reply.error})" if reply.error else ""))
 
     def _wait_for(self, job_id: int) -> Reply:
         """Block until the reply of ``job_id`` has arrived; keep the others for later."""
@@ -293,27 +382,34 @@ class Engine:
                 (w, IntervalKind.COMPUTE, min(a, end), min(b, end), job.base_version, job.job_id),
                 (w, IntervalKind.UPLOAD, min(b, end), end, job.base_version, job.job_id)]
 
+    def _handle(self, event: int, reply: Reply | None) -> None:
+        if event < 0:
+            self._back_online(-event - 1)
+        else:
+            self._complete(event, reply)
+
     def _complete(self, job_id: int, reply: Reply) -> None:
         flight = self.in_flight.pop(job_id)
         job, t0 = flight.job, flight.t_dispatch
         now = self.now
         w = job.worker
         self._log_intervals(self._job_intervals(flight, now, reply.compute_seconds))
-        self.free_since[w] = now
-        self._newly_free.append(w)
 
-        error = reply.error
+        error, reason = reply.error, "error"
+        if error is not None and error.startswith("deadline"):
+            reason = "deadline"
         if error is None:
             try:
                 check_update(reply.outer_grad, self.params)
             except BadUpdate as exc:
-                error = f"rejected update: {exc}"
+                error, reason = f"rejected update: {exc}", "rejected"
         if error is not None:
-            # A rejected update was computed (the worker's optimizer moved on);
-            # an error reply means the ClientApp did not finish.
-            self._job_failed(job, error, computed=reply.error is None)
+            self._job_failed(flight, error, reason)
             return
         self.failures[w] = 0
+        self.state_job[w] = job_id
+        self._settle(job_id, "done")
+        self._release(w, flight.index)
 
         update = Update(worker=w, job_id=job_id, base_version=job.base_version,
                         outer_grad=reply.outer_grad, tokens=reply.tokens,
@@ -337,35 +433,141 @@ class Engine:
         self.policy.observe(w, steps=reply.steps, seconds=compute)
         new_params = self.strategy.on_update(update, self.params)
         if new_params is not None:
-            self.params = new_params
-            self.version += 1
-            if self.writer:
-                self.writer.mark_applied(self.version, self._held)
-            self._held = []
-            if self.version % self.cfg.eval.every == 0:
-                self._evaluate()
+            self._new_version(new_params)
         if self.writer:
             self.writer.commit(force=False)
         self._report()
 
-    def _job_failed(self, job: JobSpec, error: str, computed: bool) -> None:
-        w = job.worker
+    def _new_version(self, new_params) -> None:
+        self.params = new_params
+        self.version += 1
+        if self.base_params:  # keep only versions that jobs still in flight started from
+            used = {f.job.base_version for f in self.in_flight.values()}
+            self.base_params = {v: p for v, p in self.base_params.items() if v in used}
+        if self.writer:
+            self.writer.mark_applied(self.version, self._held)
+        self._held = []
+        if self.version % self.cfg.eval.every == 0:
+            self._evaluate()
+        every = self.cfg.reliability.checkpoint_every
+        if self.checkpoint is not None and every and self.version % every == 0:
+            self._checkpoint_due = True
+
+    def _job_failed(self, flight: InFlight, error: str, reason: str) -> None:
+        job, w = flight.job, flight.job.worker
         self.failures[w] += 1
+        self._settle(job.job_id, "lost")
+        limit = self.cfg.reliability.max_failures
+        if self.failures[w] >= limit:
+            self.retired.add(w)
+            reason = "retired"
         if self.writer:
             self.writer.add_event(kind="job_failed", virtual_time=self.now, worker=w,
                                   job_id=job.job_id, detail=error)
-            self.writer.end_job(job.job_id, status="lost", op=self._next_op(), computed=computed)
-        self.strategy.on_job_lost(w, job_id=job.job_id)
-        if self.failures[w] >= MAX_CONSECUTIVE_FAILURES:
-            self.retired.add(w)
-            if self.writer:
-                self.writer.add_event(kind="worker_retired", virtual_time=self.now,
-                                      worker=w, detail=f"{self.failures[w]} failures in a row")
+            self.writer.end_job(job.job_id, status="lost", op=self._next_op(), computed=False,
+                                reason=reason)
+            if reason == "retired":
+                self.writer.add_event(kind="worker_retired", virtual_time=self.now, worker=w,
+                                      detail=f"{self.failures[w]} failures in a row")
         if len(self.retired) == len(self.fleet):
-            raise EngineError(f"every worker failed {MAX_CONSECUTIVE_FAILURES} jobs in a row; "
-                              f"last error: {error}")
+            raise EngineError(f"every worker failed {limit} jobs in a row; last error: {error}")
+        if w not in self.retired:
+            self._release(w, flight.index)
+        self._blocked = True  # the strategy may now want jobs from anyone (a new round)
+        new_params = self.strategy.on_job_lost(w, job_id=job.job_id, reason=reason,
+                                               params=self.params)
+        if new_params is not None:  # e.g. a sync round closed with the replies it had
+            if self.writer:
+                self.writer.add_event(kind="round_closed", virtual_time=self.now,
+                                      detail=f"version {self.version + 1} from "
+                                             f"{len(self._held)} updates after a lost job")
+            self._new_version(new_params)
         if self.writer:
             self.writer.commit(force=False)
+        self._report()
+
+    def _settle(self, job_id: int, how: str) -> None:
+        self.settled[job_id] = how
+        if len(self.settled) > 4 * len(self.fleet) + 64:  # only recent ones get late replies
+            del self.settled[next(iter(self.settled))]
+
+    def _release(self, w: int, index: int) -> None:
+        """A worker's job is over: it is free now, or goes offline for a while."""
+        now = self.now
+        if faults.goes_offline(self.cfg, w, index):
+            until = now + self.cfg.faults.offline_seconds
+            self.offline[w] = (now, until)
+            if self.order == "virtual":
+                self.clock.schedule(until, -(w + 1))
+            if self.writer:
+                self.writer.add_event(kind="worker_offline", virtual_time=now, worker=w,
+                                      detail=f"for {self.cfg.faults.offline_seconds:g} s")
+            return
+        self.free_since[w] = now
+        self._newly_free.append(w)
+
+    def _back_online(self, w: int) -> None:
+        since, _ = self.offline.pop(w)
+        now = self.now
+        self._log_intervals([(w, IntervalKind.OFFLINE, since, now, self.version, None)])
+        if self.writer:
+            self.writer.add_event(kind="worker_online", virtual_time=now, worker=w,
+                                  detail=f"after {now - since:.1f} s offline")
+        self.free_since[w] = now
+        self._newly_free.append(w)
+
+    # -- checkpoints ------------------------------------------------------------
+    def _write_checkpoint(self) -> None:
+        self._checkpoint_due = False
+        self._pins = [*self._pins, list(self.state_job)][-self.cfg.reliability.checkpoint_keep:]
+        if self.writer:  # logged first: rows after the checkpoint are undone on resume
+            self.writer.add_event(kind="checkpoint", virtual_time=self.now,
+                                  detail=f"version {self.version}, op {self.op}")
+        self.checkpoint(self.state_dict())
+
+    def state_dict(self) -> dict:
+        """Everything the loop needs to go on from here (at the top of the loop)."""
+        return {
+            "params": self.params, "model_bytes": self.model_bytes,
+            "base_params": dict(self.base_params), "version": self.version, "now": self.now,
+            "strategy": self.strategy.state_dict(), "policy": self.policy.state_dict(),
+            "timer": self.timer.state_dict(), "clock": self.clock.state_dict(),
+            "sampler": self._sampler.bit_generator.state,
+            "in_flight": {j: (f.job, f.t_dispatch, f.timing, f.index, f.deadline, f.expires)
+                          for j, f in self.in_flight.items()},
+            "free_since": dict(self.free_since), "offline": dict(self.offline),
+            "newly_free": list(self._newly_free), "scanned_version": self._scanned_version,
+            "blocked": self._blocked, "retired": sorted(self.retired),
+            "failures": list(self.failures), "jobs_of": list(self.jobs_of),
+            "state_job": list(self.state_job), "pins": [list(p) for p in self._pins],
+            "settled": dict(self.settled), "next_job_id": self.next_job_id, "op": self.op,
+            "seq": self.seq, "held": list(self._held), "tokens": self.tokens,
+            "steps_done": self.steps_done, "jobs_done": self.jobs_done,
+            "last_perplexity": self.last_perplexity,
+            "last_eval_version": self._last_eval_version,
+        }
+
+    def load_state_dict(self, st: dict) -> None:
+        self.params, self.model_bytes = st["params"], st["model_bytes"]
+        self.base_params = dict(st["base_params"])
+        self.version = st["version"]
+        self.strategy.load_state_dict(st["strategy"])
+        self.policy.load_state_dict(st["policy"])
+        self.timer.load_state_dict(st["timer"])
+        self.clock.load_state_dict(st["clock"])
+        self._sampler.bit_generator.state = st["sampler"]
+        self.in_flight = {j: InFlight(*v) for j, v in st["in_flight"].items()}
+        self.free_since, self.offline = dict(st["free_since"]), dict(st["offline"])
+        self._newly_free, self._scanned_version = list(st["newly_free"]), st["scanned_version"]
+        self._blocked, self.retired = st["blocked"], set(st["retired"])
+        self.failures, self.jobs_of = list(st["failures"]), list(st["jobs_of"])
+        self.state_job, self._pins = list(st["state_job"]), [list(p) for p in st["pins"]]
+        self.settled, self.next_job_id = dict(st["settled"]), st["next_job_id"]
+        self.op, self.seq, self._held = st["op"], st["seq"], list(st["held"])
+        self.tokens, self.steps_done = st["tokens"], st["steps_done"]
+        self.jobs_done, self.last_perplexity = st["jobs_done"], st["last_perplexity"]
+        self._last_eval_version = st["last_eval_version"]
+        self._wall_start = time.monotonic() - st["now"]  # wall clock: go on from there
 
     # -- bookkeeping ----------------------------------------------------------
     def _log_intervals(self, rows) -> None:
@@ -373,10 +575,13 @@ class Engine:
             self.writer.add_intervals(rows)
 
     def _close_timeline(self) -> None:
-        """At the end: free workers were idle until now; jobs in flight are cut at now."""
+        """At the end: free workers were idle until now, offline ones offline;
+        jobs in flight are cut at now."""
         end = self.now
         rows = [(w, IntervalKind.IDLE, t, end, self.version, None)
                 for w, t in sorted(self.free_since.items())]
+        rows += [(w, IntervalKind.OFFLINE, since, end, self.version, None)
+                 for w, (since, _) in sorted(self.offline.items())]
         for _, f in sorted(self.in_flight.items()):
             rows += self._job_intervals(f, end, compute_seconds=0.0)
         self._log_intervals(rows)

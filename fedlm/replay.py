@@ -6,10 +6,12 @@ and how many local steps, which jobs were lost, and in which order finished
 jobs reached the strategy. Replay walks it:
 
     dispatch op  -> strategy.on_dispatch(worker, version)
-    lost op      -> strategy.on_job_lost(worker, job)
+    lost op      -> strategy.on_job_lost(worker, job, reason); a version if it
+                    returns one (a sync round closing with what it had)
     update op    -> run the job again (worker.run_job) from the model version it
-                    started from, with that worker's own optimizer state, and
-                    hand it to the strategy with the recorded staleness
+                    started from, with the worker state it started from (the
+                    job records which: ``prev_job``), and hand it to the
+                    strategy with the recorded staleness
 
 and ends with the final weights' hash, to compare with the recorded one. The
 order came from the log, so it does not matter whether the run's order came
@@ -29,6 +31,7 @@ from fedlm.config import Config
 from fedlm.params import params_hash, snapshot
 from fedlm.store import connect_readonly
 from fedlm.worker import JobSpec, run_job
+from fedlm.worker_state import MemoryStates
 from strategies import registry
 from strategies.base import Update
 
@@ -65,6 +68,9 @@ def replay(db: str | Path, run_id: int,
     cfg = Config.from_json(run["config_json"])
     if run["status"] != "finished":
         raise ReplayError(f"run {run_id} is {run['status']}; only finished runs replay")
+    if any(j["prev_job"] is None for j in jobs.values()):
+        raise ReplayError(f"run {run_id} was recorded by an older fedlm (store schema 2, "
+                          f"without worker-state pointers); it cannot be replayed")
 
     ops: list[tuple[int, str, object]] = []
     for j in jobs.values():
@@ -77,7 +83,7 @@ def replay(db: str | Path, run_id: int,
     # The last op that needs each version as a job's starting point.
     last_use: dict[int, int] = {}
     for op, kind, row in ops:
-        if kind == "update" or (kind == "lost" and row["computed"]):
+        if kind == "update":
             last_use[row["base_version"]] = max(last_use.get(row["base_version"], -1), op)
 
     params = snapshot(model_lib.build(cfg.model, cfg.data.seq_len, seed=cfg.seed))
@@ -88,29 +94,29 @@ def replay(db: str | Path, run_id: int,
     strategy.start(params, num_workers=cfg.workers)
     versions = {0: params}
     version, held, mismatched = 0, 1, 0
-    opt_states: dict[int, dict] = {}
+    states = [MemoryStates() for _ in range(cfg.workers)]
 
     for n, (op, kind, row) in enumerate(ops):
         if kind == "dispatch":
             strategy.on_dispatch(row["worker"], version=row["base_version"])
         elif kind == "lost":
-            if row["computed"]:  # its update was rejected, but the worker's state moved on
-                job = JobSpec(row["job_id"], row["worker"], row["base_version"],
-                              row["local_steps"], row["data_seed"])
-                if row["base_version"] in versions:
-                    opt_states[job.worker] = run_job(versions[row["base_version"]],
-                                                     opt_states.get(job.worker, {}), job,
-                                                     cfg).opt_state
-            strategy.on_job_lost(row["worker"], job_id=row["job_id"])
+            new = strategy.on_job_lost(row["worker"], job_id=row["job_id"],
+                                       reason=row["reason"] or "error", params=versions[version])
+            if new is not None:
+                version += 1
+                versions[version] = new
         else:
             base = row["base_version"]
             if base not in versions:
                 raise ReplayError(f"update {row['seq']} starts from version {base}, "
                                   f"which the log never produced")
+            job = jobs[row["job_id"]]
             job = JobSpec(row["job_id"], row["worker"], base, row["local_steps"],
-                          row["data_seed"])
-            result = run_job(versions[base], opt_states.get(job.worker, {}), job, cfg)
-            opt_states[job.worker] = result.opt_state
+                          row["data_seed"], prev_job=job["prev_job"])
+            worker_states = states[job.worker]
+            result = run_job(versions[base], worker_states.load(job.prev_job), job, cfg)
+            worker_states.save(job.job_id, result.opt_state)
+            worker_states.prune(job.prev_job)
             if params_hash(result.outer_grad) != row["update_hash"]:
                 mismatched += 1
             if version - base != row["staleness"]:
@@ -123,9 +129,9 @@ def replay(db: str | Path, run_id: int,
             if new is not None:
                 version += 1
                 versions[version] = new
-            # forget versions no later job starts from (always keep the current one)
-            for v in [v for v in versions if v != version and last_use.get(v, -1) <= op]:
-                del versions[v]
+        # forget versions no later job starts from (always keep the current one)
+        for v in [v for v in versions if v != version and last_use.get(v, -1) <= op]:
+            del versions[v]
         held = max(held, len(versions))
         if progress:
             progress(n + 1, len(ops))

@@ -2,43 +2,59 @@
 
 ``server_app.run_on_grid`` calls it with Flower's Grid behind the transport;
 ``fedlm run --backend inprocess`` with the in-process trainer (one process, no
-Ray: for debugging, sweeps and machines without spare cores).
+Ray: for debugging, sweeps and machines without spare cores). ``resume``
+continues a run whose process died, from its newest intact checkpoint.
 """
 
 from __future__ import annotations
 
+import shutil
+import uuid
 from typing import Callable
 
-from fedlm import fleet as fleet_lib, model as model_lib
+from fedlm import checkpoint as ckpt_lib, fleet as fleet_lib, model as model_lib
 from fedlm.config import Config
 from fedlm.engine import Engine, Interrupted, Progress, Transport
 from fedlm.evaluate import Evaluator
 from fedlm.params import params_hash, snapshot
 from fedlm.store import RunWriter
 from fedlm.worker import worker_shards
+from fedlm.worker_state import disk_folder
 from strategies import registry
 
+# connect(run_key) -> (transport, worker -> node id)
+Connect = Callable[[str], tuple[Transport, dict[int, str]]]
 
-def execute(cfg: Config, db_path: str, connect: Callable[[], tuple[Transport, dict[int, str]]],
+
+def execute(cfg: Config, db_path: str, connect: Connect,
             progress: Callable[[Progress], None] | None = None,
             on_start: Callable[[int], None] | None = None,
-            should_stop: Callable[[], bool] | None = None) -> int:
-    """Run ``cfg``; everything lands in the run store at ``db_path``. Returns the run id.
+            should_stop: Callable[[], bool] | None = None,
+            resume: int | None = None) -> int:
+    """Run ``cfg`` (or continue run ``resume``); everything lands in the run store
+    at ``db_path``. Returns the run id.
 
-    ``connect`` returns the transport and, per worker, the id of the node that
-    holds it (for the store).
+    ``connect`` gets the run key (which names the workers' saved states) and
+    returns the transport and, per worker, the id of the node that holds it.
     """
     strategy = registry.build_strategy(cfg.strategy, cfg.outer)
-    writer = RunWriter(db_path, name=cfg.name or f"{cfg.strategy}-{cfg.fleet.preset}",
-                       strategy=cfg.strategy, local_steps=cfg.local_steps,
-                       profile=cfg.fleet.preset, model=cfg.model, workers=cfg.workers,
-                       seed=cfg.seed, mode=cfg.clock, config_json=cfg.to_json(),
-                       strategy_summary=strategy.summary())
+    state, notes = None, []
+    if resume is None:
+        writer = RunWriter(db_path, name=cfg.name or f"{cfg.strategy}-{cfg.fleet.preset}",
+                           strategy=cfg.strategy, local_steps=cfg.local_steps,
+                           profile=cfg.fleet.preset, model=cfg.model, workers=cfg.workers,
+                           seed=cfg.seed, mode=cfg.clock, config_json=cfg.to_json(),
+                           strategy_summary=strategy.summary())
+        run_key = uuid.uuid4().hex
+    else:
+        writer = RunWriter.reopen(db_path, resume)
+        state, run_key, notes = _rewind(writer, ckpt_lib.folder_for(db_path, resume))
+    folder = ckpt_lib.folder_for(db_path, writer.run_id)
     if on_start:
         on_start(writer.run_id)
     engine = None
     try:
-        transport, node_of = connect()
+        transport, node_of = connect(run_key)
         fleet = fleet_lib.profiles(cfg.fleet, cfg.workers)
         shards = worker_shards(cfg.data, cfg.workers, cfg.seed)
         writer.add_workers({"worker": p.worker, "node_id": str(node_of[p.worker]),
@@ -49,14 +65,29 @@ def execute(cfg: Config, db_path: str, connect: Callable[[], tuple[Transport, di
         net = model_lib.build(cfg.model, cfg.data.seq_len, seed=cfg.seed)
         params = snapshot(net)
         writer.set_model_info(model_lib.num_parameters(net), params_hash(params))
+
+        def save_checkpoint(engine_state: dict) -> None:
+            writer.commit()
+            ckpt_lib.save(folder, engine_state["version"],
+                          {"engine": engine_state, "db": writer.positions(), "run_key": run_key},
+                          keep=cfg.reliability.checkpoint_keep)
+
         engine = Engine(cfg, strategy=strategy,
                         local_steps=registry.build_local_steps(cfg.local_steps),
                         transport=transport, fleet=fleet, writer=writer,
                         evaluate=Evaluator(cfg), progress=progress, order=cfg.clock,
-                        should_stop=should_stop)
-        final = engine.run(params)
+                        should_stop=should_stop,
+                        checkpoint=save_checkpoint if cfg.reliability.checkpoint_every else None)
+        for kind, detail in notes:
+            writer.add_event(kind=kind, virtual_time=state["now"] if state else 0.0,
+                             detail=detail)
+        final = engine.run(params, resume=state)
         writer.finish(status="finished", virtual_time=engine.now, updates=engine.version,
                       final_hash=params_hash(final))
+        # Finished: the checkpoints and the workers' saved states (where they are on
+        # this machine) are of no further use.
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(disk_folder(run_key, 0).parent, ignore_errors=True)
     except BaseException as exc:
         writer.finish(status="interrupted" if isinstance(exc, Interrupted) else "failed",
                       virtual_time=engine.now if engine else 0.0,
@@ -68,10 +99,31 @@ def execute(cfg: Config, db_path: str, connect: Callable[[], tuple[Transport, di
     return writer.run_id
 
 
+def _rewind(writer: RunWriter, folder) -> tuple[dict | None, str, list[tuple[str, str]]]:
+    """Load the newest intact checkpoint and cut the run's log back to it.
+
+    Returns the engine state (None: no checkpoint, the run starts over), the run
+    key, and events to log about it."""
+    notes = []
+    try:
+        payload, path, skipped = ckpt_lib.latest(folder)
+    except ckpt_lib.NoCheckpoint as exc:
+        writer.rewind({"intervals": 0, "metrics": 0, "events": 0}, next_job_id=0, seq=0,
+                      version=-1, in_flight=[])
+        return None, uuid.uuid4().hex, [("resumed", f"from the start ({exc})")]
+    notes += [("checkpoint_skipped", s) for s in skipped]
+    st = payload["engine"]
+    writer.rewind(payload["db"], next_job_id=st["next_job_id"], seq=st["seq"],
+                  version=st["version"], in_flight=sorted(st["in_flight"]))
+    notes.append(("resumed", f"from {path.name}: version {st['version']}, op {st['op']}, "
+                             f"{len(st['in_flight'])} jobs in flight re-sent"))
+    return st, payload["run_key"], notes
+
+
 def run_inprocess(cfg: Config, db_path: str, **kwargs) -> int:
     """``execute`` with every job run in this process (no Flower, no Ray)."""
     from fedlm.inprocess import InProcessTransport
 
-    return execute(cfg, db_path, lambda: (InProcessTransport(cfg),
-                                          {w: "in-process" for w in range(cfg.workers)}),
+    return execute(cfg, db_path, lambda run_key: (InProcessTransport(cfg, run_key=run_key),
+                                                  {w: "in-process" for w in range(cfg.workers)}),
                    **kwargs)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from typing import Callable
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
@@ -36,11 +35,11 @@ POLL_SECONDS = 0.05  # pause between empty pulls (Flower itself polls at 0.1 s)
 class FlowerTransport:
     """The engine's transport over a Flower ``Grid``."""
 
-    def __init__(self, grid: Grid, cfg: Config) -> None:
+    def __init__(self, grid: Grid, cfg: Config, run_key: str) -> None:
         self.grid = grid
         self.cfg = cfg
         self.cfg_json = cfg.to_json()
-        self.run_key = uuid.uuid4().hex  # names this run's worker-state files on the nodes
+        self.run_key = run_key  # names this run's worker-state files on the nodes
         self.node_of: dict[int, int] = {}  # worker (partition id) -> Flower node id
         self.pending: dict[str, int] = {}  # message id -> job id
 
@@ -82,7 +81,9 @@ class FlowerTransport:
             "job": ConfigRecord({"job-id": job.job_id, "worker": job.worker,
                                  "base-version": job.base_version,
                                  "local-steps": job.local_steps, "data-seed": job.data_seed,
-                                 "config": self.cfg_json, "run-key": self.run_key}),
+                                 "prev-job": job.prev_job, "keep-from": job.keep_from,
+                                 "fault": job.fault, "config": self.cfg_json,
+                                 "run-key": self.run_key}),
         })
         msg = Message(content, dst_node_id=self.node_of[job.worker],
                       message_type=MessageType.TRAIN, ttl=self.cfg.sim.ttl,
@@ -119,25 +120,27 @@ class FlowerTransport:
 def run_on_grid(grid: Grid, cfg: Config, db_path: str,
                 progress: Callable[[Progress], None] | None = None,
                 on_start: Callable[[int], None] | None = None,
-                should_stop: Callable[[], bool] | None = None) -> int:
-    """Run ``cfg`` on ``grid``'s nodes; everything lands in the run store. Returns the run id."""
-    def connect():
-        transport = FlowerTransport(grid, cfg)
+                should_stop: Callable[[], bool] | None = None, resume: int | None = None) -> int:
+    """Run ``cfg`` (or continue run ``resume``) on ``grid``'s nodes; everything lands in
+    the run store. Returns the run id."""
+    def connect(run_key: str):
+        transport = FlowerTransport(grid, cfg, run_key)
         return transport, transport.connect()
 
-    return execute(cfg, db_path, connect, progress, on_start, should_stop)
+    return execute(cfg, db_path, connect, progress, on_start, should_stop, resume=resume)
 
 
 def make_server_app(cfg: Config, db_path: str,
                     progress: Callable[[Progress], None] | None = None,
                     on_start: Callable[[int], None] | None = None,
-                    should_stop: Callable[[], bool] | None = None) -> ServerApp:
+                    should_stop: Callable[[], bool] | None = None,
+                    resume: int | None = None) -> ServerApp:
     """A ServerApp bound to ``cfg`` (for ``run_simulation``, whose run config is empty)."""
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        run_on_grid(grid, cfg, db_path, progress, on_start, should_stop)
+        run_on_grid(grid, cfg, db_path, progress, on_start, should_stop, resume)
 
     return app
 

@@ -20,6 +20,7 @@ read-only. Tables:
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 from contextlib import closing
@@ -28,7 +29,13 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Iterable
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+# Older schemas this version upgrades in place: version -> statements.
+_MIGRATIONS = {
+    2: ["ALTER TABLE jobs ADD COLUMN prev_job INTEGER",
+        "ALTER TABLE jobs ADD COLUMN fault TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE jobs ADD COLUMN reason TEXT"],
+}
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -63,7 +70,10 @@ CREATE TABLE IF NOT EXISTS jobs (
     t_dispatch REAL NOT NULL,
     status TEXT NOT NULL,               -- running | done | lost
     end_op INTEGER,                     -- op of its update, or of its loss
-    computed INTEGER,                   -- lost but computed (update rejected): 1
+    computed INTEGER,                   -- schema 2 only: lost but computed (rejected)
+    prev_job INTEGER,                   -- the worker state it started from (-1: fresh)
+    fault TEXT NOT NULL DEFAULT '',     -- injected fault (fedlm.faults), '' = none
+    reason TEXT,                        -- lost: error | rejected | deadline | retired
     PRIMARY KEY (run_id, job_id)
 );
 CREATE TABLE IF NOT EXISTS updates (
@@ -102,19 +112,26 @@ class IntervalKind(str, Enum):
     COMPUTE = "compute"
     UPLOAD = "upload"
     IDLE = "idle"
+    OFFLINE = "offline"
 
 
 def connect(path: str | Path) -> sqlite3.Connection:
     """A writer connection; creates the file and schema if needed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(path, timeout=30.0, check_same_thread=False)
+    conn = sqlite3.connect(path, timeout=db_timeout(), check_same_thread=False)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
     has_meta = conn.execute("SELECT 1 FROM sqlite_master WHERE name='meta'").fetchone()
     if has_meta:
         row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        if row and int(row[0]) != SCHEMA_VERSION:
+        if row and int(row[0]) in _MIGRATIONS:
+            with conn:
+                for statement in _MIGRATIONS[int(row[0])]:
+                    conn.execute(statement)
+                conn.execute("UPDATE meta SET value=? WHERE key='schema_version'",
+                             (str(SCHEMA_VERSION),))
+        elif row and int(row[0]) != SCHEMA_VERSION:
             conn.close()
             raise StoreError(f"db: {path} holds schema version {row[0]}, this fedlm writes "
                              f"version {SCHEMA_VERSION}; use another --db")
@@ -125,13 +142,79 @@ def connect(path: str | Path) -> sqlite3.Connection:
 
 
 def connect_readonly(path: str | Path) -> sqlite3.Connection:
-    """A reader that never blocks (nor is blocked by) the writer."""
-    if not Path(path).exists():
+    """A reader that never blocks (nor is blocked by) the writer.
+
+    Refuses with a one-line ``StoreError`` a file that is not a fedlm run database
+    or holds another schema version; an older version that ``connect`` migrates is
+    upgraded in place first (the only write a reader makes)."""
+    p = Path(path)
+    if not p.exists():
         raise FileNotFoundError(f"no run database at {path}")
-    conn = sqlite3.connect(f"file:{Path(path).resolve()}?mode=ro", uri=True, timeout=30.0,
-                           check_same_thread=False)
-    conn.row_factory = sqlite3.Row
-    return conn
+    if p.is_dir():
+        raise StoreError(f"db: {_where(path)} is a directory, not a run database")
+    for attempt in (1, 2):
+        conn = sqlite3.connect(f"{p.resolve().as_uri()}?mode=ro", uri=True,
+                               timeout=db_timeout(), check_same_thread=False)
+        conn.row_factory = sqlite3.Row
+        try:
+            row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        except sqlite3.Error as exc:
+            conn.close()
+            raise db_error(path, exc) from None
+        version = row[0] if row else None
+        if version == str(SCHEMA_VERSION):
+            return conn
+        conn.close()
+        if version is None:
+            raise StoreError(f"db: {_where(path)} is not a fedlm run database (no schema version)")
+        if attempt == 1 and str(version).isdigit() and int(version) in _MIGRATIONS:
+            try:
+                connect(p).close()  # the writer's migration, then read
+            except (sqlite3.Error, OSError) as exc:
+                raise StoreError(f"db: {_where(path)} holds schema version {version} and cannot "
+                                 f"be upgraded to {SCHEMA_VERSION}: {db_error(path, exc)}") from None
+            continue
+        break
+    raise StoreError(f"db: {_where(path)} holds schema version {version}, this fedlm reads "
+                     f"version {SCHEMA_VERSION} (another fedlm wrote it); use that fedlm or "
+                     f"another --db")
+
+
+def db_timeout() -> float:
+    """Seconds to wait on a database another connection holds locked before giving
+    up: ``FEDLM_DB_TIMEOUT``, default 30."""
+    try:
+        seconds = float(os.environ.get("FEDLM_DB_TIMEOUT", "30"))
+    except ValueError:
+        return 30.0
+    return seconds if 0 <= seconds <= 86400 else 30.0
+
+
+def _where(path: str | Path) -> str:
+    text = str(path)
+    return text if text.isprintable() else repr(text)
+
+
+def db_error(path: str | Path, exc: BaseException) -> StoreError:
+    """A one-line ``StoreError`` for an sqlite3 (or OS) error on the run database ``path``."""
+    text = (str(exc).splitlines() or [type(exc).__name__])[0]
+    where = _where(path)
+    if isinstance(exc, StoreError):
+        return exc
+    if "file is not a database" in text:
+        return StoreError(f"db: {where} is not a SQLite database")
+    if "locked" in text or "busy" in text:
+        return StoreError(f"db: {where} is locked by another process (gave up after "
+                          f"{db_timeout():g} s; FEDLM_DB_TIMEOUT sets the wait)")
+    if "no such table" in text or "no such column" in text:
+        return StoreError(f"db: {where} is not a fedlm run database ({text})")
+    if "malformed" in text:
+        return StoreError(f"db: {where} is damaged ({text})")
+    if "unable to open" in text:
+        return StoreError(f"db: cannot open {where} ({text})")
+    if isinstance(exc, OSError) and exc.strerror:
+        return StoreError(f"db: cannot use {where}: {exc.strerror}")
+    return StoreError(f"db: {where}: {text}")
 
 
 class RunWriter:
@@ -156,6 +239,44 @@ class RunWriter:
         self.conn.commit()
         self._last_commit = time.monotonic()
 
+    @classmethod
+    def reopen(cls, path: str | Path, run_id: int) -> "RunWriter":
+        """A writer for an existing run (``fedlm run --resume``)."""
+        self = cls.__new__(cls)
+        self.path = Path(path)
+        self.conn = connect(self.path)
+        if self.conn.execute("SELECT 1 FROM runs WHERE id=?", (run_id,)).fetchone() is None:
+            self.conn.close()
+            raise StoreError(f"db: no run {run_id} in {path}")
+        self.run_id = run_id
+        self._last_commit = time.monotonic()
+        return self
+
+    def positions(self) -> dict[str, int]:
+        """How far each log table has got (committed rows); a checkpoint stores it."""
+        q = "SELECT COALESCE(MAX(id), 0) FROM {} WHERE run_id=?"
+        return {t: int(self.conn.execute(q.format(t), (self.run_id,)).fetchone()[0])
+                for t in ("intervals", "metrics", "events")}
+
+    def rewind(self, positions: dict[str, int], *, next_job_id: int, seq: int,
+               version: int, in_flight: list[int]) -> None:
+        """Forget what the run logged after a checkpoint: rows past ``positions``,
+        jobs from ``next_job_id``, updates from ``seq``; the checkpoint's jobs in
+        flight are running again and its held updates not yet applied."""
+        r = self.run_id
+        with self.conn:
+            for table, last in positions.items():
+                self.conn.execute(f"DELETE FROM {table} WHERE run_id=? AND id>?", (r, last))
+            self.conn.execute("DELETE FROM jobs WHERE run_id=? AND job_id>=?", (r, next_job_id))
+            self.conn.execute("DELETE FROM updates WHERE run_id=? AND seq>=?", (r, seq))
+            self.conn.executemany("UPDATE jobs SET status='running', end_op=NULL, computed=NULL,"
+                                  " reason=NULL WHERE run_id=? AND job_id=?",
+                                  [(r, j) for j in in_flight])
+            self.conn.execute("UPDATE updates SET applied_version=NULL WHERE run_id=?"
+                              " AND applied_version>?", (r, version))
+            self.conn.execute("UPDATE runs SET status='running', finished_at=NULL, error=NULL,"
+                              " final_hash=NULL WHERE id=?", (r,))
+
     def set_model_info(self, num_parameters: int, initial_hash: str) -> None:
         self.conn.execute("UPDATE runs SET num_parameters=?, initial_hash=? WHERE id=?",
                           (num_parameters, initial_hash, self.run_id))
@@ -163,7 +284,7 @@ class RunWriter:
 
     def add_workers(self, rows: Iterable[dict[str, Any]]) -> None:
         self.conn.executemany(
-            "INSERT INTO workers VALUES (:run_id, :worker, :node_id, :step_time, :jitter,"
+            "INSERT OR REPLACE INTO workers VALUES (:run_id, :worker, :node_id, :step_time, :jitter,"
             " :region, :latency, :down_bw, :up_bw, :shard_sequences)",
             [{"run_id": self.run_id, **r} for r in rows])
         self.conn.commit()
@@ -185,13 +306,17 @@ class RunWriter:
 
     def add_job(self, job, *, op: int, t_dispatch: float) -> None:
         self.conn.execute(
-            "INSERT INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'running', NULL, NULL)",
+            "INSERT INTO jobs (run_id, job_id, worker, base_version, local_steps, data_seed,"
+            " dispatch_op, t_dispatch, status, prev_job, fault)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?)",
             (self.run_id, job.job_id, job.worker, job.base_version, job.local_steps,
-             job.data_seed, op, t_dispatch))
+             job.data_seed, op, t_dispatch, job.prev_job, job.fault))
 
-    def end_job(self, job_id: int, *, status: str, op: int, computed: bool = True) -> None:
-        self.conn.execute("UPDATE jobs SET status=?, end_op=?, computed=? WHERE run_id=?"
-                          " AND job_id=?", (status, op, int(computed), self.run_id, job_id))
+    def end_job(self, job_id: int, *, status: str, op: int, computed: bool = True,
+                reason: str | None = None) -> None:
+        self.conn.execute("UPDATE jobs SET status=?, end_op=?, computed=?, reason=?"
+                          " WHERE run_id=? AND job_id=?",
+                          (status, op, int(computed), reason, self.run_id, job_id))
 
     def mark_applied(self, version: int, seqs: list[int]) -> None:
         """The updates ``seqs`` (held until now) are part of global ``version``."""

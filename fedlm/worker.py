@@ -6,6 +6,10 @@ The ClientApp calls it inside Flower; replay and tests call it directly. What
 a job reads is fixed by its ``data_seed``, and the inner optimizer's state
 (AdamW moments, the schedule position) belongs to the worker, travels in and
 out of this function, and is never sent to the server.
+
+``serve_job`` is everything a worker does with a job message around that:
+load the state the job names, act out an injected fault, run, save the new
+state, emulate a slower device on the wall clock.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from fedlm import data, model as model_lib
+from fedlm import data, faults, fleet, model as model_lib
 from fedlm.config import Config, DataConfig, InnerConfig
 from fedlm.params import load_into, outer_gradient, snapshot
 
@@ -32,6 +36,9 @@ class JobSpec:
     base_version: int
     local_steps: int
     data_seed: int
+    prev_job: int = -1  # the job whose optimizer state to start from (-1: fresh)
+    keep_from: int = -1  # the worker may delete its states of older jobs
+    fault: str = ""  # injected fault to act out (fedlm.faults); "" = none
 
 
 @dataclass(frozen=True)
@@ -147,3 +154,30 @@ def run_job(params, opt_state: dict, job: JobSpec, cfg: Config) -> JobResult:
     return JobResult(grad, new_state, job.local_steps,
                      job.local_steps * i.batch_size * cfg.data.seq_len,
                      float(np.mean(losses)), seconds)
+
+
+def serve_job(params, states, job: JobSpec, cfg: Config,
+              step_time: float | None = None) -> JobResult:
+    """A worker's whole handling of one job, the same under Flower and in process.
+
+    ``states`` is the worker's state store (``fedlm.worker_state``);
+    ``step_time`` its seconds per step if the node was told (deployment),
+    else the profile's.
+    """
+    import time
+
+    faults.before_job(job.fault, cfg)
+    result = run_job(params, states.load(job.prev_job), job, cfg)
+    states.save(job.job_id, result.opt_state)
+    states.prune(job.keep_from)
+    seconds = result.compute_seconds
+    if cfg.clock == "wall" and cfg.fleet.emulate_speed:
+        # Pad the compute so a worker configured k times slower than the fastest
+        # really takes k times as long (one machine can show real stragglers).
+        times = [p.step_time for p in fleet.profiles(cfg.fleet, cfg.workers)]
+        mine = step_time if step_time is not None else times[job.worker]
+        padded = seconds * mine / min(times)
+        time.sleep(max(0.0, padded - seconds))
+        seconds = padded
+    return JobResult(faults.corrupt(result.outer_grad, job.fault), result.opt_state,
+                     result.steps, result.tokens, result.train_loss, seconds)

@@ -14,7 +14,9 @@ The engine's loop, for sync and async alike::
         next job to finish (virtual-completion order):
             new = strategy.on_update(update, params)   # update.staleness is set
             if new is not None: params = new; v += 1   # a new global version
-        (a failed job or rejected update: strategy.on_job_lost(w, job_id=...))
+        a job lost (error reply, rejected update, missed deadline, worker retired):
+            new = strategy.on_job_lost(w, job_id=j, reason=r, params=params)
+            if new is not None: params = new; v += 1   # e.g. a sync round closes
 
 How many local steps a job gets is a separate policy (``strategies.local_steps``),
 so any strategy combines with any policy.
@@ -61,8 +63,18 @@ class Strategy(ABC):
     def on_dispatch(self, worker: int, *, version: int) -> None:
         """``worker`` was given a job that starts from global ``version``."""
 
-    def on_job_lost(self, worker: int, *, job_id: int) -> None:
-        """A job of ``worker`` failed or its update was rejected; nothing arrives for it."""
+    def on_job_lost(self, worker: int, *, job_id: int, reason: str, params) -> Any | None:
+        """A job of ``worker`` is lost; nothing arrives for it. ``reason``:
+
+        - ``"error"``: the worker's reply was an error (crash, unreachable node);
+        - ``"rejected"``: its update failed the boundary checks (NaN, shape, ...);
+        - ``"deadline"``: it missed its deadline (a hung or far too slow worker);
+        - ``"retired"``: the worker failed too often in a row and gets no more jobs.
+
+        The worker is free again unless retired (or offline for a while). Return
+        new global params to make a version now (a sync round closing with the
+        replies it has), else None."""
+        return None
 
     @abstractmethod
     def on_update(self, update: Update, params) -> Any | None:

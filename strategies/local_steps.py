@@ -7,6 +7,7 @@ int >= 1.
 
 from __future__ import annotations
 
+import copy
 import math
 import statistics
 from abc import ABC, abstractmethod
@@ -27,6 +28,13 @@ class LocalSteps(ABC):
 
     def observe(self, worker: int, *, steps: int, seconds: float) -> None:
         """A job of ``steps`` steps took ``seconds`` of compute (for online estimates)."""
+
+    def state_dict(self) -> dict:
+        """What the policy has learnt so far (for checkpoints): its attributes."""
+        return copy.deepcopy(vars(self))
+
+    def load_state_dict(self, state: dict) -> None:
+        vars(self).update(copy.deepcopy(state))
 
 
 class Fixed(LocalSteps):

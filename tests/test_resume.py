@@ -1,0 +1,119 @@
+"""Checkpoints and `fedlm run --resume`: a SIGKILLed run continues to the same weights."""
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fedlm import checkpoint
+from fedlm.runner import run_inprocess
+from tests.conftest import tiny_config
+
+BASE = ["model=tiny", "workers=3", "updates=16", "inner.steps=3", "inner.batch_size=4",
+        "eval.every=4", "eval.batches=2", "eval.batch_size=8", "data.seq_len=64",
+        "reliability.checkpoint_every=2"]
+FAULTY = ["strategy=delayed-nesterov", "local_steps=dylu-online", "fleet.preset=very",
+          "faults.crash=0.1", "faults.hang=0.1", "faults.nan=0.05", "faults.duplicate=0.1",
+          "faults.offline=0.1", "faults.offline_seconds=15"]
+
+
+def _fedlm(*args: str) -> list[str]:
+    return [sys.executable, "-m", "fedlm", *args]
+
+
+def _applied_version(db: Path) -> int:
+    if not db.exists():
+        return 0
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
+            row = conn.execute("SELECT MAX(applied_version) FROM updates").fetchone()
+    except sqlite3.OperationalError:  # schema not created yet
+        return 0
+    return row[0] or 0
+
+
+def _kill_when(db: Path, proc: subprocess.Popen, version: int, timeout: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout
+    while _applied_version(db) < version:
+        assert proc.poll() is None, "the run ended before it could be killed"
+        assert time.monotonic() < deadline, f"version {version} not reached in {timeout} s"
+        time.sleep(0.05)  # polling the run's database, a bounded wait
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+
+
+@pytest.mark.parametrize("extra,corrupt", [(["strategy=diloco"], True), (FAULTY, False)],
+                         ids=["diloco-corrupt-newest-checkpoint", "async-dylu-with-faults"])
+def test_killed_run_resumes_to_the_weights_of_an_uninterrupted_one(tmp_path, extra, corrupt):
+    sets = [*BASE, *extra]
+    ref_db = tmp_path / "reference.db"
+    run_inprocess(tiny_config(*sets), str(ref_db))
+    with sqlite3.connect(ref_db) as conn:
+        ref_hash = conn.execute("SELECT final_hash FROM runs").fetchone()[0]
+
+    db = tmp_path / "killed.db"
+    args = _fedlm("run", "--backend", "inprocess", "--quiet", "--db", str(db))
+    for kv in sets:
+        args += ["--set", kv]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    _kill_when(db, proc, version=7)
+    with sqlite3.connect(db) as conn:  # killed: nobody marked it
+        assert conn.execute("SELECT status FROM runs").fetchone()[0] == "running"
+    folder = checkpoint.folder_for(db, 1)
+    saved = sorted(folder.glob("ckpt-v*.pt"))
+    assert saved, "no checkpoint was written"
+    if corrupt:  # a torn write of the newest one: resume must fall back to the one before
+        newest = saved[-1]
+        newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
+
+    out = subprocess.run(_fedlm("run", "--resume", "1", "--backend", "inprocess", "--quiet",
+                                "--db", str(db)), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    with sqlite3.connect(db) as conn:
+        status, final_hash = conn.execute("SELECT status, final_hash FROM runs").fetchone()
+        kinds = {k for (k,) in conn.execute("SELECT kind FROM events")}
+        updates = conn.execute("SELECT COUNT(*) FROM updates").fetchone()[0]
+        ref_updates = sqlite3.connect(ref_db).execute("SELECT COUNT(*) FROM updates").fetchone()[0]
+    assert status == "finished"
+    assert final_hash == ref_hash  # bit-identical to the run that was never killed
+    assert updates == ref_updates  # the log was cut back to the checkpoint, not doubled
+    assert "resumed" in kinds
+    assert ("checkpoint_skipped" in kinds) == corrupt
+    assert not folder.exists()  # a finished run's checkpoints are removed
+
+    replay = subprocess.run(_fedlm("replay", "1", "--db", str(db)), capture_output=True,
+                            text=True, timeout=300)
+    assert replay.returncode == 0 and "identical" in replay.stdout, replay.stdout
+
+
+def test_resume_refuses_a_finished_run_and_a_config(tmp_path):
+    db = tmp_path / "r.db"
+    run_inprocess(tiny_config("updates=1"), str(db))
+    for args in (["--resume", "1"], ["--resume", "1", "--set", "updates=3"], ["--resume", "9"]):
+        out = subprocess.run(_fedlm("run", *args, "--db", str(db)), capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 2, out.stderr
+        assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_checkpoint_files_are_verified(tmp_path):
+    folder = tmp_path / "ck"
+    checkpoint.save(folder, 2, {"x": 1}, keep=3)
+    checkpoint.save(folder, 4, {"x": 2}, keep=3)
+    assert checkpoint.latest(folder)[0] == {"x": 2}
+    newest = folder / "ckpt-v000000004.pt"
+    data = bytearray(newest.read_bytes())
+    data[-1] ^= 0xFF  # one flipped bit
+    newest.write_bytes(bytes(data))
+    payload, path, skipped = checkpoint.latest(folder)
+    assert payload == {"x": 1} and "checksum" in skipped[0]
+    for k in (6, 8, 10):
+        checkpoint.save(folder, k, {"x": k}, keep=3)
+    assert [p.name for p in sorted(folder.glob("ckpt-v*.pt"))] == [
+        "ckpt-v000000006.pt", "ckpt-v000000008.pt", "ckpt-v000000010.pt"]
