@@ -45,7 +45,10 @@ class MemoryStates:
             return {}
         if job_id not in self.states:
             raise MissingState(f"no optimizer state of job {job_id} on this worker")
-        return self.states[job_id]
+        # A copy: the optimizer trains its moments in place, and a job whose update
+        # is then rejected must not have changed the state it started from.
+        return {k: v.clone() if isinstance(v, torch.Tensor) else v
+                for k, v in self.states[job_id].items()}
 
     def save(self, job_id: int, state: dict) -> None:
         self.states[job_id] = state

@@ -90,9 +90,47 @@ def test_async_flower_run_in_real_arrival_order_replays_exactly(tmp_path):
     assert steps[0] > steps[2]  # DyLU: the slow worker runs fewer local steps
 
 
-def test_worker_state_on_disk_gives_the_same_run(two_runs, tmp_path):
-    # For thousands of nodes the AdamW state can live in a file per worker
-    # instead of Flower's in-memory context; the run must not change.
+def test_worker_state_in_context_gives_the_same_run(two_runs, tmp_path):
+    # Worker AdamW states live in node-local files by default (resume needs them);
+    # in Flower's in-memory context instead, the run must not change.
     db, _, _ = two_runs
-    fedlm_run(tmp_path / "disk.db", "inner.state_store=disk")
-    assert store.summarize(tmp_path / "disk.db", 1).final_hash == store.summarize(db, 1).final_hash
+    fedlm_run(tmp_path / "ctx.db", "inner.state_store=context")
+    assert store.summarize(tmp_path / "ctx.db", 1).final_hash == store.summarize(db, 1).final_hash
+
+
+FAULTS = ["strategy=async-sgd", "updates=8", "faults.crash=0.2", "faults.hang=0.1",
+          "faults.nan=0.1", "faults.bad_size=0.1", "faults.duplicate=0.1", "faults.offline=0.1",
+          "faults.offline_seconds=20"]
+
+
+def test_faults_act_the_same_in_flower_clientapps_as_in_process(tmp_path):
+    # The ClientApp acts out the faults the server drew (crash, hang, NaN, a
+    # missing tensor); the run goes on and ends exactly as the in-process one.
+    db = tmp_path / "faults.db"
+    fedlm_run(db, *FAULTS)
+    ref = tmp_path / "ref.db"
+    from fedlm.runner import run_inprocess
+
+    run_inprocess(tiny_config(*TINY, *FAULTS), str(ref))
+    assert store.summarize(db, 1).final_hash == store.summarize(ref, 1).final_hash
+    conn = sqlite3.connect(db)
+    lost = dict(conn.execute("SELECT fault, reason FROM jobs WHERE status='lost'"))
+    assert {lost.get("crash"), lost.get("hang"), lost.get("nan")} >= {"error", "deadline",
+                                                                        "rejected"}
+    kinds = {k for (k,) in conn.execute("SELECT kind FROM events")}
+    assert {"fault_injected", "job_failed", "worker_offline"} <= kinds
+
+
+def test_hung_worker_on_the_wall_clock_misses_its_deadline(tmp_path):
+    # Real time: a hung ClientApp stalls for 8 s; the engine gives up on it after
+    # its 3 s deadline, goes on with the others, and ignores what comes later.
+    db = tmp_path / "hang.db"
+    fedlm_run(db, "strategy=async-sgd", "clock=wall", "updates=10", "faults.hang=0.15",
+              "faults.hang_seconds=8", "reliability.deadline=3")
+    conn = sqlite3.connect(db)
+    hung = conn.execute("SELECT status, reason FROM jobs WHERE fault='hang'").fetchall()
+    assert ("lost", "deadline") in hung
+    assert conn.execute("SELECT status FROM runs").fetchone()[0] == "finished"
+    out = subprocess.run([sys.executable, "-m", "fedlm", "replay", "1", "--db", str(db)],
+                         capture_output=True, text=True, timeout=600)
+    assert "identical" in out.stdout, out.stdout + out.stderr
