@@ -6,7 +6,8 @@
 Reads the run store read-only and re-reads it every two seconds (a Streamlit
 fragment with ``run_every``), redrawing only when the database changed. Shows,
 for the run in focus: headline numbers, a per-worker timeline of download /
-compute / upload / idle, the straggler effect per worker, staleness; and for
+compute / upload / idle (offline spans and lost jobs marked), the straggler
+effect per worker, injected faults and failures, staleness; and for
 any set of runs: validation perplexity against virtual time, updates and tokens.
 """
 
@@ -27,7 +28,8 @@ from dashboard import queries as q  # noqa: E402
 REFRESH_SECONDS = 2
 KIND_COLORS = {"compute": "#2ca02c", "download": "#1f77b4", "upload": "#9467bd",
                "idle": "#d62728"}
-TIMELINE_COLORS = {**KIND_COLORS, "in flight": "#bbbbbb"}
+TIMELINE_COLORS = {**KIND_COLORS, "in flight": "#bbbbbb", "offline": "#444444",
+                   "lost job": "#ff7f0e"}
 
 
 def db_from_argv() -> str:
@@ -212,6 +214,14 @@ def live(db: str, smoothing: float, log_scale: bool, window: float) -> None:
             "idle %": (100 * wt["idle_fraction"]).map("{:.1f}%".format)})
         st.table(table.set_index("worker"))
 
+    st.markdown("#### Faults and failures")
+    fails = cached("failures", db, marker, focus)
+    if fails.empty:
+        st.caption("no injected faults, lost jobs, ignored replies or offline periods")
+    else:
+        st.table(fails.assign(worker=fails["worker"].map(lambda w: f"worker {w}"))
+                 .set_index("worker"))
+
     left, right = st.columns(2)
     with left:
         st.markdown("#### Staleness of applied updates")
@@ -236,7 +246,7 @@ def live(db: str, smoothing: float, log_scale: bool, window: float) -> None:
             st.json(cached("run_config", db, marker, focus))
         ev = cached("events", db, marker, focus)
         if not ev.empty:
-            with st.expander(f"events ({len(ev)})"):
+            with st.expander(f"events ({len(ev)})", expanded=not fails.empty):
                 st.dataframe(ev, hide_index=True)
 
 

@@ -94,8 +94,13 @@ def recent_intervals(db: str | Path, run_id: int, window: float,
     with closing(connect_readonly(db)) as conn:
         end = conn.execute("SELECT COALESCE(MAX(t_end), 0) FROM intervals WHERE run_id=?",
                            (run_id,)).fetchone()[0]
-    return _query(db, "SELECT worker, kind, t_start, t_end, version, job_id FROM intervals"
-                      " WHERE run_id=? AND t_end >= ? ORDER BY t_end DESC LIMIT ?",
+    # Spans of jobs that were lost (crash, rejected update, missed deadline) are
+    # drawn as such, so a fault is visible on the timeline where it happened.
+    return _query(db, "SELECT i.worker, CASE WHEN j.status = 'lost' THEN 'lost job'"
+                      " ELSE i.kind END AS kind, i.t_start, i.t_end, i.version, i.job_id"
+                      " FROM intervals i LEFT JOIN jobs j"
+                      " ON j.run_id = i.run_id AND j.job_id = i.job_id"
+                      " WHERE i.run_id=? AND i.t_end >= ? ORDER BY i.t_end DESC LIMIT ?",
                   (run_id, end - window, limit))
 
 
@@ -124,6 +129,45 @@ def metrics(db: str | Path, run_ids: list[int]) -> pd.DataFrame:
 def staleness(db: str | Path, run_id: int) -> pd.DataFrame:
     return _query(db, "SELECT staleness, COUNT(*) AS updates FROM updates WHERE run_id=?"
                       " GROUP BY staleness ORDER BY staleness", (run_id,))
+
+
+FAILURE_COLUMNS = ["faults injected", "lost: error", "lost: rejected", "lost: deadline",
+                   "retired", "late or duplicate replies", "offline periods"]
+
+
+def failures(db: str | Path, run_id: int) -> pd.DataFrame:
+    """Per worker: injected faults by kind, lost jobs by reason, ignored replies,
+    offline periods (empty when the run had none of these)."""
+    injected = _query(db, "SELECT worker, detail, COUNT(*) AS n FROM events WHERE run_id=?"
+                          " AND kind='fault_injected' GROUP BY worker, detail", (run_id,))
+    lost = _query(db, "SELECT worker, reason, COUNT(*) AS n FROM jobs WHERE run_id=?"
+                      " AND status='lost' GROUP BY worker, reason", (run_id,))
+    other = _query(db, "SELECT COALESCE(e.worker, j.worker) AS worker, e.kind, COUNT(*) AS n"
+                       " FROM events e LEFT JOIN jobs j ON j.run_id = e.run_id"
+                       " AND j.job_id = e.job_id WHERE e.run_id=? AND e.kind IN"
+                       " ('late_reply', 'duplicate_reply', 'worker_offline')"
+                       " GROUP BY 1, e.kind", (run_id,))
+    if injected.empty and lost.empty and other.empty:
+        return pd.DataFrame()
+    workers = sorted(set(injected["worker"]) | set(lost["worker"]) | set(other["worker"]))
+    rows = []
+    for w in workers:
+        inj = injected[injected["worker"] == w]
+        ls = dict(zip(*lost[lost["worker"] == w][["reason", "n"]].values.T)) \
+            if (lost["worker"] == w).any() else {}
+        ot = dict(zip(*other[other["worker"] == w][["kind", "n"]].values.T)) \
+            if (other["worker"] == w).any() else {}
+        rows.append({"worker": int(w),
+                     "faults injected": ", ".join(f"{d} x{n}" for d, n in
+                                                  zip(inj["detail"], inj["n"])) or "-",
+                     "lost: error": int(ls.get("error", 0)),
+                     "lost: rejected": int(ls.get("rejected", 0)),
+                     "lost: deadline": int(ls.get("deadline", 0)),
+                     "retired": "yes" if ls.get("retired") else "",
+                     "late or duplicate replies": int(ot.get("late_reply", 0)
+                                                      + ot.get("duplicate_reply", 0)),
+                     "offline periods": int(ot.get("worker_offline", 0))})
+    return pd.DataFrame(rows, columns=["worker", *FAILURE_COLUMNS])
 
 
 def events(db: str | Path, run_id: int, limit: int = 200) -> pd.DataFrame:

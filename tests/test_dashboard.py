@@ -1,5 +1,6 @@
 """The dashboard against real run databases written by fedlm's own store (AppTest)."""
 
+import sqlite3
 import time
 from pathlib import Path
 
@@ -108,3 +109,23 @@ def test_a_big_run_renders_with_a_bounded_timeline(monkeypatch, tmp_path, n):
     print(f"\n{n:,} intervals: first render {time.perf_counter() - t0:.2f} s")
     caption = " ".join(c.value for c in at.caption)
     assert "5,000 intervals drawn" in caption
+
+
+def test_injected_faults_show_in_the_failures_table_and_timeline(monkeypatch, tmp_path):
+    db = tmp_path / "faults.db"
+    run_engine(tiny_config("strategy=async-sgd", "updates=10", "faults.crash=0.15",
+                           "faults.hang=0.1", "faults.nan=0.1", "faults.bad_shape=0.1",
+                           "faults.duplicate=0.1", "faults.offline=0.2",
+                           "faults.offline_seconds=15"), db)
+    at = app(monkeypatch, db)
+    shown = " ".join(str(v) for t in at.table for v in t.value.to_numpy().ravel())
+    with sqlite3.connect(db) as conn:
+        kinds = {d for (d,) in conn.execute("SELECT detail FROM events"
+                                            " WHERE kind='fault_injected'")}
+    assert len(kinds) >= 3
+    for kind in kinds:  # every injected kind is named in the failures table
+        assert f"{kind} x" in shown
+    from dashboard import queries
+
+    iv = queries.recent_intervals(db, 1, window=1e9)
+    assert {"offline", "lost job"} <= set(iv["kind"])
