@@ -134,3 +134,17 @@ def test_hung_worker_on_the_wall_clock_misses_its_deadline(tmp_path):
     out = subprocess.run([sys.executable, "-m", "fedlm", "replay", "1", "--db", str(db)],
                          capture_output=True, text=True, timeout=600)
     assert "identical" in out.stdout, out.stdout + out.stderr
+
+
+def test_speed_emulation_makes_a_slow_worker_really_slow(tmp_path):
+    # Wall clock, sync rounds: worker 1 is configured 4x slower than worker 0 and
+    # pads its compute to match, so worker 0 really waits at every barrier.
+    db = tmp_path / "emu.db"
+    fedlm_run(db, "workers=2", "strategy=diloco", "clock=wall", "fleet.step_times=[1.0, 4.0]",
+              "fleet.emulate_speed=true", "inner.steps=12", "updates=3")
+    conn = sqlite3.connect(db)
+    compute = dict(conn.execute("SELECT worker, AVG(compute_seconds) FROM updates"
+                                " GROUP BY worker"))
+    assert compute[1] / compute[0] == pytest.approx(4.0, rel=0.35)
+    s = store.summarize(db, 1)
+    assert s.workers[0].idle_fraction > 0.4 > s.workers[1].idle_fraction
