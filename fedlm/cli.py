@@ -25,12 +25,12 @@ import sqlite3
 import sys
 import threading
 import tomllib
+from contextlib import closing
 from pathlib import Path
 from typing import NoReturn
 
 from fedlm import config as config_lib
 from fedlm.config import Config, ConfigError
-from fedlm.replay import ReplayError
 from fedlm.store import StoreError
 
 
@@ -42,8 +42,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _one_line(message: object) -> str:
-    lines = [line.strip() for line in str(message).splitlines() if line.strip()]
-    return " ".join(lines) if len(lines) != 1 else str(message)
+    text = str(message)
+    if text.splitlines() == [text]:
+        return text
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
 def _run_id(text: str) -> int:
@@ -78,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=("flower", "inprocess"), default="flower",
                    help="flower: Flower's simulation engine (Ray actors, the default); "
                         "inprocess: every job in this process, no Ray (debugging, sweeps)")
-    p.add_argument("--resume", type=int, default=None, metavar="RUN_ID",
+    p.add_argument("--resume", type=_run_id, default=None, metavar="RUN_ID",
                    help="continue run RUN_ID of --db from its newest intact checkpoint "
                         "(with its own config: no CONFIG or --set)")
 
@@ -305,6 +307,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from fedlm import store
 
+    store.config_of(args.db or Config().db, args.run_id)  # bad db, unknown run: no --out made
     for path in store.export(args.db or Config().db, args.run_id, args.out, args.format):
         print(path)
     return 0
@@ -425,6 +428,21 @@ def _check_writable_db(db: str) -> None:
 
     if Path(db).is_dir():
         raise StoreError(f"db: {db} is a directory, not a run database")
+    if Path(db).is_file() and Path(db).stat().st_size > 0:  # not another program's SQLite
+        try:
+            with closing(sqlite3.connect(f"{Path(db).resolve().as_uri()}?mode=ro", uri=True,
+                                         timeout=store.db_timeout())) as conn:
+                tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+                row = conn.execute("SELECT value FROM meta WHERE key='schema_version'"
+                                   ).fetchone() if "meta" in tables else None
+        except sqlite3.Error as exc:
+            raise store.db_error(db, exc) from None
+        if tables and "meta" not in tables:
+            raise StoreError(f"db: {db} is a SQLite database of something else (no fedlm "
+                             f"meta table); use another --db")
+        if row and not str(row[0]).isdigit():
+            raise StoreError(f"db: {db} holds schema version {row[0]}, this fedlm writes "
+                             f"version {store.SCHEMA_VERSION}; use another --db")
     try:
         store.connect(db).close()
     except StoreError:
@@ -498,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
         return COMMANDS[args.command](args)
     except ConfigError as exc:
         return _refuse(exc)
-    except (KeyError, StoreError, ReplayError) as exc:
+    except (KeyError, StoreError) as exc:
         return _refuse(exc.args[0] if exc.args else exc)
     except (OSError, sqlite3.Error) as exc:  # a path or database the command cannot use
         if os.environ.get("FEDLM_DEBUG"):
@@ -510,6 +528,13 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(exc, sqlite3.Error):
             return _refuse(store.db_error(getattr(args, "db", None) or Config().db, exc))
         return _refuse(f"{exc.filename}: {exc.strerror or exc}")
+    except Exception as exc:
+        # fedlm.replay (torch) is imported only by the commands that need it, so
+        # that `fedlm runs`, `show` and usage errors answer at once
+        replay = sys.modules.get("fedlm.replay")
+        if replay is not None and isinstance(exc, replay.ReplayError):
+            return _refuse(exc.args[0] if exc.args else exc)
+        raise
     except KeyboardInterrupt:
         print("fedlm: interrupted", file=sys.stderr)
         return 130
