@@ -24,6 +24,7 @@ import streamlit as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `streamlit run` from a checkout
 from dashboard import queries as q  # noqa: E402
+from fedlm.store import StoreError  # noqa: E402
 
 REFRESH_SECONDS = 2
 KIND_COLORS = {"compute": "#2ca02c", "download": "#1f77b4", "upload": "#9467bd",
@@ -166,7 +167,11 @@ def live(db: str, smoothing: float, log_scale: bool, window: float) -> None:
         st.info(f"No run database at `{db}` yet. Start a run with `fedlm run --db {db}`; "
                 "this page picks it up by itself.")
         return
-    marker = q.change_marker(db)
+    try:
+        marker = q.change_marker(db)
+    except StoreError as exc:  # not a run database, another schema version, locked
+        st.error(str(exc))
+        return
     runs = cached("runs", db, marker)
     if runs.empty:
         st.info(f"`{db}` holds no runs yet; this page updates by itself.")

@@ -359,7 +359,8 @@ def validate(cfg: Config) -> None:
              "must be auto, context or disk")
 
     d = cfg.data
-    _require(d.source == "shakespeare" or d.source.startswith(("hf:", "text:")),
+    _require(d.source == "shakespeare" or (d.source.startswith(("hf:", "text:"))
+                                           and d.source.split(":", 1)[1].strip() != ""),
              "data.source", d.source, "must be shakespeare, hf:NAME or text:GLOB")
     _require(d.partition in ("iid", "by-play", "dirichlet"), "data.partition",
              d.partition, "must be iid, by-play or dirichlet")

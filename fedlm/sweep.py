@@ -18,11 +18,11 @@ against virtual time and against updates.
 
 from __future__ import annotations
 
-import sqlite3
 import subprocess
 import sys
 import time
 import tomllib
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,9 +89,10 @@ def run_sweep(spec: dict, *, backend: str = "flower", rerun: bool = False,
 
 
 def _curve(db: str, run_id: int) -> list[tuple[float, int, float]]:
-    with sqlite3.connect(db) as conn:
-        return conn.execute("SELECT virtual_time, version, perplexity FROM metrics"
-                            " WHERE run_id=? ORDER BY id", (run_id,)).fetchall()
+    with closing(store.connect_readonly(db)) as conn:
+        return [tuple(r) for r in conn.execute("SELECT virtual_time, version, perplexity"
+                                               " FROM metrics WHERE run_id=? ORDER BY id",
+                                               (run_id,)).fetchall()]
 
 
 def time_to_reach(db: str, run_id: int, target: float) -> float | None:
