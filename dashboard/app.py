@@ -28,7 +28,7 @@ from fedlm.store import StoreError  # noqa: E402
 
 REFRESH_SECONDS = 2
 KIND_COLORS = {"compute": "#2ca02c", "download": "#1f77b4", "upload": "#9467bd",
-               "idle": "#d62728"}
+               "link wait": "#17becf", "idle": "#d62728"}
 TIMELINE_COLORS = {**KIND_COLORS, "in flight": "#bbbbbb", "offline": "#444444",
                    "lost job": "#ff7f0e"}
 
@@ -215,6 +215,7 @@ def live(db: str, smoothing: float, log_scale: bool, window: float) -> None:
             "s/step": wt["step_time"].map("{:.2f}".format), "region": wt["region"],
             "updates": wt["updates"], "compute s": wt["compute"].map("{:,.1f}".format),
             "comm s": (wt["download"] + wt["upload"]).map("{:,.2f}".format),
+            "link wait s": wt["link wait"].map("{:,.2f}".format),
             "idle s": wt["idle"].map("{:,.1f}".format),
             "idle %": (100 * wt["idle_fraction"]).map("{:.1f}%".format)})
         st.table(table.set_index("worker"))

@@ -73,16 +73,16 @@ def worker_totals(db: str | Path, run_id: int) -> pd.DataFrame:
                        " WHERE run_id=? GROUP BY worker, kind", (run_id,))
     wide = spans.pivot_table(index="worker", columns="kind", values="seconds",
                              fill_value=0.0).reset_index()
-    for kind in ("download", "compute", "upload", "idle"):
+    for kind in ("download", "compute", "upload", "link wait", "idle"):
         if kind not in wide:
             wide[kind] = 0.0
     counts = _query(db, "SELECT worker, COUNT(*) AS updates FROM updates WHERE run_id=?"
                         " GROUP BY worker", (run_id,))
     prof = _query(db, "SELECT worker, step_time, region FROM workers WHERE run_id=?", (run_id,))
     out = prof.merge(wide, on="worker", how="left").merge(counts, on="worker", how="left")
-    out = out.fillna({"download": 0.0, "compute": 0.0, "upload": 0.0, "idle": 0.0,
-                      "updates": 0})
-    total = out[["download", "compute", "upload", "idle"]].sum(axis=1)
+    out = out.fillna({"download": 0.0, "compute": 0.0, "upload": 0.0, "link wait": 0.0,
+                      "idle": 0.0, "updates": 0})
+    total = out[["download", "compute", "upload", "link wait", "idle"]].sum(axis=1)
     out["idle_fraction"] = (out["idle"] / total.where(total > 0)).fillna(0.0)
     out["updates"] = out["updates"].astype(int)
     return out

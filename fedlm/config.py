@@ -18,6 +18,9 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 
+# How outer gradients may travel (fedlm.compression).
+COMPRESSIONS = ("fp32", "bf16", "fp16", "int8", "int4")
+
 # Per-job fault kinds of the [faults] section (at most one per job), in draw order.
 FAULT_KINDS = ("crash", "hang", "nan", "bad_shape", "bad_dtype", "bad_size", "duplicate")
 
@@ -80,9 +83,27 @@ class FleetConfig:
     jitter: float = 0.05  # sigma of the lognormal multiplier on each job's compute time
     step_times: list[float] = field(default_factory=list)  # explicit s/step per worker
     regions: list[str] = field(default_factory=list)  # explicit region per worker
+    # Geo topology: workers per region, in order, e.g. {us = 4, eu = 2, asia = 2}
+    # (must add up to `workers`; overrides the preset's and `regions`' placement).
+    topology: dict[str, Any] = field(default_factory=dict)
+    # Extra regions: name -> {latency = s, down_bw = bytes/s, up_bw = bytes/s}.
+    links: dict[str, Any] = field(default_factory=dict)
     # Wall clock only: a worker pads each job's compute so that it really takes
     # step_time / (fastest step_time) times as long as on the fastest worker.
     emulate_speed: bool = False
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """The server's shared links, a daily bandwidth cycle, and what uploads are encoded as."""
+
+    server_down: float = 0.0  # server egress, bytes/s, shared by all downloads (0: unlimited)
+    server_up: float = 0.0  # server ingress, bytes/s, shared by all uploads (0: unlimited)
+    daily_amplitude: float = 0.0  # bandwidth dips by this fraction at peak_hour (0: off)
+    peak_hour: float = 14.0  # hour of the virtual day with the least bandwidth
+    compression: str = "fp32"  # outer gradients sent as fp32 | bf16 | fp16 | int8 | int4
+    block_size: int = 256  # int8/int4: values per scale (0: one scale per tensor)
+    error_feedback: bool = True  # int8/int4: the worker carries its rounding error forward
 
 
 @dataclass(frozen=True)
@@ -149,6 +170,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     fleet: FleetConfig = field(default_factory=FleetConfig)
     sim: SimConfig = field(default_factory=SimConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     reliability: ReliabilityConfig = field(default_factory=ReliabilityConfig)
 
@@ -187,7 +209,7 @@ class Config:
 
 _SECTIONS = {"inner": InnerConfig, "data": DataConfig, "eval": EvalConfig,
              "fleet": FleetConfig, "sim": SimConfig, "faults": FaultsConfig,
-             "reliability": ReliabilityConfig}
+             "reliability": ReliabilityConfig, "network": NetworkConfig}
 
 
 def _coerce(path: str, value: Any, typ: Any) -> Any:
@@ -381,9 +403,37 @@ def validate(cfg: Config) -> None:
     _require(f.jitter >= 0, "fleet.jitter", f.jitter, "must be >= 0")
     for k, t in enumerate(f.step_times):
         _require(t > 0, f"fleet.step_times[{k}]", t, "must be > 0")
+    for name, link in f.links.items():
+        ok = (isinstance(link, dict) and set(link) == {"latency", "down_bw", "up_bw"}
+              and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                      and 0 <= v < float("inf") for v in link.values())
+              and link["down_bw"] > 0 and link["up_bw"] > 0)
+        _require(ok, f"fleet.links.{name}", link,
+                 "must be a table {latency = s, down_bw = bytes/s, up_bw = bytes/s}, "
+                 "bandwidths > 0")
+    known = [*fleet.REGIONS, *f.links]
     for k, r in enumerate(f.regions):
-        _require(r in fleet.REGIONS, f"fleet.regions[{k}]", r,
-                 f"unknown region (known: {', '.join(fleet.REGIONS)})")
+        _require(r in known, f"fleet.regions[{k}]", r,
+                 f"unknown region (known: {', '.join(known)})")
+    for name, count in f.topology.items():
+        _require(name in known, f"fleet.topology.{name}", name,
+                 f"unknown region (known: {', '.join(known)})")
+        _require(isinstance(count, int) and not isinstance(count, bool) and count >= 1,
+                 f"fleet.topology.{name}", count, "must be a number of workers >= 1")
+    if f.topology:
+        total = sum(f.topology.values())
+        _require(total == cfg.workers, "fleet.topology", f.topology,
+                 f"places {total} workers, but workers = {cfg.workers}")
+
+    n = cfg.network
+    _require(n.server_down >= 0, "network.server_down", n.server_down, "must be >= 0")
+    _require(n.server_up >= 0, "network.server_up", n.server_up, "must be >= 0")
+    _require(0 <= n.daily_amplitude < 1, "network.daily_amplitude", n.daily_amplitude,
+             "must be in [0, 1)")
+    _require(0 <= n.peak_hour < 24, "network.peak_hour", n.peak_hour, "must be in [0, 24)")
+    _require(n.compression in COMPRESSIONS, "network.compression", n.compression,
+             f"must be one of {', '.join(COMPRESSIONS)}")
+    _require(n.block_size >= 0, "network.block_size", n.block_size, "must be >= 0")
 
     fa = cfg.faults
     for name in ("crash", "hang", "nan", "bad_shape", "bad_dtype", "bad_size", "duplicate",

@@ -49,6 +49,7 @@ from fedlm import faults
 from fedlm.clock import VirtualClock
 from fedlm.config import Config
 from fedlm.fleet import JobTimer, JobTiming, WorkerProfile
+from fedlm.network import Network
 from fedlm.params import BadUpdate, check_update, num_bytes, params_hash
 from fedlm.store import IntervalKind, RunWriter
 from fedlm.worker import JobSpec
@@ -140,8 +141,15 @@ class Engine:
         self.checkpoint = checkpoint  # called with state_dict() every checkpoint_every versions
         self.timer = JobTimer(fleet, cfg.seed)
         # Events: job ids (a job's completion, or its deadline if it will miss it)
-        # and, negative, -(w + 1): worker w comes back online.
-        self.clock: VirtualClock[int] = VirtualClock()
+        # and, negative, -(w + 1): worker w comes back online. With a shared
+        # network (below) jobs move through tagged events instead: ("net", token),
+        # ("compute", job), ("job", job), ("deadline", job).
+        self.clock: VirtualClock = VirtualClock()
+        n = cfg.network
+        self.net = (Network(n.server_down, n.server_up, n.daily_amplitude, n.peak_hour)
+                    if order == "virtual" and (n.server_down or n.server_up or n.daily_amplitude)
+                    else None)
+        self.phases: dict[int, list[float]] = {}  # shared network: a job's phase end times
         self.in_flight: dict[int, InFlight] = {}
         self.free_since: dict[int, float] = {}  # free worker -> time it became free
         self.offline: dict[int, tuple[float, float]] = {}  # worker -> (since, until)
@@ -197,6 +205,7 @@ class Engine:
         if resume is None:
             self.params = params
             self.model_bytes = num_bytes(params)
+            self.up_bytes = self.model_bytes
             self.free_since = {w: 0.0 for w in range(len(self.fleet))}
             self._evaluate()
         else:
@@ -288,17 +297,29 @@ class Engine:
                           keep_from=self._keep_from(w), fault=fault)
             self.next_job_id += 1
             self.jobs_of[w] += 1
-            timing = (self.timer.timing(w, steps, self.model_bytes, self.model_bytes)
+            timing = (self.timer.timing(w, steps, self.model_bytes, self.up_bytes)
                       if self.order == "virtual" else None)
+            if self.net is not None:  # nominal transfer times at this hour's bandwidth
+                region, m = self.fleet[w].region, self.net.factor(now)
+                timing = JobTiming(region.latency + self.model_bytes / (region.down_bw * m),
+                                   timing.compute,
+                                   region.latency + self.up_bytes / (region.up_bw * m))
             limit = now + self._deadline(w, steps, timing)
-            expires = timing is not None and (fault == "hang" or now + timing.total > limit)
+            expires = (timing is not None and self.net is None
+                       and (fault == "hang" or now + timing.total > limit))
             self._log_intervals([(w, IntervalKind.IDLE, self.free_since.pop(w), now,
                                   self.version, None)])
             self.strategy.on_dispatch(w, version=self.version)
             self.in_flight[job.job_id] = InFlight(job, now, timing, index, limit, expires)
             if self.checkpoint is not None:  # a checkpoint must be able to re-send it
                 self.base_params.setdefault(self.version, self.params)
-            if timing is not None:
+            if self.net is not None:  # the job's download joins the shared link
+                self.net.add(now, (job.job_id, "down"), "down", self.model_bytes,
+                             self.fleet[w].region.down_bw)
+                self.phases[job.job_id] = [now]
+                self.clock.schedule(limit, ("deadline", job.job_id))
+                self._schedule_network()
+            elif timing is not None:
                 self.clock.schedule(limit if expires else now + timing.total, job.job_id)
             if self.writer:
                 self.writer.add_job(job, op=self._next_op(), t_dispatch=now)
@@ -317,6 +338,11 @@ class Engine:
         ``(-(w + 1), None)``: worker w is back online."""
         if self.order == "virtual":
             _, event = self.clock.pop()
+            while isinstance(event, tuple):  # the shared network's own events
+                found = self._network_event(*event)
+                if found is not None:
+                    return found
+                _, event = self.clock.pop()
             if event < 0:
                 return event, None
             reply = self._wait_for(event)
@@ -337,6 +363,45 @@ class Engine:
             self._receive(min(max(soonest - now, 0.0), 1.0))
         job_id = next(iter(self.arrived))  # dicts keep insertion (= arrival) order
         return job_id, self.arrived.pop(job_id)
+
+    # -- the shared network (virtual clock) -------------------------------------
+    def _schedule_network(self) -> None:
+        """Put the network's next change on the clock (older such events go stale)."""
+        t = self.net.next_finish()
+        if t is not None:
+            self.clock.schedule(max(t, self.clock.now), ("net", self.net.token))
+
+    def _network_event(self, kind: str, key: int) -> tuple[int, Reply] | None:
+        """Move a job along download -> compute -> upload; return what the loop
+        must handle (a finished or expired job), or None."""
+        now = self.clock.now
+        if kind == "net":
+            if key != self.net.token:
+                return None  # the flows changed since this was scheduled
+            for job_id, phase in self.net.advance(now):
+                f = self.in_flight[job_id]
+                latency = self.fleet[f.job.worker].region.latency
+                self.phases[job_id].append(now + latency)
+                if phase == "up":
+                    self.clock.schedule(now + latency, ("job", job_id))
+                elif f.job.fault != "hang":  # a hung worker never computes nor replies
+                    self.clock.schedule(now + latency + f.timing.compute, ("compute", job_id))
+            self._schedule_network()
+        elif key in self.in_flight:
+            if kind == "compute":
+                self.phases[key].append(now)
+                self.net.add(now, (key, "up"), "up", self.up_bytes,
+                             self.fleet[self.in_flight[key].job.worker].region.up_bw)
+                self._schedule_network()
+            elif kind == "job":
+                return key, self._wait_for(key)
+            else:  # deadline: whatever it still sends is too late
+                self.net.remove(now, (key, "down"))
+                self.net.remove(now, (key, "up"))
+                self._schedule_network()
+                self._ignore(self._wait_for(key), "late_reply")
+                return key, self._missed_deadline(key)
+        return None
 
     def _missed_deadline(self, job_id: int) -> Reply:
         f = self.in_flight[job_id]
@@ -372,6 +437,18 @@ class Engine:
     def _job_intervals(self, f: InFlight, end: float, compute_seconds: float):
         """download / compute / upload spans of a job, cut at ``end``."""
         t0, w, job = f.t_dispatch, f.job.worker, f.job
+        if job.job_id in self.phases:  # shared network: what took longer than the
+            # job's own link alone would have was waiting on the shared link
+            ph = self.phases.pop(job.job_id)[1:]
+            down, comp = (ph + [end, end])[:2]
+            up = ph[2] if len(ph) > 2 else end
+            spans = [(IntervalKind.DOWNLOAD, t0, t0 + f.timing.download),
+                     (IntervalKind.LINK_WAIT, t0 + f.timing.download, down),
+                     (IntervalKind.COMPUTE, down, comp),
+                     (IntervalKind.UPLOAD, comp, comp + f.timing.upload),
+                     (IntervalKind.LINK_WAIT, comp + f.timing.upload, up)]
+            return [(w, k, min(a, end), min(max(a, b), end), job.base_version, job.job_id)
+                    for k, a, b in spans]
         if f.timing is not None:
             a = t0 + f.timing.download
             b = a + f.timing.compute
@@ -528,7 +605,9 @@ class Engine:
     def state_dict(self) -> dict:
         """Everything the loop needs to go on from here (at the top of the loop)."""
         return {
-            "params": self.params, "model_bytes": self.model_bytes,
+            "params": self.params, "model_bytes": self.model_bytes, "up_bytes": self.up_bytes,
+            "network": self.net.state_dict() if self.net else None,
+            "phases": {j: list(p) for j, p in self.phases.items()},
             "base_params": dict(self.base_params), "version": self.version, "now": self.now,
             "strategy": self.strategy.state_dict(), "policy": self.policy.state_dict(),
             "timer": self.timer.state_dict(), "clock": self.clock.state_dict(),
@@ -549,6 +628,10 @@ class Engine:
 
     def load_state_dict(self, st: dict) -> None:
         self.params, self.model_bytes = st["params"], st["model_bytes"]
+        self.up_bytes = st["up_bytes"]
+        if self.net is not None:
+            self.net.load_state_dict(st["network"])
+        self.phases = {j: list(p) for j, p in st["phases"].items()}
         self.base_params = dict(st["base_params"])
         self.version = st["version"]
         self.strategy.load_state_dict(st["strategy"])

@@ -85,15 +85,25 @@ def _preset_regions(cfg: FleetConfig, n: int) -> list[str]:
     return ["local"] * n
 
 
+def regions_of(cfg: FleetConfig) -> dict[str, Region]:
+    """The built-in regions plus the config's own (``fleet.links``)."""
+    return {**REGIONS, **{name: Region(name, float(v["latency"]), float(v["down_bw"]),
+                                       float(v["up_bw"])) for name, v in cfg.links.items()}}
+
+
 def profiles(cfg: FleetConfig, num_workers: int) -> list[WorkerProfile]:
-    """Each worker's profile: the preset, with explicit lists taking precedence."""
+    """Each worker's profile: the preset, with explicit lists taking precedence
+    (``topology`` places workers in regions in order: {us = 4, eu = 2} -> 0-3 us, 4-5 eu)."""
     step_times = _preset_step_times(cfg, num_workers)
     regions = _preset_regions(cfg, num_workers)
     for w in range(min(num_workers, len(cfg.step_times))):
         step_times[w] = cfg.step_times[w]
     for w in range(min(num_workers, len(cfg.regions))):
         regions[w] = cfg.regions[w]
-    return [WorkerProfile(w, step_times[w], cfg.jitter, REGIONS[regions[w]])
+    if cfg.topology:
+        regions = [name for name, count in cfg.topology.items() for _ in range(count)]
+    known = regions_of(cfg)
+    return [WorkerProfile(w, step_times[w], cfg.jitter, known[regions[w]])
             for w in range(num_workers)]
 
 

@@ -113,6 +113,7 @@ class IntervalKind(str, Enum):
     UPLOAD = "upload"
     IDLE = "idle"
     OFFLINE = "offline"
+    LINK_WAIT = "link wait"  # a transfer waiting for its share of the server's link
 
 
 def connect(path: str | Path) -> sqlite3.Connection:
@@ -367,7 +368,7 @@ class WorkerSummary:
     region: str
     jobs: int
     compute: float
-    communication: float
+    communication: float  # download + upload + waiting for the shared link
     idle: float
     idle_fraction: float
 
@@ -428,7 +429,8 @@ def summarize(path: str | Path, run_id: int) -> RunSummary:
             idle = spans.get("idle", 0.0)
             workers.append(WorkerSummary(
                 w["worker"], w["step_time"], w["region"], jobs, spans.get("compute", 0.0),
-                spans.get("download", 0.0) + spans.get("upload", 0.0), idle,
+                spans.get("download", 0.0) + spans.get("upload", 0.0)
+                + spans.get("link wait", 0.0), idle,
                 idle / end if end else 0.0))
         tokens, jobs, steps = conn.execute(
             "SELECT COALESCE(SUM(tokens), 0), COUNT(*), COALESCE(SUM(local_steps), 0)"

@@ -19,7 +19,8 @@ BASE = ["model=tiny", "workers=3", "updates=16", "inner.steps=3", "inner.batch_s
         "reliability.checkpoint_every=2"]
 FAULTY = ["strategy=delayed-nesterov", "local_steps=dylu-online", "fleet.preset=very",
           "faults.crash=0.1", "faults.hang=0.1", "faults.nan=0.05", "faults.duplicate=0.1",
-          "faults.offline=0.1", "faults.offline_seconds=15"]
+          "faults.offline=0.1", "faults.offline_seconds=15",
+          "network.server_up=3e6", "network.daily_amplitude=0.3"]  # flows in flight, too
 
 
 def _fedlm(*args: str) -> list[str]:
