@@ -45,7 +45,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from fedlm import faults
+from fedlm import compression, faults
 from fedlm.clock import VirtualClock
 from fedlm.config import Config
 from fedlm.fleet import JobTimer, JobTiming, WorkerProfile
@@ -205,7 +205,7 @@ class Engine:
         if resume is None:
             self.params = params
             self.model_bytes = num_bytes(params)
-            self.up_bytes = self.model_bytes
+            self.up_bytes = compression.encoded_bytes(params, self.cfg.network)
             self.free_since = {w: 0.0 for w in range(len(self.fleet))}
             self._evaluate()
         else:
@@ -322,7 +322,8 @@ class Engine:
             elif timing is not None:
                 self.clock.schedule(limit if expires else now + timing.total, job.job_id)
             if self.writer:
-                self.writer.add_job(job, op=self._next_op(), t_dispatch=now)
+                self.writer.add_job(job, op=self._next_op(), t_dispatch=now,
+                                    down_bytes=self.model_bytes, up_bytes=self.up_bytes)
                 if fault:
                     self.writer.add_event(kind="fault_injected", virtual_time=now, worker=w,
                                           job_id=job.job_id, detail=fault)
@@ -475,9 +476,11 @@ class Engine:
         error, reason = reply.error, "error"
         if error is not None and error.startswith("deadline"):
             reason = "deadline"
-        if error is None:
+        grad = None
+        if error is None:  # decode what came over the wire, then check it
             try:
-                check_update(reply.outer_grad, self.params)
+                grad = compression.decode(reply.outer_grad, self.params, self.cfg.network)
+                check_update(grad, self.params)
             except BadUpdate as exc:
                 error, reason = f"rejected update: {exc}", "rejected"
         if error is not None:
@@ -489,7 +492,7 @@ class Engine:
         self._release(w, flight.index)
 
         update = Update(worker=w, job_id=job_id, base_version=job.base_version,
-                        outer_grad=reply.outer_grad, tokens=reply.tokens,
+                        outer_grad=grad, tokens=reply.tokens,
                         local_steps=reply.steps, staleness=self.version - job.base_version)
         self.tokens += reply.tokens
         self.steps_done += reply.steps
@@ -502,7 +505,7 @@ class Engine:
                 "data_seed": job.data_seed, "tokens": reply.tokens,
                 "train_loss": reply.train_loss, "t_dispatch": t0, "t_done": now,
                 "wall_arrival": reply.wall_arrival, "compute_seconds": reply.compute_seconds,
-                "update_hash": params_hash(reply.outer_grad)})
+                "update_hash": params_hash(grad)})
             self.writer.end_job(job_id, status="done", op=self.op - 1)
         self._held.append(self.seq)
         self.seq += 1

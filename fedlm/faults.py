@@ -73,12 +73,14 @@ def before_job(fault: str, cfg: Config) -> None:
 
 
 def corrupt(grad: "OrderedDict[str, torch.Tensor]", fault: str):
-    """The update a faulty worker sends instead of ``grad``."""
+    """The payload a faulty worker sends instead of ``grad`` (its encoded update)."""
     if fault not in ("nan", "bad_shape", "bad_dtype", "bad_size"):
         return grad
     out = OrderedDict((k, v.clone()) for k, v in grad.items())
     name = next(iter(out))
     if fault == "nan":
+        # the first floating-point tensor (with int8/int4 payloads: a scale)
+        name = next(k for k, v in out.items() if v.is_floating_point())
         flat = out[name].view(-1)
         flat[0] = float("nan")
         flat[-1] = float("inf")

@@ -30,7 +30,8 @@ from fedlm import model as model_lib
 from fedlm.config import Config
 from fedlm.params import params_hash, snapshot
 from fedlm.store import connect_readonly
-from fedlm.worker import JobSpec, run_job
+from fedlm import compression
+from fedlm.worker import JobSpec, job_update
 from fedlm.worker_state import MemoryStates
 from strategies import registry
 from strategies.base import Update
@@ -114,16 +115,17 @@ def replay(db: str | Path, run_id: int,
             job = JobSpec(row["job_id"], row["worker"], base, row["local_steps"],
                           row["data_seed"], prev_job=job["prev_job"])
             worker_states = states[job.worker]
-            result = run_job(versions[base], worker_states.load(job.prev_job), job, cfg)
+            result = job_update(versions[base], worker_states.load(job.prev_job), job, cfg)
             worker_states.save(job.job_id, result.opt_state)
             worker_states.prune(job.prev_job)
-            if params_hash(result.outer_grad) != row["update_hash"]:
+            grad = compression.decode(result.outer_grad, versions[base], cfg.network)
+            if params_hash(grad) != row["update_hash"]:
                 mismatched += 1
             if version - base != row["staleness"]:
                 raise ReplayError(f"update {row['seq']}: staleness {version - base}, "
                                   f"log says {row['staleness']}")
             new = strategy.on_update(Update(worker=job.worker, job_id=job.job_id,
-                                            base_version=base, outer_grad=result.outer_grad,
+                                            base_version=base, outer_grad=grad,
                                             tokens=result.tokens, local_steps=result.steps,
                                             staleness=row["staleness"]), versions[version])
             if new is not None:

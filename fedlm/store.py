@@ -34,7 +34,9 @@ SCHEMA_VERSION = 3
 _MIGRATIONS = {
     2: ["ALTER TABLE jobs ADD COLUMN prev_job INTEGER",
         "ALTER TABLE jobs ADD COLUMN fault TEXT NOT NULL DEFAULT ''",
-        "ALTER TABLE jobs ADD COLUMN reason TEXT"],
+        "ALTER TABLE jobs ADD COLUMN reason TEXT",
+        "ALTER TABLE jobs ADD COLUMN down_bytes INTEGER",
+        "ALTER TABLE jobs ADD COLUMN up_bytes INTEGER"],
 }
 
 _SCHEMA = """
@@ -74,6 +76,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     prev_job INTEGER,                   -- the worker state it started from (-1: fresh)
     fault TEXT NOT NULL DEFAULT '',     -- injected fault (fedlm.faults), '' = none
     reason TEXT,                        -- lost: error | rejected | deadline | retired
+    down_bytes INTEGER,                 -- bytes sent to the worker (the model)
+    up_bytes INTEGER,                   -- bytes of its update on the wire (encoded)
     PRIMARY KEY (run_id, job_id)
 );
 CREATE TABLE IF NOT EXISTS updates (
@@ -305,13 +309,14 @@ class RunWriter:
             " :train_loss, :t_dispatch, :t_done, :wall_arrival, :compute_seconds, :update_hash)",
             {"run_id": self.run_id, **row})
 
-    def add_job(self, job, *, op: int, t_dispatch: float) -> None:
+    def add_job(self, job, *, op: int, t_dispatch: float, down_bytes: int | None = None,
+                up_bytes: int | None = None) -> None:
         self.conn.execute(
             "INSERT INTO jobs (run_id, job_id, worker, base_version, local_steps, data_seed,"
-            " dispatch_op, t_dispatch, status, prev_job, fault)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?)",
+            " dispatch_op, t_dispatch, status, prev_job, fault, down_bytes, up_bytes)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?, ?)",
             (self.run_id, job.job_id, job.worker, job.base_version, job.local_steps,
-             job.data_seed, op, t_dispatch, job.prev_job, job.fault))
+             job.data_seed, op, t_dispatch, job.prev_job, job.fault, down_bytes, up_bytes))
 
     def end_job(self, job_id: int, *, status: str, op: int, computed: bool = True,
                 reason: str | None = None) -> None:

@@ -22,7 +22,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from fedlm import data, faults, fleet, model as model_lib
+from fedlm import compression, data, faults, fleet, model as model_lib
 from fedlm.config import Config, DataConfig, InnerConfig
 from fedlm.params import load_into, outer_gradient, snapshot
 
@@ -156,6 +156,16 @@ def run_job(params, opt_state: dict, job: JobSpec, cfg: Config) -> JobResult:
                      float(np.mean(losses)), seconds)
 
 
+def job_update(params, state: dict, job: JobSpec, cfg: Config) -> JobResult:
+    """``run_job`` plus encoding its outer gradient for the wire (``fedlm.compression``):
+    the result's ``outer_grad`` is the payload, its ``opt_state`` carries the
+    error-feedback tensors on. Replay calls this too."""
+    result = run_job(params, state, job, cfg)
+    payload, errors = compression.encode(result.outer_grad, state, cfg.network)
+    return JobResult(payload, {**result.opt_state, **errors}, result.steps, result.tokens,
+                     result.train_loss, result.compute_seconds)
+
+
 def serve_job(params, states, job: JobSpec, cfg: Config,
               step_time: float | None = None) -> JobResult:
     """A worker's whole handling of one job, the same under Flower and in process.
@@ -167,7 +177,7 @@ def serve_job(params, states, job: JobSpec, cfg: Config,
     import time
 
     faults.before_job(job.fault, cfg)
-    result = run_job(params, states.load(job.prev_job), job, cfg)
+    result = job_update(params, states.load(job.prev_job), job, cfg)
     states.save(job.job_id, result.opt_state)
     states.prune(job.keep_from)
     seconds = result.compute_seconds

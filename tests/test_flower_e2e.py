@@ -100,12 +100,13 @@ def test_worker_state_in_context_gives_the_same_run(two_runs, tmp_path):
 
 FAULTS = ["strategy=async-sgd", "updates=8", "faults.crash=0.2", "faults.hang=0.1",
           "faults.nan=0.1", "faults.bad_size=0.1", "faults.duplicate=0.1", "faults.offline=0.1",
-          "faults.offline_seconds=20"]
+          "faults.offline_seconds=20", "network.compression=int4"]
 
 
 def test_faults_act_the_same_in_flower_clientapps_as_in_process(tmp_path):
     # The ClientApp acts out the faults the server drew (crash, hang, NaN, a
-    # missing tensor); the run goes on and ends exactly as the in-process one.
+    # missing tensor) on the 4-bit payload it really sends (with error feedback
+    # kept in its state); the run goes on and ends exactly as the in-process one.
     db = tmp_path / "faults.db"
     fedlm_run(db, *FAULTS)
     ref = tmp_path / "ref.db"
