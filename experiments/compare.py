@@ -3,10 +3,11 @@
     python experiments/compare.py experiments/configs/async_comparison.toml
 
 The TOML has ``base`` (a list of --set overrides shared by all arms), ``db``,
-``out`` (a markdown file) and ``[[arm]]`` entries with ``label`` and ``set``.
-Each arm is a real `fedlm run` (Flower simulation engine). The table gives
-final validation perplexity, virtual time, idle fraction, and the virtual time
-each arm needed to first reach the reference arm's final perplexity.
+``out`` (a markdown file), optionally ``backend`` ("flower", the default, or
+"inprocess") and ``[[arm]]`` entries with ``label`` and ``set``. Each arm is a
+real `fedlm run`. The table gives final validation perplexity, virtual time,
+idle fraction, the bytes workers uploaded, and the virtual time each arm
+needed to first reach the reference arm's final perplexity.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ def main() -> int:
             rows.append((arm, store.summarize(db, done[-1]["id"]), float("nan")))
             print(f"== {arm['label']}: reusing run {done[-1]['id']}", flush=True)
             continue
-        cmd = [sys.executable, "-m", "fedlm", "run", "--quiet", "--db", db]
+        cmd = [sys.executable, "-m", "fedlm", "run", "--quiet", "--db", db,
+               "--backend", spec.get("backend", "flower")]
         for kv in [*spec.get("base", []), *arm["set"], f"name={arm['label']}"]:
             cmd += ["--set", kv]
         print(f"== {arm['label']}: {' '.join(cmd[3:])}", flush=True)
@@ -58,8 +60,8 @@ def main() -> int:
              f"{ref.final_perplexity:.3f}). Run store: `{db}`.", "",
              "| arm | final ppl | best ppl | updates | local steps | virtual time (s) "
              "| reference's ppl at that virtual time | time to reference ppl (s) "
-             "| idle fraction | real time (s) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| idle fraction | uploaded (MB) | real time (s) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for arm, s, real in rows:
         reach = time_to_reach(db, s.run_id, ref.final_perplexity)
         at = value_at(db, ref.run_id, s.virtual_time)
@@ -67,7 +69,8 @@ def main() -> int:
                      f"{s.updates} | {s.local_steps} | {s.virtual_time:.0f} | "
                      f"{'-' if at is None else f'{at:.3f}'} | "
                      f"{'-' if reach is None else f'{reach:.0f}'} | "
-                     f"{100 * s.idle_fraction:.1f}% | {s.wall_time:.0f} |")
+                     f"{100 * s.idle_fraction:.1f}% | {uploaded(db, s.run_id) / 1e6:,.1f} | "
+                     f"{s.wall_time:.0f} |")
     lines += ["", "Arms:", ""] + [f"- **{a['label']}**: `{' '.join(a['set'])}`" for a, _, _ in rows]
     lines += ["", f"Shared settings: `{' '.join(spec.get('base', []))}`", ""]
     if spec.get("discussion"):
@@ -76,6 +79,16 @@ def main() -> int:
     out.write_text("\n".join(lines))
     print(out.read_text())
     return 0
+
+
+def uploaded(db: str, run_id: int) -> float:
+    """Bytes the workers' finished jobs sent up, as encoded on the wire."""
+    from contextlib import closing
+
+    with closing(store.connect_readonly(db)) as conn:
+        row = conn.execute("SELECT COALESCE(SUM(up_bytes), 0) FROM jobs WHERE run_id=?"
+                           " AND status='done'", (run_id,)).fetchone()
+    return float(row[0])
 
 
 if __name__ == "__main__":

@@ -104,6 +104,11 @@ class NetworkConfig:
     compression: str = "fp32"  # outer gradients sent as fp32 | bf16 | fp16 | int8 | int4
     block_size: int = 256  # int8/int4: values per scale (0: one scale per tensor)
     error_feedback: bool = True  # int8/int4: the worker carries its rounding error forward
+    # Hierarchical: the workers of a region train as one data-parallel pod (gradients
+    # all-reduced every inner step over the local link) and only the pod talks to the
+    # server over the WAN. The strategy then sees one worker per region.
+    hierarchical: bool = False
+    intra_bw: float = 12.5e9  # bytes/s of the link inside a region (100 Gbit/s)
 
 
 @dataclass(frozen=True)
@@ -195,6 +200,14 @@ class Config:
         if self.local_step_budget:
             return max(1, self.local_step_budget // self.workers)
         return self.updates * self.inner.steps
+
+    def nodes(self) -> int:
+        """Workers as the engine and Flower see them: one per region if hierarchical."""
+        if not self.network.hierarchical:
+            return self.workers
+        from fedlm import fleet
+
+        return len(fleet.groups(self))
 
     def state_store(self) -> str:
         """Where workers keep their AdamW states: context or disk (``auto`` resolved)."""
@@ -434,6 +447,7 @@ def validate(cfg: Config) -> None:
     _require(n.compression in COMPRESSIONS, "network.compression", n.compression,
              f"must be one of {', '.join(COMPRESSIONS)}")
     _require(n.block_size >= 0, "network.block_size", n.block_size, "must be >= 0")
+    _require(n.intra_bw > 0, "network.intra_bw", n.intra_bw, "must be > 0")
 
     fa = cfg.faults
     for name in ("crash", "hang", "nan", "bad_shape", "bad_dtype", "bad_size", "duplicate",

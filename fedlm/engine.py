@@ -139,7 +139,7 @@ class Engine:
         self.progress = progress
         self.should_stop = should_stop or (lambda: False)
         self.checkpoint = checkpoint  # called with state_dict() every checkpoint_every versions
-        self.timer = JobTimer(fleet, cfg.seed)
+        self.timer = JobTimer(fleet, cfg.seed, cfg.network.intra_bw)
         # Events: job ids (a job's completion, or its deadline if it will miss it)
         # and, negative, -(w + 1): worker w comes back online. With a shared
         # network (below) jobs move through tagged events instead: ("net", token),

@@ -10,7 +10,10 @@ dispatch, exactly how long a job will take in virtual time:
     upload   = latency + update_bytes / up_bw
 
 Profiles are addressed by partition id (worker index): Flower's simulation
-engine gives a node nothing but ``partition-id`` and ``num-partitions``.
+engine gives a node nothing but ``partition-id`` and ``num-partitions``. In
+hierarchical mode (``network.hierarchical``) a node is a region's pod: its
+workers train data-parallel (all-reduce every step over ``network.intra_bw``)
+and only the pod talks to the server (``groups``, ``node_profiles``).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedlm.config import FleetConfig
+from fedlm.config import Config, FleetConfig
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,7 @@ class WorkerProfile:
     step_time: float  # nominal virtual seconds per inner step
     jitter: float  # sigma of the lognormal compute-time multiplier
     region: Region
+    members: int = 1  # hierarchical: workers of the region training as one pod
 
 
 @dataclass(frozen=True)
@@ -107,20 +111,47 @@ def profiles(cfg: FleetConfig, num_workers: int) -> list[WorkerProfile]:
             for w in range(num_workers)]
 
 
+def groups(cfg: Config) -> list[list[int]]:
+    """The workers behind each engine-level node: themselves, or (hierarchical)
+    the workers of each region, regions in order of their first worker."""
+    per_worker = profiles(cfg.fleet, cfg.workers)
+    if not cfg.network.hierarchical:
+        return [[p.worker] for p in per_worker]
+    by_region: dict[str, list[int]] = {}
+    for p in per_worker:
+        by_region.setdefault(p.region.name, []).append(p.worker)
+    return list(by_region.values())
+
+
+def node_profiles(cfg: Config) -> list[WorkerProfile]:
+    """The profiles the engine schedules: one per worker, or one per region pod
+    (as slow as its slowest member, its members' batches all-reduced every step)."""
+    per_worker = profiles(cfg.fleet, cfg.workers)
+    if not cfg.network.hierarchical:
+        return per_worker
+    return [WorkerProfile(n, max(per_worker[w].step_time for w in members), cfg.fleet.jitter,
+                          per_worker[members[0]].region, members=len(members))
+            for n, members in enumerate(groups(cfg))]
+
+
 class JobTimer:
     """Virtual durations of jobs; one seeded RNG per worker, so a worker's
     jitter sequence does not depend on the order jobs of others were dispatched."""
 
-    def __init__(self, fleet: list[WorkerProfile], seed: int) -> None:
+    def __init__(self, fleet: list[WorkerProfile], seed: int, intra_bw: float = 12.5e9) -> None:
         self.fleet = fleet
+        self.intra_bw = intra_bw
         self._rngs = [np.random.default_rng([seed, 7919, p.worker]) for p in fleet]
 
     def timing(self, worker: int, steps: int, down_bytes: int, up_bytes: int) -> JobTiming:
         p = self.fleet[worker]
         jitter = float(self._rngs[worker].lognormal(0.0, p.jitter)) if p.jitter > 0 else 1.0
+        # A pod of k workers all-reduces its gradients every step: a ring moves
+        # 2(k-1)/k of the model through each member's local link.
+        allreduce = 2 * (p.members - 1) / p.members * down_bytes / self.intra_bw
         return JobTiming(
             download=p.region.latency + down_bytes / p.region.down_bw,
-            compute=steps * p.step_time * jitter,
+            compute=steps * (p.step_time * jitter + allreduce),
             upload=p.region.latency + up_bytes / p.region.up_bw,
         )
 

@@ -92,10 +92,10 @@ def replay(db: str | Path, run_id: int,
         raise ReplayError("the initial model differs from the recorded one "
                           "(different torch version or model code?)")
     strategy = registry.build_strategy(cfg.strategy, cfg.outer)
-    strategy.start(params, num_workers=cfg.workers)
+    strategy.start(params, num_workers=cfg.nodes())
     versions = {0: params}
     version, held, mismatched = 0, 1, 0
-    states = [MemoryStates() for _ in range(cfg.workers)]
+    states = [MemoryStates() for _ in range(cfg.nodes())]
 
     for n, (op, kind, row) in enumerate(ops):
         if kind == "dispatch":

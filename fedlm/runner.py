@@ -18,7 +18,7 @@ from fedlm.engine import Engine, Interrupted, Progress, Transport
 from fedlm.evaluate import Evaluator
 from fedlm.params import params_hash, snapshot
 from fedlm.store import RunWriter
-from fedlm.worker import worker_shards
+from fedlm.worker import node_shard
 from fedlm.worker_state import disk_folder
 from strategies import registry
 
@@ -55,13 +55,12 @@ def execute(cfg: Config, db_path: str, connect: Connect,
     engine = None
     try:
         transport, node_of = connect(run_key)
-        fleet = fleet_lib.profiles(cfg.fleet, cfg.workers)
-        shards = worker_shards(cfg.data, cfg.workers, cfg.seed)
+        fleet = fleet_lib.node_profiles(cfg)
         writer.add_workers({"worker": p.worker, "node_id": str(node_of[p.worker]),
                             "step_time": p.step_time, "jitter": p.jitter,
                             "region": p.region.name, "latency": p.region.latency,
                             "down_bw": p.region.down_bw, "up_bw": p.region.up_bw,
-                            "shard_sequences": len(shards[p.worker])} for p in fleet)
+                            "shard_sequences": len(node_shard(cfg, p.worker))} for p in fleet)
         net = model_lib.build(cfg.model, cfg.data.seq_len, seed=cfg.seed)
         params = snapshot(net)
         writer.set_model_info(model_lib.num_parameters(net), params_hash(params))
@@ -125,5 +124,5 @@ def run_inprocess(cfg: Config, db_path: str, **kwargs) -> int:
     from fedlm.inprocess import InProcessTransport
 
     return execute(cfg, db_path, lambda run_key: (InProcessTransport(cfg, run_key=run_key),
-                                                  {w: "in-process" for w in range(cfg.workers)}),
+                                                  {w: "in-process" for w in range(cfg.nodes())}),
                    **kwargs)

@@ -46,7 +46,7 @@ class FlowerTransport:
     def connect(self) -> dict[int, int]:
         """Wait for the SuperNodes and learn which node holds which partition."""
         deadline = time.monotonic() + NODE_WAIT_SECONDS
-        want = self.cfg.workers
+        want = self.cfg.nodes()
         while True:
             nodes = sorted(self.grid.get_node_ids())
             if len(nodes) >= want:

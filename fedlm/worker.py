@@ -73,6 +73,15 @@ def worker_shards(data_cfg: DataConfig, num_workers: int, seed: int) -> tuple[np
     return tuple(data.partition(corpus, data_cfg, num_workers, seed))
 
 
+def node_shard(cfg: Config, node: int) -> np.ndarray:
+    """The sequences a node trains on: its worker's shard, or (hierarchical) the
+    shards of every worker in its region's pod."""
+    shards = worker_shards(cfg.data, cfg.workers, cfg.seed)
+    members = fleet.groups(cfg)[node] if cfg.network.hierarchical else [node]
+    return shards[members[0]] if len(members) == 1 else np.concatenate(
+        [shards[w] for w in members])
+
+
 @lru_cache(maxsize=2)
 def _scratch_model(preset: str, block_size: int, device: str) -> model_lib.GPT:
     # Weights are overwritten by every job; only the structure is reused.
@@ -128,8 +137,11 @@ def run_job(params, opt_state: dict, job: JobSpec, cfg: Config) -> JobResult:
     schedule_step = int(opt_state.get("schedule_step", 0))
 
     corpus = data.load_corpus(cfg.data)
-    shard = worker_shards(cfg.data, cfg.workers, cfg.seed)[job.worker]
-    batches = data.job_batches(shard, job.local_steps, i.batch_size, job.data_seed)
+    # A pod of k workers trains data-parallel: one step on k workers' batches at once.
+    members = len(fleet.groups(cfg)[job.worker]) if cfg.network.hierarchical else 1
+    batch_size = i.batch_size * members
+    batches = data.job_batches(node_shard(cfg, job.worker), job.local_steps, batch_size,
+                               job.data_seed)
     decay = cfg.decay_steps()
 
     net.train()
@@ -152,7 +164,7 @@ def run_job(params, opt_state: dict, job: JobSpec, cfg: Config) -> JobResult:
     new_state["schedule_step"] = schedule_step + job.local_steps
     grad = outer_gradient(params, snapshot(net))
     return JobResult(grad, new_state, job.local_steps,
-                     job.local_steps * i.batch_size * cfg.data.seq_len,
+                     job.local_steps * batch_size * cfg.data.seq_len,
                      float(np.mean(losses)), seconds)
 
 
@@ -184,7 +196,7 @@ def serve_job(params, states, job: JobSpec, cfg: Config,
     if cfg.clock == "wall" and cfg.fleet.emulate_speed:
         # Pad the compute so a worker configured k times slower than the fastest
         # really takes k times as long (one machine can show real stragglers).
-        times = [p.step_time for p in fleet.profiles(cfg.fleet, cfg.workers)]
+        times = [p.step_time for p in fleet.node_profiles(cfg)]
         mine = step_time if step_time is not None else times[job.worker]
         padded = seconds * mine / min(times)
         time.sleep(max(0.0, padded - seconds))

@@ -65,3 +65,25 @@ def test_more_data_centres_cost_more_on_a_shared_link(tmp_path):
             for n in (2, 4)]
     size = num_bytes(runs[0][1])
     assert runs[1][0].now - runs[0][0].now == pytest.approx(2 * 2 * size / 2e6, rel=1e-6)
+
+
+def test_hierarchical_regions_train_as_pods_and_talk_once_each(tmp_path):
+    # Six workers in three regions: each region is one data-parallel pod (two
+    # workers' batches per step), and the server sees three workers, not six.
+    common = ["workers=6", "fleet.topology={us = 2, eu = 2, asia = 2}", "strategy=diloco",
+              "fleet.jitter=0", "reliability.checkpoint_every=0", "updates=2"]
+    db = tmp_path / "h.db"
+    engine, _, run_id = run_engine(tiny_config(*common, "network.hierarchical=true"), db)
+    flat_engine, _, _ = run_engine(tiny_config(*common), tmp_path / "flat.db")
+    assert len(engine.fleet) == 3 and [p.members for p in engine.fleet] == [2, 2, 2]
+    assert [p.region.name for p in engine.fleet] == ["us", "eu", "asia"]
+    assert engine.jobs_done == 2 * 3 and flat_engine.jobs_done == 2 * 6
+    assert engine.tokens == flat_engine.tokens  # same data per round, half the messages
+    with sqlite3.connect(db) as conn:
+        up = conn.execute("SELECT SUM(up_bytes) FROM jobs").fetchone()[0]
+        flat_up = sqlite3.connect(tmp_path / "flat.db").execute(
+            "SELECT SUM(up_bytes) FROM jobs").fetchone()[0]
+    assert up * 2 == flat_up  # one WAN upload per region instead of one per worker
+    from fedlm.replay import replay
+
+    assert replay(db, run_id).identical
