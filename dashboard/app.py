@@ -83,8 +83,15 @@ def run_pickers(runs: pd.DataFrame):
     return focus, compare, labels
 
 
+def _bytes(n: float) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:,.1f} {unit}"
+    return f"{n:,.0f} B"
+
+
 def headline_row(h: dict) -> None:
-    cols = st.columns(7)
+    cols = st.columns(9)
     cols[0].metric("updates applied", f"{h['updates']:,}")
     cols[1].metric("virtual time", f"{h['virtual_time']:,.0f} s")
     cols[2].metric("tokens", f"{h['tokens']:,}")
@@ -94,6 +101,10 @@ def headline_row(h: dict) -> None:
                    else f"{h['best_perplexity']:.2f}")
     cols[5].metric("straggler idle time", f"{h['idle']:,.0f} s")
     cols[6].metric("idle fraction", f"{100 * h['idle_fraction']:.1f}%")
+    cols[7].metric("sent up / down", f"{_bytes(h['bytes_up'])} / {_bytes(h['bytes_down'])}",
+                   help="bytes on the wire: encoded updates up, the model down")
+    cols[8].metric("waiting for the link", f"{h['link_wait']:,.1f} s",
+                   help="transfer time beyond each worker's own link: the shared server link")
 
 
 def timeline_chart(iv: pd.DataFrame) -> alt.Chart:
@@ -216,6 +227,7 @@ def live(db: str, smoothing: float, log_scale: bool, window: float) -> None:
             "updates": wt["updates"], "compute s": wt["compute"].map("{:,.1f}".format),
             "comm s": (wt["download"] + wt["upload"]).map("{:,.2f}".format),
             "link wait s": wt["link wait"].map("{:,.2f}".format),
+            "sent up": wt["bytes_up"].map(_bytes),
             "idle s": wt["idle"].map("{:,.1f}".format),
             "idle %": (100 * wt["idle_fraction"]).map("{:.1f}%".format)})
         st.table(table.set_index("worker"))

@@ -59,12 +59,15 @@ def headline(db: str | Path, run_id: int) -> dict:
                             (run_id,)).fetchone()[0]
         spans = dict(conn.execute("SELECT kind, SUM(t_end - t_start) FROM intervals"
                                   " WHERE run_id=? GROUP BY kind", (run_id,)).fetchall())
+        sent = conn.execute("SELECT COALESCE(SUM(down_bytes), 0), COALESCE(SUM(up_bytes), 0)"
+                            " FROM jobs WHERE run_id=?", (run_id,)).fetchone()
     total = sum(spans.values())
     return {"status": r["status"], "virtual_time": r["virtual_time"] or vt_now,
             "updates": versions, "jobs": jobs, "tokens": tokens,
             "perplexity": ppl[0] if ppl else None, "best_perplexity": best,
             "idle": spans.get("idle", 0.0), "idle_fraction": spans.get("idle", 0.0) / total
-            if total else 0.0}
+            if total else 0.0, "bytes_down": sent[0], "bytes_up": sent[1],
+            "link_wait": spans.get("link wait", 0.0)}
 
 
 def worker_totals(db: str | Path, run_id: int) -> pd.DataFrame:
@@ -78,10 +81,13 @@ def worker_totals(db: str | Path, run_id: int) -> pd.DataFrame:
             wide[kind] = 0.0
     counts = _query(db, "SELECT worker, COUNT(*) AS updates FROM updates WHERE run_id=?"
                         " GROUP BY worker", (run_id,))
+    sent = _query(db, "SELECT worker, COALESCE(SUM(up_bytes), 0) AS bytes_up FROM jobs"
+                      " WHERE run_id=? GROUP BY worker", (run_id,))
+    counts = counts.merge(sent, on="worker", how="outer")
     prof = _query(db, "SELECT worker, step_time, region FROM workers WHERE run_id=?", (run_id,))
     out = prof.merge(wide, on="worker", how="left").merge(counts, on="worker", how="left")
     out = out.fillna({"download": 0.0, "compute": 0.0, "upload": 0.0, "link wait": 0.0,
-                      "idle": 0.0, "updates": 0})
+                      "idle": 0.0, "updates": 0, "bytes_up": 0})
     total = out[["download", "compute", "upload", "link wait", "idle"]].sum(axis=1)
     out["idle_fraction"] = (out["idle"] / total.where(total > 0)).fillna(0.0)
     out["updates"] = out["updates"].astype(int)

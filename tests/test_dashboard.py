@@ -129,3 +129,21 @@ def test_injected_faults_show_in_the_failures_table_and_timeline(monkeypatch, tm
 
     iv = queries.recent_intervals(db, 1, window=1e9)
     assert {"offline", "lost job"} <= set(iv["kind"])
+
+
+def test_geo_run_with_compression_shows_bytes_and_link_waits(monkeypatch, tmp_path):
+    db = tmp_path / "geo.db"
+    common = ["workers=4", "fleet.topology={us = 2, asia = 2}", "strategy=diloco",
+              "network.server_up=2e6"]
+    run_engine(tiny_config(*common, "name=fp32"), db)
+    run_engine(tiny_config(*common, "network.compression=int4", "name=int4"), db)
+    at = app(monkeypatch, db)  # the newest run (int4) in focus
+    int4_up = metric(at, "sent up / down").split(" / ")[0]
+    assert metric(at, "waiting for the link") != "0.0 s"
+    at.selectbox[0].set_value(1).run()
+    fp32_up = metric(at, "sent up / down").split(" / ")[0]
+    size = {"kB": 1e3, "MB": 1e6, "GB": 1e9}
+    as_bytes = [float(v.split()[0].replace(",", "")) * size[v.split()[1]]
+                for v in (int4_up, fp32_up)]
+    assert as_bytes[0] < as_bytes[1] / 5  # 4-bit updates: about an eighth of fp32
+    assert "link wait" in " ".join(str(c) for t in at.table for c in t.value.columns)
