@@ -91,7 +91,7 @@ def _bytes(n: float) -> str:
 
 
 def headline_row(h: dict) -> None:
-    cols = st.columns(9)
+    cols = st.columns(7)
     cols[0].metric("updates applied", f"{h['updates']:,}")
     cols[1].metric("virtual time", f"{h['virtual_time']:,.0f} s")
     cols[2].metric("tokens", f"{h['tokens']:,}")
@@ -101,9 +101,11 @@ def headline_row(h: dict) -> None:
                    else f"{h['best_perplexity']:.2f}")
     cols[5].metric("straggler idle time", f"{h['idle']:,.0f} s")
     cols[6].metric("idle fraction", f"{100 * h['idle_fraction']:.1f}%")
-    cols[7].metric("sent up / down", f"{_bytes(h['bytes_up'])} / {_bytes(h['bytes_down'])}",
-                   help="bytes on the wire: encoded updates up, the model down")
-    cols[8].metric("waiting for the link", f"{h['link_wait']:,.1f} s",
+    cols = st.columns(7)
+    cols[0].metric("sent up", _bytes(h["bytes_up"]),
+                   help="bytes of the workers' updates on the wire (as encoded)")
+    cols[1].metric("sent down", _bytes(h["bytes_down"]), help="bytes of the model sent out")
+    cols[2].metric("waiting for the link", f"{h['link_wait']:,.1f} s",
                    help="transfer time beyond each worker's own link: the shared server link")
 
 

@@ -138,10 +138,10 @@ def test_geo_run_with_compression_shows_bytes_and_link_waits(monkeypatch, tmp_pa
     run_engine(tiny_config(*common, "name=fp32"), db)
     run_engine(tiny_config(*common, "network.compression=int4", "name=int4"), db)
     at = app(monkeypatch, db)  # the newest run (int4) in focus
-    int4_up = metric(at, "sent up / down").split(" / ")[0]
+    int4_up = metric(at, "sent up")
     assert metric(at, "waiting for the link") != "0.0 s"
     at.selectbox[0].set_value(1).run()
-    fp32_up = metric(at, "sent up / down").split(" / ")[0]
+    fp32_up = metric(at, "sent up")
     size = {"kB": 1e3, "MB": 1e6, "GB": 1e9}
     as_bytes = [float(v.split()[0].replace(",", "")) * size[v.split()[1]]
                 for v in (int4_up, fp32_up)]
