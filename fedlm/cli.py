@@ -196,7 +196,7 @@ def backend_config(cfg: Config) -> dict:
     from fedlm.model import resolve_device
 
     cpus = cfg.sim.cpus or (os.cpu_count() or 1)
-    actors = cfg.sim.actors or min(cfg.workers, 2 * cpus)
+    actors = cfg.sim.actors or min(cfg.nodes(), 2 * cpus)
     gpus = 1.0 / actors if resolve_device(cfg.device) == "cuda" else 0.0
     return {"client_resources": {"num_cpus": cpus / actors, "num_gpus": gpus},
             "init_args": {"num_cpus": cpus, "num_gpus": 1 if gpus else 0,
@@ -283,7 +283,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                           resume=args.resume)
         else:
             run_simulation(server_app=server, client_app=client_app,
-                           num_supernodes=cfg.workers, backend_config=backend_config(cfg))
+                           num_supernodes=cfg.nodes(), backend_config=backend_config(cfg))
     except Exception:  # re-raised from the ServerApp thread; the store has the reason
         if "id" not in started or os.environ.get("FEDLM_DEBUG"):
             raise
