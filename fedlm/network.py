@@ -83,23 +83,28 @@ class Network:
         return nbytes / (cap * self.factor(t))
 
     def add(self, t: float, key: tuple[int, str], link: str, nbytes: float, cap: float) -> None:
-        self.advance(t)
+        self._integrate(t)
         self.flows[key] = Flow(link, float(nbytes), float(cap))
         self.token += 1
 
     def remove(self, t: float, key: tuple[int, str]) -> None:
-        self.advance(t)
+        self._integrate(t)
         if self.flows.pop(key, None) is not None:
             self.token += 1
 
-    def advance(self, t: float) -> list[tuple[int, str]]:
-        """Move every flow on to time ``t``; return (and drop) those finished by then."""
+    def _integrate(self, t: float) -> None:
+        """Move every flow on to time ``t`` at the current rates (finished ones stay
+        until ``advance`` hands them out)."""
         if t > self.t and self.flows:
             rates = self._rates()
             dt = t - self.t
             for k, f in self.flows.items():
-                f.remaining -= rates[k] * dt
+                f.remaining = max(0.0, f.remaining - rates[k] * dt)
         self.t = max(self.t, t)
+
+    def advance(self, t: float) -> list[tuple[int, str]]:
+        """Move every flow on to time ``t``; return (and drop) those finished by then."""
+        self._integrate(t)
         done = [k for k, f in self.flows.items() if f.remaining <= 1e-6 * max(1.0, f.cap)]
         for k in done:
             del self.flows[k]

@@ -27,6 +27,14 @@ def test_a_flow_finishes_when_its_share_says():
     assert net.next_finish() == pytest.approx(4.0)  # then 100 B/s alone for 200 B
 
 
+def test_a_flow_ending_as_another_starts_is_still_handed_out():
+    net = Network(server_down=0, server_up=100.0)
+    net.add(0.0, (0, "up"), "up", 100.0, cap=1000.0)
+    net.add(1.0, (1, "up"), "up", 100.0, cap=1000.0)  # at the very moment flow 0 ends
+    assert net.advance(1.0) == [(0, "up")]  # not lost inside add()
+    assert net.next_finish() == pytest.approx(2.0)
+
+
 def test_daily_cycle_slows_the_peak_hour():
     net = Network(0, 0, daily_amplitude=0.5, peak_hour=14.0)
     assert net.factor(14.2 * 3600) == pytest.approx(1 - 0.5 * 0.5 * (1 + 1.0), abs=0.01)
