@@ -1,11 +1,15 @@
-"""Flower's deployment engine on loopback: SuperLink + SuperNodes, real arrival order."""
+"""Flower's deployment engine on loopback: SuperLink + SuperNodes, TLS, SuperNode auth."""
 
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+
+from fedlm import config as config_lib
+from fedlm.deploy import LocalDeployment, make_certificates, make_node_key
 
 pytestmark = pytest.mark.flower
 
@@ -23,6 +27,7 @@ def _processes_mentioning(text: str) -> list[int]:
 
 
 def test_deploy_local_runs_replays_and_cleans_up(tmp_path):
+    """`fedlm deploy local`: TLS and SuperNode authentication on by default."""
     home, db = tmp_path / "flwr-home", tmp_path / "runs.db"
     args = [sys.executable, "-m", "fedlm", "deploy", "local", "--workers", "2", "--db", str(db),
             "--home", str(home)]
@@ -32,12 +37,76 @@ def test_deploy_local_runs_replays_and_cleans_up(tmp_path):
     out = subprocess.run(args, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "wall-clock time" in out.stdout
+    assert "(TLS, SuperNode authentication)" in out.stdout
     conn = sqlite3.connect(db)
     assert conn.execute("SELECT status, mode FROM runs").fetchone() == ("finished", "wall")
     nodes = [n for (n,) in conn.execute("SELECT node_id FROM workers")]
     assert len(set(nodes)) == 2
+    # the SuperLink's own log: HTTPS, and no "authentication is disabled" warning;
+    # each node was registered through the Control API and activated with its key
+    link = (home / "superlink.log").read_text(errors="replace")
+    assert "running on https://127.0.0.1:" in link
+    assert "SuperNode authentication is disabled" not in link
+    assert link.count("[ControlServicer.RegisterNode] Created node_id=") == 2
+    for n in nodes:
+        assert f"Created node_id={n}" in link and f"Activated node_id={n}" in link
+    assert 'root-certificates = "' in (home / "config.toml").read_text()
+    assert "insecure" not in (home / "config.toml").read_text()
     replay = subprocess.run([sys.executable, "-m", "fedlm", "replay", "1", "--db", str(db)],
                             capture_output=True, text=True, timeout=300)
     assert replay.returncode == 0 and "identical" in replay.stdout, replay.stdout
     # every SuperLink, SuperNode and SuperExec started for the run is gone
     assert _processes_mentioning(str(home)) == []
+
+
+def _online(dep: LocalDeployment) -> list[str]:
+    return [n["node-id"] for n in dep.list_supernodes() if n.get("status") == "online"]
+
+
+def test_unregistered_supernode_is_refused(tmp_path):
+    """A SuperNode whose public key was not registered cannot join."""
+    home = tmp_path / "flwr-home"
+    cfg = config_lib.load(None, ["model=tiny", "workers=1"])
+    with LocalDeployment(home, 1, tls=True, auth=True) as dep:
+        dep.start(cfg)
+        deadline = time.monotonic() + 60
+        while len(online := _online(dep)) < 1 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert len(online) == 1, dep.list_supernodes()
+        rogue = dep.start_supernode("rogue", "partition-id=0 num-partitions=1", register=False)
+        try:
+            rc = rogue.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the unregistered SuperNode is still running after 90 s:\n"
+                        + (home / "rogue.log").read_text(errors="replace")[-2000:])
+        nodes = dep.list_supernodes()
+        link = dep.superlink_log()
+    assert rc != 0
+    assert "Failed to activate SuperNode" in (home / "rogue.log").read_text(errors="replace")
+    assert "No SuperNode found with the given public key" in link
+    assert [n["node-id"] for n in nodes] == online  # the SuperLink never listed it
+    assert _processes_mentioning(str(home)) == []
+
+
+def test_certificates_and_keys_have_the_formats_flower_reads(tmp_path):
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import (load_ssh_private_key,
+                                                              load_ssh_public_key)
+
+    paths = make_certificates(tmp_path / "certs")
+    ca = x509.load_pem_x509_certificate(paths["ca"].read_bytes())
+    cert = x509.load_pem_x509_certificate(paths["cert"].read_bytes())
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(ip) for ip in san.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    assert san.get_values_for_type(x509.DNSName) == ["localhost"]
+    assert cert.issuer == ca.subject
+    cert.verify_directly_issued_by(ca)
+    assert oct(paths["key"].stat().st_mode & 0o777) == "0o600"
+
+    key, pub = make_node_key(tmp_path / "keys" / "node0")
+    private = load_ssh_private_key(key.read_bytes(), None)
+    public = load_ssh_public_key(pub.read_bytes())
+    assert isinstance(private, ec.EllipticCurvePrivateKey) and private.curve.name == "secp384r1"
+    assert public.public_numbers() == private.public_key().public_numbers()
+    assert pub.read_text().startswith("ecdsa-sha2-nistp384 ")
