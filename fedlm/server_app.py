@@ -14,11 +14,14 @@ since ``run_simulation`` passes an empty run config).
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
 from typing import Callable
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
+from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
 from fedlm import config as config_lib
 from fedlm.config import Config
@@ -30,6 +33,7 @@ log = logging.getLogger("fedlm")
 
 NODE_WAIT_SECONDS = 180.0  # how long to wait for all SuperNodes to register
 POLL_SECONDS = 0.05  # pause between empty pulls (Flower itself polls at 0.1 s)
+PULLS_PER_SECOND = 20.0  # deployment: pull requests per second, all pending messages together
 
 
 class FlowerTransport:
@@ -42,6 +46,14 @@ class FlowerTransport:
         self.run_key = run_key  # names this run's worker-state files on the nodes
         self.node_of: dict[int, int] = {}  # worker (partition id) -> Flower node id
         self.pending: dict[str, int] = {}  # message id -> job id
+        # Deployment: every pending message is pulled by a thread of its own. A
+        # reply whose SuperNode died while uploading it blocks Grid.pull_messages
+        # until Flower gives up on its objects (OBJECT_PUSH_SESSION_TTL_SECONDS,
+        # 180 s in 1.41); pulled together with the others, it would hold every
+        # other reply back that long. (Simulation: one pull for all, no threads.)
+        self.per_message = not isinstance(grid, InMemoryGrid)
+        self._pulled: queue.SimpleQueue = queue.SimpleQueue()  # Messages or exceptions
+        self._pullers: set[str] = set()  # message ids with a puller thread
 
     def connect(self) -> dict[int, int]:
         """Wait for the SuperNodes and learn which node holds which partition."""
@@ -92,6 +104,8 @@ class FlowerTransport:
         self.pending[msg_id] = job.job_id
 
     def collect(self, timeout: float) -> list[Reply]:
+        if self.per_message:
+            return self._collect_per_message(timeout)
         deadline = time.monotonic() + timeout
         while True:
             out = []
@@ -103,6 +117,39 @@ class FlowerTransport:
             if out or time.monotonic() >= deadline:
                 return out
             time.sleep(POLL_SECONDS)
+
+    def _collect_per_message(self, timeout: float) -> list[Reply]:
+        self._pullers &= self.pending.keys()  # one puller per message, ever
+        for msg_id in list(self.pending):
+            if msg_id not in self._pullers:
+                self._pullers.add(msg_id)
+                threading.Thread(target=self._pull, args=(msg_id,), daemon=True,
+                                 name=f"fedlm-pull-{msg_id[:8]}").start()
+        out = []
+        try:
+            item = self._pulled.get(timeout=max(timeout, 0.0))
+            while True:
+                if isinstance(item, BaseException):
+                    raise item
+                job_id = self.pending.pop(item.metadata.reply_to_message_id, None)
+                if job_id is not None:
+                    out.append(self._to_reply(job_id, item))
+                item = self._pulled.get_nowait()
+        except queue.Empty:
+            return out
+
+    def _pull(self, msg_id: str) -> None:
+        """Pull one message's reply until it is there (a puller thread)."""
+        try:
+            while msg_id in self.pending:
+                replies = list(self.grid.pull_messages([msg_id]))
+                if replies:
+                    for reply in replies:
+                        self._pulled.put(reply)
+                    return
+                time.sleep(max(POLL_SECONDS, len(self.pending) / PULLS_PER_SECOND))
+        except BaseException as exc:  # handed to the engine's thread, raised there
+            self._pulled.put(exc)
 
     @staticmethod
     def _to_reply(job_id: int, reply: Message) -> Reply:
