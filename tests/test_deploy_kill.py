@@ -31,6 +31,7 @@ import pytest
 
 from fedlm import config as config_lib
 from fedlm.deploy import LocalDeployment
+from tests.test_deploy import _processes_mentioning
 
 pytestmark = pytest.mark.flower
 
@@ -114,6 +115,7 @@ def test_killed_supernode_is_retired_and_the_run_replays(tmp_path):
         ran_on = time.monotonic() - killed_at
         problems = dep.security_problems()
     assert problems == []
+    assert _processes_mentioning(str(home)) == []  # stop() ended every process it started
 
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     assert conn.execute("SELECT status, mode FROM runs").fetchone() == ("finished", "wall")
