@@ -389,6 +389,33 @@ class LocalDeployment:
                 proc.wait(timeout=15)
         self.procs.clear()
         self.nodes.clear()
+        # The SuperLink starts its SuperExec (and that the ServerApp) in a session
+        # of its own; they exit once they see the SuperLink gone (0.2 s checks,
+        # then a graceful exit). Wait for that, bounded; then end what is left.
+        deadline = time.monotonic() + 15
+        while (left := self._own_processes()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def _own_processes(self) -> list[int]:
+        """Live processes started for this deployment: FLWR_HOME is this home (Linux)."""
+        mark = f"FLWR_HOME={self.home}".encode()
+        pids = []
+        proc_dir = Path("/proc")
+        if not proc_dir.is_dir():
+            return pids
+        for p in proc_dir.iterdir():
+            if p.name.isdigit() and int(p.name) != os.getpid():
+                try:
+                    if mark in (p / "environ").read_bytes().split(b"\0"):
+                        pids.append(int(p.name))
+                except OSError:
+                    pass
+        return pids
 
     def __enter__(self) -> "LocalDeployment":
         return self
