@@ -1,6 +1,6 @@
 """Sweeps: strategies × heterogeneity profiles, one `fedlm run` each, one report.
 
-    fedlm sweep experiments/configs/paper.toml [--quick] [--backend flower|inprocess]
+    fedlm sweep experiments/configs/paper.toml [--quick] [--backend flower|inprocess] [--jobs N]
 
 The spec (TOML) names a run database, a markdown report, shared ``base``
 overrides, the ``profiles`` to cross, and ``[[arm]]`` entries (``label``,
@@ -9,6 +9,8 @@ holds overrides for ``--quick`` (``base`` added to the shared ones,
 ``profiles`` replacing them). ``[paper]`` maps arm labels to the paper's final
 perplexities per profile, shown beside ours. Finished runs are reused by name,
 so an interrupted sweep resumes where it stopped (``--rerun`` to start over).
+With the in-process backend ``--jobs N`` trains N runs at once; the results are
+the same as one at a time (virtual clock, one seed per run), only sooner.
 
 The report: final validation perplexity per arm × profile laid out like the
 paper's table, the virtual time each run needed, the virtual time to reach the
@@ -19,6 +21,7 @@ against virtual time and against updates.
 from __future__ import annotations
 
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 import sys
 import time
 import tomllib
@@ -57,34 +60,60 @@ def load_spec(path: str | Path, quick: bool) -> dict:
     return spec
 
 
-def run_sweep(spec: dict, *, backend: str = "flower", rerun: bool = False,
+def run_sweep(spec: dict, *, backend: str = "flower", rerun: bool = False, jobs: int = 1,
               log=print) -> list[Cell]:
+    """Run every arm x profile not already finished in the spec's database.
+
+    ``jobs`` runs that many ``fedlm run`` processes at once (in-process backend
+    only: each Flower simulation starts a Ray instance of its own). A run's
+    result does not depend on what runs beside it: the clock is virtual and each
+    run has its own seed, so ``jobs`` only changes the wall-clock time.
+    """
+    if jobs < 1:
+        raise ValueError("--jobs: at least 1")
+    if jobs > 1 and backend != "inprocess":
+        raise ValueError("--jobs > 1 needs --backend inprocess (each Flower simulation "
+                         "starts a Ray instance of its own)")
     db = spec["db"]
+    names = [(_run_name(arm["label"], profile), profile, arm)
+             for profile in spec["profiles"] for arm in spec["arm"]]
+    total = len(names)
+    finished = {r["name"]: r["id"] for r in (store.list_runs(db) if Path(db).exists() else [])
+                if r["status"] == "finished"}  # the newest finished run of each name
+    todo = []
+    for k, (name, profile, arm) in enumerate(names, 1):
+        if name in finished and not rerun:
+            log(f"[{k}/{total}] {name}: reusing run {finished[name]}")
+        else:
+            todo.append((k, name, profile, arm))
+
+    def train(item) -> None:
+        k, name, profile, arm = item
+        cmd = [sys.executable, "-m", "fedlm", "run", "--quiet", "--backend", backend,
+               "--db", db]
+        for kv in [*spec.get("base", []), f"profile={profile}", *arm["set"], f"name={name}"]:
+            cmd += ["--set", kv]
+        log(f"[{k}/{total}] {name} ...")
+        t0 = time.time()
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{name} failed:\n{proc.stdout[-1500:]}\n{proc.stderr[-1500:]}")
+        log(f"    [{k}/{total}] {name} done in {time.time() - t0:.0f} s")
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(train, item) for item in todo]
+        try:
+            for future in futures:
+                future.result()
+        except BaseException:  # a failed run or Ctrl-C: start nothing more
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+    trained = {name for _, name, _, _ in todo}
+    newest = {r["name"]: r["id"] for r in store.list_runs(db)} if todo else {}
     cells = []
-    total = len(spec["arm"]) * len(spec["profiles"])
-    for profile in spec["profiles"]:
-        for arm in spec["arm"]:
-            name = _run_name(arm["label"], profile)
-            done = [r for r in (store.list_runs(db) if Path(db).exists() else [])
-                    if r["name"] == name and r["status"] == "finished"]
-            if done and not rerun:
-                run_id = done[-1]["id"]
-                log(f"[{len(cells) + 1}/{total}] {name}: reusing run {run_id}")
-            else:
-                cmd = [sys.executable, "-m", "fedlm", "run", "--quiet", "--backend", backend,
-                       "--db", db]
-                for kv in [*spec.get("base", []), f"profile={profile}", *arm["set"],
-                           f"name={name}"]:
-                    cmd += ["--set", kv]
-                log(f"[{len(cells) + 1}/{total}] {name} ...")
-                t0 = time.time()
-                proc = subprocess.run(cmd, capture_output=True, text=True)
-                if proc.returncode != 0:
-                    raise RuntimeError(f"{name} failed:\n{proc.stdout[-1500:]}\n"
-                                       f"{proc.stderr[-1500:]}")
-                run_id = max(r["id"] for r in store.list_runs(db) if r["name"] == name)
-                log(f"    run {run_id} in {time.time() - t0:.0f} s")
-            cells.append(Cell(arm["label"], profile, run_id, store.summarize(db, run_id)))
+    for name, profile, arm in names:
+        run_id = newest[name] if name in trained else finished[name]
+        cells.append(Cell(arm["label"], profile, run_id, store.summarize(db, run_id)))
     return cells
 
 

@@ -432,7 +432,7 @@ def test_cli_run_and_deploy_refuse_before_any_work(no_work, command, flat, with_
 
 
 TOKENS = ["--set", "--db", "--format", "--out", "--quick", "--backend", "--workers", "--port",
-          "--resume",
+          "--resume", "--jobs",
           "--host", "--home", "--rerun", "--quiet", "local", "csv", "parquet", "flower",
           "inprocess", "1", "0", "-1", "99999", "x", "x=1", "workers=0", "inner.lr=inf", "",
           "=", "-", "--", "--bogus", "ü", "a\nb", "99999999999999999999999"]
