@@ -21,4 +21,4 @@ run: install
 	$(PYTHON) -m fedlm run
 
 test: install
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q --durations=10

@@ -197,6 +197,9 @@ def _quiet_libraries(flower: bool = True) -> None:
     os.environ.setdefault("TQDM_DISABLE", "")  # leave tqdm on for our bar
     # read by `datasets` when (and if) it is imported: no import needed here
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    # Ray's C++ crash handler takes SIGTERM too; after it has run, the process
+    # aborts on its way out instead of ending the run cleanly (see cmd_run).
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
     if flower:
         import flwr.simulation  # noqa: F401  (configures flwr's logger; quiet it after)
 
@@ -292,7 +295,13 @@ def cmd_run(args: argparse.Namespace) -> int:
                           on_start=lambda rid: started.update(id=rid), should_stop=stop.is_set,
                           resume=args.resume)
         else:
+            import ray._private.utils
             from flwr.simulation import run_simulation
+
+            # ray.init (in run_simulation) replaces the SIGTERM handler with one that
+            # exits at once, leaving the run marked "running". Keep ours: it stops
+            # the engine, and run_simulation then shuts Ray down as on a normal end.
+            ray._private.utils.set_sigterm_handler = lambda handler: None
 
             from fedlm.client_app import app as client_app
             from fedlm.server_app import make_server_app

@@ -1,0 +1,57 @@
+"""SIGTERM (or Ctrl-C) ends `fedlm run` cleanly: the run is kept, marked
+interrupted, the command exits 130, and no process it started outlives it."""
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from tests.test_deploy import _processes_mentioning
+
+SETS = ["model=tiny", "workers=2", "updates=1000", "inner.steps=5", "eval.every=1000",
+        "eval.batches=1", "data.seq_len=64"]
+
+
+def _applied(db) -> int:
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+            return conn.execute("SELECT count(*) FROM updates "
+                                "WHERE applied_version IS NOT NULL").fetchone()[0]
+    except sqlite3.OperationalError:  # not created yet
+        return 0
+
+
+@pytest.mark.parametrize("backend", ["inprocess",
+                                     pytest.param("flower", marks=pytest.mark.flower)])
+def test_sigterm_marks_the_run_interrupted_and_leaves_nothing_running(tmp_path, backend):
+    db, mark = tmp_path / "runs.db", f"FEDLM_TEST_MARK={uuid.uuid4().hex}"
+    args = [sys.executable, "-m", "fedlm", "run", "--quiet", "--backend", backend,
+            "--db", str(db)]
+    for kv in SETS:
+        args += ["--set", kv]
+    env = {**os.environ, mark.split("=")[0]: mark.split("=")[1]}
+    run = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while _applied(db) < 2:
+            assert run.poll() is None, run.stdout.read()[-3000:]
+            assert time.monotonic() < deadline, "no update applied within 240 s"
+            time.sleep(0.2)
+        run.send_signal(signal.SIGTERM)
+        out, _ = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 130, out[-3000:]
+    assert "interrupted" in out
+    with sqlite3.connect(db) as conn:
+        status, updates = conn.execute("SELECT status, updates FROM runs").fetchone()
+    assert status == "interrupted" and updates >= 2
+    # Ray's GCS, raylet and ClientApp actors carry the command's environment
+    assert _processes_mentioning(mark) == []
