@@ -49,24 +49,21 @@ def _one_line(message: object) -> str:
     return " ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
-def _run_id(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
-    if not 1 <= value < 2**63:
-        raise argparse.ArgumentTypeError(f"must be a run id >= 1, got {text!r}")
-    return value
+def _int_arg(low: int, high: int, expected: str):
+    """An argparse ``type``: an int in [low, high], else ``must be EXPECTED, got ...``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be {expected}, got {text!r}")
+        return value
+    return parse
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
-    if not 1 <= value <= 1024:
-        raise argparse.ArgumentTypeError(f"must be between 1 and 1024, got {text!r}")
-    return value
+_run_id = _int_arg(1, 2**63 - 1, "a run id >= 1")
+_positive_int = _int_arg(1, 1024, "between 1 and 1024")
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -425,9 +422,10 @@ def cmd_strategies(args: argparse.Namespace) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from fedlm import sweep
 
-    if args.jobs > 1 and args.backend != "inprocess":
-        raise ConfigError("--jobs: more than 1 needs --backend inprocess (each Flower "
-                          "simulation starts a Ray instance of its own)")
+    try:
+        sweep.check_jobs(args.jobs, args.backend)  # before the spec is read or a run starts
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     spec = _sweep_spec(args.spec, args.quick)
     if args.db:
         spec["db"] = args.db

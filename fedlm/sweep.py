@@ -60,6 +60,15 @@ def load_spec(path: str | Path, quick: bool) -> dict:
     return spec
 
 
+def check_jobs(jobs: int, backend: str) -> None:
+    """Refuse a ``jobs`` count that ``run_sweep`` cannot honour (ValueError)."""
+    if jobs < 1:
+        raise ValueError("--jobs: at least 1")
+    if jobs > 1 and backend != "inprocess":
+        raise ValueError("--jobs: more than 1 needs --backend inprocess (each Flower "
+                         "simulation starts a Ray instance of its own)")
+
+
 def run_sweep(spec: dict, *, backend: str = "flower", rerun: bool = False, jobs: int = 1,
               log=print) -> list[Cell]:
     """Run every arm x profile not already finished in the spec's database.
@@ -69,11 +78,7 @@ def run_sweep(spec: dict, *, backend: str = "flower", rerun: bool = False, jobs:
     result does not depend on what runs beside it: the clock is virtual and each
     run has its own seed, so ``jobs`` only changes the wall-clock time.
     """
-    if jobs < 1:
-        raise ValueError("--jobs: at least 1")
-    if jobs > 1 and backend != "inprocess":
-        raise ValueError("--jobs > 1 needs --backend inprocess (each Flower simulation "
-                         "starts a Ray instance of its own)")
+    check_jobs(jobs, backend)
     db = spec["db"]
     names = [(_run_name(arm["label"], profile), profile, arm)
              for profile in spec["profiles"] for arm in spec["arm"]]
