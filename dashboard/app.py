@@ -83,29 +83,41 @@ def run_pickers(runs: pd.DataFrame):
     return focus, compare, labels
 
 
-def _bytes(n: float) -> str:
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+def _short(n: float, units: tuple[tuple[str, float], ...], below: str) -> str:
+    """Three significant digits and a unit ("591 MB", "2.46 M"): fits a metric tile."""
+    for unit, size in units:
         if n >= size:
-            return f"{n / size:,.1f} {unit}"
-    return f"{n:,.0f} B"
+            value = n / size
+            return f"{value:,.0f}{unit}" if value >= 100 else f"{value:.3g}{unit}"
+    return below
+
+
+def _bytes(n: float) -> str:
+    return _short(n, ((" GB", 1e9), (" MB", 1e6), (" kB", 1e3)), f"{n:,.0f} B")
+
+
+def _count(n: int) -> str:
+    return _short(n, ((" G", 1e9), (" M", 1e6)), f"{n:,}")
 
 
 def headline_row(h: dict) -> None:
-    cols = st.columns(7)
+    # two rows of five: seven or more to a row cut the numbers off ("2,457…")
+    # at common window widths
+    cols = st.columns(5)
     cols[0].metric("updates applied", f"{h['updates']:,}")
     cols[1].metric("virtual time", f"{h['virtual_time']:,.0f} s")
-    cols[2].metric("tokens", f"{h['tokens']:,}")
+    cols[2].metric("tokens", _count(h["tokens"]), help=f"{h['tokens']:,} tokens trained on")
     cols[3].metric("latest perplexity", "-" if h["perplexity"] is None
                    else f"{h['perplexity']:.2f}")
     cols[4].metric("best perplexity", "-" if h["best_perplexity"] is None
                    else f"{h['best_perplexity']:.2f}")
-    cols[5].metric("straggler idle time", f"{h['idle']:,.0f} s")
-    cols[6].metric("idle fraction", f"{100 * h['idle_fraction']:.1f}%")
-    cols = st.columns(7)
-    cols[0].metric("sent up", _bytes(h["bytes_up"]),
+    cols = st.columns(5)
+    cols[0].metric("straggler idle time", f"{h['idle']:,.0f} s")
+    cols[1].metric("idle fraction", f"{100 * h['idle_fraction']:.1f}%")
+    cols[2].metric("sent up", _bytes(h["bytes_up"]),
                    help="bytes of the workers' updates on the wire (as encoded)")
-    cols[1].metric("sent down", _bytes(h["bytes_down"]), help="bytes of the model sent out")
-    cols[2].metric("waiting for the link", f"{h['link_wait']:,.1f} s",
+    cols[3].metric("sent down", _bytes(h["bytes_down"]), help="bytes of the model sent out")
+    cols[4].metric("waiting for the link", f"{h['link_wait']:,.1f} s",
                    help="transfer time beyond each worker's own link: the shared server link")
 
 
