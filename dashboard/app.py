@@ -211,6 +211,12 @@ def live(db: str, smoothing: float, log_scale: bool, window: float) -> None:
                f"{run['workers']} workers · local steps {run['local_steps']} · {live_note}")
     if run["status"] == "failed" and run["error"]:
         st.error(run["error"])
+    if run["status"] == "crashed":
+        writer = (f"pid {int(run['owner_pid'])} on {run['owner_host']}"
+                  if pd.notna(run["owner_pid"]) else "not recorded")
+        st.warning(f"Crashed: the process writing this run ({writer}) is gone; last seen "
+                   f"{run['last_seen']}. "
+                   f"`fedlm run --resume {focus}` continues it from its newest checkpoint.")
 
     headline_row(cached("headline", db, marker, focus))
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedlm.store import connect_readonly
+from fedlm.store import connect_readonly, last_seen, shown_status
 
 
 def _query(db: str | Path, sql: str, params: tuple = ()) -> pd.DataFrame:
@@ -30,13 +30,22 @@ def change_marker(db: str | Path) -> tuple:
         return tuple(conn.execute(
             "SELECT (SELECT COUNT(*) FROM runs), (SELECT COALESCE(MAX(id), 0) FROM intervals),"
             " (SELECT COALESCE(MAX(id), 0) FROM metrics), (SELECT COUNT(*) FROM updates),"
-            " (SELECT COUNT(*) FROM runs WHERE status = 'running')").fetchone())
+            " (SELECT COUNT(*) FROM runs WHERE status = 'running')").fetchone()) + tuple(
+            (r["id"], shown_status(r)) for r in conn.execute(  # a writer that died writes nothing
+                "SELECT id, status, owner_host, owner_pid, owner_started, heartbeat_at FROM runs"
+                " WHERE status = 'running'"))
 
 
 def runs(db: str | Path) -> pd.DataFrame:
-    return _query(db, "SELECT id, name, status, strategy, local_steps, profile, model, workers,"
-                      " seed, mode, strategy_summary, num_parameters, created_at, finished_at,"
-                      " virtual_time, updates, final_hash, error FROM runs ORDER BY id")
+    """Every run; ``status`` is what readers show (``crashed``: its writer is gone)."""
+    frame = _query(db, "SELECT id, name, status, strategy, local_steps, profile, model, workers,"
+                       " seed, mode, strategy_summary, num_parameters, created_at, finished_at,"
+                       " virtual_time, updates, final_hash, error, owner_host, owner_pid,"
+                       " owner_started, heartbeat_at FROM runs ORDER BY id")
+    rows = frame.astype(object).where(frame.notna(), None).to_dict("records")
+    frame["status"] = [shown_status(r) for r in rows]
+    frame["last_seen"] = [last_seen(r) for r in rows]
+    return frame
 
 
 def run_config(db: str | Path, run_id: int) -> dict:
@@ -47,7 +56,8 @@ def run_config(db: str | Path, run_id: int) -> dict:
 def headline(db: str | Path, run_id: int) -> dict:
     """The numbers at the top of the page for one run."""
     with closing(connect_readonly(db)) as conn:
-        r = conn.execute("SELECT status, virtual_time FROM runs WHERE id=?", (run_id,)).fetchone()
+        r = conn.execute("SELECT status, virtual_time, owner_host, owner_pid, owner_started,"
+                         " heartbeat_at FROM runs WHERE id=?", (run_id,)).fetchone()
         vt_now = conn.execute("SELECT COALESCE(MAX(t_end), 0) FROM intervals WHERE run_id=?",
                               (run_id,)).fetchone()[0]
         versions, jobs, tokens = conn.execute(
@@ -62,7 +72,7 @@ def headline(db: str | Path, run_id: int) -> dict:
         sent = conn.execute("SELECT COALESCE(SUM(down_bytes), 0), COALESCE(SUM(up_bytes), 0)"
                             " FROM jobs WHERE run_id=?", (run_id,)).fetchone()
     total = sum(spans.values())
-    return {"status": r["status"], "virtual_time": r["virtual_time"] or vt_now,
+    return {"status": shown_status(r), "virtual_time": r["virtual_time"] or vt_now,
             "updates": versions, "jobs": jobs, "tokens": tokens,
             "perplexity": ppl[0] if ppl else None, "best_perplexity": best,
             "idle": spans.get("idle", 0.0), "idle_fraction": spans.get("idle", 0.0) / total

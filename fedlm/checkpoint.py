@@ -12,6 +12,12 @@ the payload (``torch.save``). Written to a temporary file, fsynced, renamed
 over — so a crash leaves the old file or the new one, never half of one —
 and read back only if the digest matches: a corrupt or truncated newest
 checkpoint is skipped for the one before.
+
+A checkpoint names the run it belongs to (``identity``: the store's id and
+path, the run id and when the run was made), and ``latest`` refuses one that
+names another: a resume never continues from another run's weights. The
+folder is derived from the store's full path, so two stores side by side
+(``x.db`` and ``x.sqlite``) never share one.
 """
 
 from __future__ import annotations
@@ -32,10 +38,22 @@ class NoCheckpoint(RuntimeError):
     pass
 
 
+class ForeignCheckpoint(RuntimeError):
+    """A checkpoint in the run's folder belongs to another run or store."""
+
+
 def folder_for(db: str | Path, run_id: int) -> Path:
-    """Where run ``run_id`` of database ``db`` keeps its checkpoints."""
+    """Where run ``run_id`` of database ``db`` keeps its checkpoints: beside the
+    database, named by its file name and a digest of its full path."""
     db = Path(db).resolve()
-    return db.parent / "checkpoints" / f"{db.stem}-run{run_id}"
+    tag = hashlib.sha256(str(db).encode()).hexdigest()[:12]
+    return db.parent / "checkpoints" / f"{db.name}-{tag}-run{run_id}"
+
+
+def identity(store_id: str, db: str | Path, run_id: int, created_at: float) -> dict[str, Any]:
+    """What a checkpoint says about whose it is (``save(..., payload={"run": ...})``)."""
+    return {"store_id": store_id, "db": str(Path(db).resolve()), "run_id": run_id,
+            "created_at": created_at}
 
 
 def save(folder: Path, version: int, payload: dict[str, Any], keep: int) -> Path:
@@ -45,11 +63,15 @@ def save(folder: Path, version: int, payload: dict[str, Any], keep: int) -> Path
     data = buf.getvalue()
     path = folder / f"ckpt-v{version:09d}.pt"
     tmp = folder / f".{path.name}.{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(MAGIC + hashlib.sha256(data).hexdigest().encode() + data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(MAGIC + hashlib.sha256(data).hexdigest().encode() + data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # disk full, say: a half-written file would keep it full
+        tmp.unlink(missing_ok=True)
+        raise
     dir_fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(dir_fd)  # the rename itself survives a power cut
@@ -72,13 +94,25 @@ def read(path: Path) -> dict[str, Any]:
     return torch.load(io.BytesIO(data), weights_only=False)
 
 
-def latest(folder: Path) -> tuple[dict[str, Any], Path, list[str]]:
-    """The newest intact checkpoint, its path, and why newer ones were skipped."""
+def latest(folder: Path, expect: dict[str, Any]) -> tuple[dict[str, Any], Path, list[str]]:
+    """The newest intact checkpoint, its path, and why newer ones were skipped.
+
+    ``expect`` is the run's ``identity``: a checkpoint that names another store
+    or run raises ``ForeignCheckpoint`` (never loaded, nor skipped for an older
+    one: the folder is not this run's alone)."""
     skipped = []
     for path in sorted(folder.glob("ckpt-v*.pt"), reverse=True):
         try:
-            return read(path), path, skipped
+            payload = read(path)
         except (OSError, ValueError, RuntimeError, EOFError) as exc:
             skipped.append(f"{path.name}: {exc}")
+            continue
+        owner = payload.get("run") or {}
+        if any(owner.get(k) != expect[k] for k in ("store_id", "run_id", "created_at")):
+            whose = (f"run {owner['run_id']} of {owner['db']}" if "run_id" in owner
+                     else "no run (an older checkpoint format)")
+            raise ForeignCheckpoint(f"checkpoint {path} belongs to {whose}, not to run "
+                                    f"{expect['run_id']} of {expect['db']}; refusing to load it")
+        return payload, path, skipped
     raise NoCheckpoint(f"no intact checkpoint in {folder}"
                        + (f" ({'; '.join(skipped)})" if skipped else ""))

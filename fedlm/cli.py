@@ -224,13 +224,16 @@ def _resumable(db: str, run_id: int) -> Config:
 
     if not Path(db).exists():
         raise StoreError(f"db: no run database at {db}")
-    with store.connect_readonly(db) as conn:
-        row = conn.execute("SELECT status, config_json FROM runs WHERE id=?",
-                           (run_id,)).fetchone()
+    with closing(store.connect_readonly(db)) as conn:
+        row = conn.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
     if row is None:
         raise StoreError(f"--resume: no run {run_id} in {db}")
     if row["status"] == "finished":
         raise StoreError(f"--resume: run {run_id} in {db} has already finished")
+    if store.shown_status(row) == "running":  # checked again when the run is taken over
+        raise StoreError(f"--resume: run {run_id} in {db} is still running (pid "
+                         f"{row['owner_pid']} on {row['owner_host']}); two writers would "
+                         f"break its log")
     return Config.from_json(row["config_json"])
 
 
@@ -308,9 +311,17 @@ def cmd_run(args: argparse.Namespace) -> int:
                                      should_stop=stop.is_set, resume=args.resume)
             run_simulation(server_app=server, client_app=client_app,
                            num_supernodes=cfg.nodes(), backend_config=backend_config(cfg))
-    except Exception:  # re-raised from the ServerApp thread; the store has the reason
+    except Exception as exc:  # also re-raised from the ServerApp thread
         if "id" not in started or os.environ.get("FEDLM_DEBUG"):
             raise
+        # the store has the reason too, unless writing it was what failed
+        from fedlm.runner import failure_reason
+
+        if bar is not None:
+            bar.close()
+        print(f"fedlm: error: run {started['id']} failed: {failure_reason(exc)}",
+              file=sys.stderr)
+        return 1
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -327,9 +338,14 @@ def _print_summary(db: str, run_id: int) -> int:
 
     s = store.summarize(db, run_id)
     if s.status != "finished":
-        with store.connect_readonly(db) as conn:
-            err = conn.execute("SELECT error FROM runs WHERE id=?", (run_id,)).fetchone()[0]
-        print(f"fedlm: run {run_id} {s.status}: {err or 'still running'}", file=sys.stderr)
+        with closing(store.connect_readonly(db)) as conn:
+            row = conn.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
+        why = row["error"] or "still running"
+        if s.status == "crashed":
+            why = (f"its writer (pid {row['owner_pid']} on {row['owner_host']}) is gone, last "
+                   f"seen {store.last_seen(row)}; `fedlm run --resume {run_id} --db {db}` "
+                   f"continues it")
+        print(f"fedlm: run {run_id} {s.status}: {why}", file=sys.stderr)
         return 130 if s.status == "interrupted" else 1
     first = f"{s.first_perplexity:.2f}" if s.first_perplexity else "-"
     final = f"{s.final_perplexity:.2f}" if s.final_perplexity else "-"

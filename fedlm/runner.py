@@ -17,7 +17,7 @@ from fedlm.config import Config
 from fedlm.engine import Engine, Interrupted, Progress, Transport
 from fedlm.evaluate import Evaluator
 from fedlm.params import params_hash, snapshot
-from fedlm.store import RunWriter
+from fedlm.store import RunWriter, StoreError
 from fedlm.worker import node_shard
 from fedlm.worker_state import disk_folder
 from strategies import registry
@@ -47,9 +47,14 @@ def execute(cfg: Config, db_path: str, connect: Connect,
                            strategy_summary=strategy.summary())
         run_key = uuid.uuid4().hex
     else:
-        writer = RunWriter.reopen(db_path, resume)
-        state, run_key, notes = _rewind(writer, ckpt_lib.folder_for(db_path, resume))
+        writer = RunWriter.reopen(db_path, resume)  # refuses a run whose writer is alive
+        try:
+            state, run_key, notes = _rewind(writer, ckpt_lib.folder_for(db_path, resume))
+        except BaseException:
+            writer.close()
+            raise
     folder = ckpt_lib.folder_for(db_path, writer.run_id)
+    whose = ckpt_lib.identity(writer.store_id, db_path, writer.run_id, writer.created_at)
     if on_start:
         on_start(writer.run_id)
     engine = None
@@ -68,7 +73,8 @@ def execute(cfg: Config, db_path: str, connect: Connect,
         def save_checkpoint(engine_state: dict) -> None:
             writer.commit()
             ckpt_lib.save(folder, engine_state["version"],
-                          {"engine": engine_state, "db": writer.positions(), "run_key": run_key},
+                          {"engine": engine_state, "db": writer.positions(), "run_key": run_key,
+                           "run": whose},
                           keep=cfg.reliability.checkpoint_keep)
 
         engine = Engine(cfg, strategy=strategy,
@@ -91,21 +97,31 @@ def execute(cfg: Config, db_path: str, connect: Connect,
         writer.finish(status="interrupted" if isinstance(exc, Interrupted) else "failed",
                       virtual_time=engine.now if engine else 0.0,
                       updates=engine.version if engine else 0, final_hash=None,
-                      error=f"{type(exc).__name__}: {exc}")
+                      error=failure_reason(exc))
         raise
     finally:
         writer.close()
     return writer.run_id
 
 
+def failure_reason(exc: BaseException) -> str:
+    """One line saying why a run stopped, for the store and the command's error."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 def _rewind(writer: RunWriter, folder) -> tuple[dict | None, str, list[tuple[str, str]]]:
-    """Load the newest intact checkpoint and cut the run's log back to it.
+    """Load the newest intact checkpoint of the run and cut its log back to it.
 
     Returns the engine state (None: no checkpoint, the run starts over), the run
-    key, and events to log about it."""
+    key, and events to log about it. A checkpoint of another run is refused
+    (``StoreError``) before anything changes."""
     notes = []
+    expect = ckpt_lib.identity(writer.store_id, writer.path, writer.run_id, writer.created_at)
     try:
-        payload, path, skipped = ckpt_lib.latest(folder)
+        payload, path, skipped = ckpt_lib.latest(folder, expect)
+    except ckpt_lib.ForeignCheckpoint as exc:
+        raise StoreError(f"--resume: {exc}") from None
     except ckpt_lib.NoCheckpoint as exc:
         writer.rewind({"intervals": 0, "metrics": 0, "events": 0}, next_job_id=0, seq=0,
                       version=-1, in_flight=[])

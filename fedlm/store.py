@@ -1,10 +1,19 @@
 """The run store: SQLite in WAL mode, one file for many runs.
 
-One writer (the engine) and any number of readers (CLI, dashboard, replay).
-WAL lets readers go on while the writer commits; readers open the file
-read-only. Tables:
+Any number of runs write one file at once (``fedlm sweep --jobs N``, several
+``fedlm run``), and any number of readers (CLI, dashboard, replay) read it
+while they do. A writer buffers its rows in memory and writes them in short
+``BEGIN IMMEDIATE`` transactions (about every ``RunWriter.FLUSH_EVERY``
+seconds, at evaluations and at the end), retried with back-off while another
+writer holds the lock: no transaction stays open across training, evaluation
+or a checkpoint, so writers interleave instead of taking turns. WAL lets
+readers go on while a writer commits; readers open the file read-only.
 
-    runs       one row per run: config, seed, status, final numbers
+Each run records the process that writes it (``fedlm.ownership``): readers
+show a ``running`` run whose writer is gone as ``crashed``. Tables:
+
+    meta       schema version, and the store's id (checkpoints name it)
+    runs       one row per run: config, seed, status, final numbers, its writer
     workers    each worker's profile (speed, jitter, region link)
     intervals  every download / compute / upload / idle span, virtual time
     jobs       every dispatched job: worker, base version, local steps, data
@@ -21,22 +30,31 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import sqlite3
 import time
+import uuid
 from contextlib import closing
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, TypeVar
 
-SCHEMA_VERSION = 3
-# Older schemas this version upgrades in place: version -> statements.
+from fedlm import ownership
+
+SCHEMA_VERSION = 4
+# Older schemas this version upgrades in place, a version at a time:
+# version -> the statements that make it the next one.
 _MIGRATIONS = {
     2: ["ALTER TABLE jobs ADD COLUMN prev_job INTEGER",
         "ALTER TABLE jobs ADD COLUMN fault TEXT NOT NULL DEFAULT ''",
         "ALTER TABLE jobs ADD COLUMN reason TEXT",
         "ALTER TABLE jobs ADD COLUMN down_bytes INTEGER",
         "ALTER TABLE jobs ADD COLUMN up_bytes INTEGER"],
+    3: ["ALTER TABLE runs ADD COLUMN owner_host TEXT",
+        "ALTER TABLE runs ADD COLUMN owner_pid INTEGER",
+        "ALTER TABLE runs ADD COLUMN owner_started REAL",
+        "ALTER TABLE runs ADD COLUMN heartbeat_at REAL"],
 }
 
 _SCHEMA = """
@@ -50,7 +68,9 @@ CREATE TABLE IF NOT EXISTS runs (
     config_json TEXT NOT NULL, strategy_summary TEXT NOT NULL DEFAULT '',
     num_parameters INTEGER, initial_hash TEXT,
     created_at REAL NOT NULL, finished_at REAL,
-    virtual_time REAL, updates INTEGER, final_hash TEXT, error TEXT
+    virtual_time REAL, updates INTEGER, final_hash TEXT, error TEXT,
+    owner_host TEXT, owner_pid INTEGER,  -- the process writing it (fedlm.ownership)
+    owner_started REAL, heartbeat_at REAL
 );
 CREATE TABLE IF NOT EXISTS workers (
     run_id INTEGER NOT NULL, worker INTEGER NOT NULL, node_id TEXT,
@@ -120,30 +140,105 @@ class IntervalKind(str, Enum):
     LINK_WAIT = "link wait"  # a transfer waiting for its share of the server's link
 
 
+T = TypeVar("T")
+
+# One attempt waits at most this long for the write lock (SQLite's own busy
+# handler); ``with_retries`` backs off and tries again until ``db_timeout()``.
+_ATTEMPT_WAIT = 1.0
+
+
+def _is_busy(exc: BaseException) -> bool:
+    text = str(exc)
+    return isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text)
+
+
+def with_retries(action: Callable[[], T]) -> T:
+    """``action()``, a short write, tried again with jittered exponential back-off
+    while another connection holds the database locked, for ``db_timeout()``
+    seconds in all; then the last error is raised."""
+    deadline = time.monotonic() + db_timeout()
+    delay = 0.01
+    while True:
+        try:
+            return action()
+        except sqlite3.OperationalError as exc:
+            left = deadline - time.monotonic()
+            if not _is_busy(exc) or left <= 0:
+                raise
+        time.sleep(min(left, delay * random.uniform(0.5, 1.5)))
+        delay = min(delay * 2, 1.0)
+
+
+def transaction(conn: sqlite3.Connection, work: Callable[[sqlite3.Connection], T]) -> T:
+    """``work(conn)`` inside one ``BEGIN IMMEDIATE`` transaction (the write lock is
+    taken first, so it cannot fail half-way for want of it), with retries."""
+    def attempt() -> T:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            result = work(conn)
+            conn.execute("COMMIT")
+            return result
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+    return with_retries(attempt)
+
+
+def _writer_connection(path: Path) -> sqlite3.Connection:
+    # isolation_level=None: no implicit transactions; every write goes through
+    # ``transaction`` (or is a single autocommitted statement).
+    return sqlite3.connect(path, timeout=min(db_timeout(), _ATTEMPT_WAIT), isolation_level=None,
+                           check_same_thread=False)
+
+
 def connect(path: str | Path) -> sqlite3.Connection:
-    """A writer connection; creates the file and schema if needed."""
+    """A writer connection; creates the file and schema, or migrates an older
+    schema, if needed. Many processes may do this at once."""
     path = Path(path)
+    if path.parent.exists() and not path.parent.is_dir():
+        raise StoreError(f"db: cannot create {_where(path)}: {_where(path.parent)} is a file, "
+                         f"not a folder")
     path.parent.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(path, timeout=db_timeout(), check_same_thread=False)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=NORMAL")
-    has_meta = conn.execute("SELECT 1 FROM sqlite_master WHERE name='meta'").fetchone()
-    if has_meta:
-        row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        if row and int(row[0]) in _MIGRATIONS:
-            with conn:
-                for statement in _MIGRATIONS[int(row[0])]:
-                    conn.execute(statement)
-                conn.execute("UPDATE meta SET value=? WHERE key='schema_version'",
-                             (str(SCHEMA_VERSION),))
-        elif row and int(row[0]) != SCHEMA_VERSION:
-            conn.close()
-            raise StoreError(f"db: {path} holds schema version {row[0]}, this fedlm writes "
-                             f"version {SCHEMA_VERSION}; use another --db")
-    conn.executescript(_SCHEMA)
-    conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-    conn.commit()
+    conn = _writer_connection(path)
+    try:
+        with_retries(lambda: conn.execute("PRAGMA journal_mode=WAL"))
+        conn.execute("PRAGMA synchronous=NORMAL")
+        transaction(conn, lambda c: _create_or_migrate(c, path))
+    except BaseException:
+        conn.close()
+        raise
     return conn
+
+
+def _create_or_migrate(conn: sqlite3.Connection, path: Path) -> None:
+    has_meta = conn.execute("SELECT 1 FROM sqlite_master WHERE name='meta'").fetchone()
+    row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() \
+        if has_meta else None
+    if row is not None:
+        version = int(row[0]) if str(row[0]).isdigit() else row[0]
+        while version in _MIGRATIONS:
+            for statement in _MIGRATIONS[version]:
+                conn.execute(statement)
+            version += 1
+        if version != SCHEMA_VERSION:
+            raise StoreError(f"db: {_where(path)} holds schema version {row[0]}, this fedlm "
+                             f"writes version {SCHEMA_VERSION}; use another --db")
+        conn.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(version),))
+    else:
+        for statement in _SCHEMA.split(";\n"):
+            if statement.strip():
+                conn.execute(statement)
+        conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)",
+                     (str(SCHEMA_VERSION),))
+    conn.execute("INSERT OR IGNORE INTO meta VALUES ('store_id', ?)", (uuid.uuid4().hex,))
+
+
+def store_id(conn: sqlite3.Connection) -> str:
+    """The store's own random id, made with it: a checkpoint names the store it
+    belongs to, so a store deleted and made again under the same path (whose run
+    ids start over at 1) never takes a checkpoint of the old one for its own."""
+    return conn.execute("SELECT value FROM meta WHERE key='store_id'").fetchone()[0]
 
 
 def connect_readonly(path: str | Path) -> sqlite3.Connection:
@@ -223,42 +318,133 @@ def db_error(path: str | Path, exc: BaseException) -> StoreError:
 
 
 class RunWriter:
-    """Everything the engine writes about one run. Commits at most every
-    ``COMMIT_EVERY`` seconds (and at evaluations and the end), so a live reader
-    sees the run advance without a commit per job slowing big runs down."""
+    """Everything the engine writes about one run.
 
-    COMMIT_EVERY = 0.25
+    Rows are buffered and written together in one short transaction at most
+    every ``FLUSH_EVERY`` seconds (``commit(force=False)``), at evaluations and
+    at the end (``commit()``), so a live reader sees the run advance without a
+    transaction per job slowing big runs down, and no lock is held while the
+    run trains. The writer owns its run (``fedlm.ownership``): a heartbeat
+    thread marks it alive until ``finish`` or ``close``."""
+
+    FLUSH_EVERY = 0.25
 
     def __init__(self, path: str | Path, *, name: str, strategy: str, local_steps: str,
                  profile: str, model: str, workers: int, seed: int, mode: str,
                  config_json: str, strategy_summary: str = "") -> None:
+        self._open(path)
+        me = self.owner
+        now = time.time()
+
+        def insert(conn: sqlite3.Connection) -> int:
+            cur = conn.execute(
+                "INSERT INTO runs (name, status, strategy, local_steps, profile, model, workers,"
+                " seed, mode, config_json, strategy_summary, created_at, owner_host, owner_pid,"
+                " owner_started, heartbeat_at)"
+                " VALUES (?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (name, strategy, local_steps, profile, model, workers, seed, mode, config_json,
+                 strategy_summary, now, me.host, me.pid, me.started, now))
+            return int(cur.lastrowid)
+
+        try:
+            self.run_id = transaction(self.conn, insert)
+        except BaseException:
+            self.conn.close()
+            raise
+        self.created_at = now
+        self._start_heartbeat()
+
+    def _open(self, path: str | Path) -> None:
         self.path = Path(path)
         self.conn = connect(self.path)
-        cur = self.conn.execute(
-            "INSERT INTO runs (name, status, strategy, local_steps, profile, model, workers,"
-            " seed, mode, config_json, strategy_summary, created_at)"
-            " VALUES (?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (name, strategy, local_steps, profile, model, workers, seed, mode, config_json,
-             strategy_summary, time.time()))
-        self.run_id = int(cur.lastrowid)
-        self.conn.commit()
-        self._last_commit = time.monotonic()
+        self.store_id = store_id(self.conn)
+        self.owner = ownership.current()
+        self._pending: list[tuple[str, Any, bool]] = []  # (sql, parameters, executemany)
+        self._last_flush = time.monotonic()
+        self._heartbeat: ownership.Heartbeat | None = None
 
     @classmethod
     def reopen(cls, path: str | Path, run_id: int) -> "RunWriter":
-        """A writer for an existing run (``fedlm run --resume``)."""
+        """A writer for an existing run (``fedlm run --resume``): takes the run over
+        from its previous writer, which must be gone (``StoreError`` if it is alive
+        or the run has finished)."""
         self = cls.__new__(cls)
-        self.path = Path(path)
-        self.conn = connect(self.path)
-        if self.conn.execute("SELECT 1 FROM runs WHERE id=?", (run_id,)).fetchone() is None:
+        self._open(path)
+        me = self.owner
+
+        def take_over(conn: sqlite3.Connection) -> float:
+            row = conn.execute("SELECT status, owner_host, owner_pid, owner_started,"
+                               " heartbeat_at, created_at FROM runs WHERE id=?",
+                               (run_id,)).fetchone()
+            if row is None:
+                raise StoreError(f"--resume: no run {run_id} in {path}")
+            status, host, pid, started, heartbeat_at, created_at = row
+            if status == "finished":
+                raise StoreError(f"--resume: run {run_id} in {path} has already finished")
+            if status == "running":
+                alive = ownership.judge(host, pid, started, heartbeat_at)
+                if alive.alive:
+                    raise StoreError(f"--resume: run {run_id} in {path} is still running "
+                                     f"({alive.why}); two writers would break its log")
+            conn.execute("UPDATE runs SET owner_host=?, owner_pid=?, owner_started=?,"
+                         " heartbeat_at=? WHERE id=?",
+                         (me.host, me.pid, me.started, time.time(), run_id))
+            return created_at
+
+        try:
+            self.created_at = transaction(self.conn, take_over)
+        except BaseException:
             self.conn.close()
-            raise StoreError(f"db: no run {run_id} in {path}")
+            raise
         self.run_id = run_id
-        self._last_commit = time.monotonic()
+        self._start_heartbeat()
         return self
 
+    def _start_heartbeat(self) -> None:
+        run_id, me = self.run_id, self.owner
+        conn = _writer_connection(self.path)  # its own: the heartbeat runs on its own thread
+
+        def beat() -> None:
+            conn.execute("UPDATE runs SET heartbeat_at=? WHERE id=? AND owner_pid=? AND"
+                         " owner_host=?", (time.time(), run_id, me.pid, me.host))
+
+        self._heartbeat_conn = conn
+        self._heartbeat = ownership.Heartbeat(beat)
+
+    def _stop_heartbeat(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+            self._heartbeat_conn.close()
+            self._heartbeat = None
+
+    # -- buffered writes ------------------------------------------------------
+    def _queue(self, sql: str, parameters: Any, many: bool = False) -> None:
+        self._pending.append((sql, parameters, many))
+
+    def _flush(self) -> None:
+        """Write every buffered row in one transaction. On failure the rows stay
+        buffered, so a later flush can try again."""
+        if not self._pending:
+            return
+        pending = self._pending
+
+        def write(conn: sqlite3.Connection) -> None:
+            for sql, parameters, many in pending:
+                (conn.executemany if many else conn.execute)(sql, parameters)
+
+        transaction(self.conn, write)
+        self._pending = []
+        self._last_flush = time.monotonic()
+
+    def commit(self, force: bool = True) -> None:
+        """Write the buffered rows now (``force``), or only if the last write is
+        older than FLUSH_EVERY."""
+        if force or time.monotonic() - self._last_flush >= self.FLUSH_EVERY:
+            self._flush()
+
     def positions(self) -> dict[str, int]:
-        """How far each log table has got (committed rows); a checkpoint stores it."""
+        """How far each log table has got (written rows); a checkpoint stores it."""
+        self._flush()
         q = "SELECT COALESCE(MAX(id), 0) FROM {} WHERE run_id=?"
         return {t: int(self.conn.execute(q.format(t), (self.run_id,)).fetchone()[0])
                 for t in ("intervals", "metrics", "events")}
@@ -269,41 +455,45 @@ class RunWriter:
         jobs from ``next_job_id``, updates from ``seq``; the checkpoint's jobs in
         flight are running again and its held updates not yet applied."""
         r = self.run_id
-        with self.conn:
+        self._flush()
+
+        def cut(conn: sqlite3.Connection) -> None:
             for table, last in positions.items():
-                self.conn.execute(f"DELETE FROM {table} WHERE run_id=? AND id>?", (r, last))
-            self.conn.execute("DELETE FROM jobs WHERE run_id=? AND job_id>=?", (r, next_job_id))
-            self.conn.execute("DELETE FROM updates WHERE run_id=? AND seq>=?", (r, seq))
-            self.conn.executemany("UPDATE jobs SET status='running', end_op=NULL, computed=NULL,"
-                                  " reason=NULL WHERE run_id=? AND job_id=?",
-                                  [(r, j) for j in in_flight])
-            self.conn.execute("UPDATE updates SET applied_version=NULL WHERE run_id=?"
-                              " AND applied_version>?", (r, version))
-            self.conn.execute("UPDATE runs SET status='running', finished_at=NULL, error=NULL,"
-                              " final_hash=NULL WHERE id=?", (r,))
+                conn.execute(f"DELETE FROM {table} WHERE run_id=? AND id>?", (r, last))
+            conn.execute("DELETE FROM jobs WHERE run_id=? AND job_id>=?", (r, next_job_id))
+            conn.execute("DELETE FROM updates WHERE run_id=? AND seq>=?", (r, seq))
+            conn.executemany("UPDATE jobs SET status='running', end_op=NULL, computed=NULL,"
+                             " reason=NULL WHERE run_id=? AND job_id=?",
+                             [(r, j) for j in in_flight])
+            conn.execute("UPDATE updates SET applied_version=NULL WHERE run_id=?"
+                         " AND applied_version>?", (r, version))
+            conn.execute("UPDATE runs SET status='running', finished_at=NULL, error=NULL,"
+                         " final_hash=NULL WHERE id=?", (r,))
+
+        transaction(self.conn, cut)
 
     def set_model_info(self, num_parameters: int, initial_hash: str) -> None:
-        self.conn.execute("UPDATE runs SET num_parameters=?, initial_hash=? WHERE id=?",
-                          (num_parameters, initial_hash, self.run_id))
-        self.conn.commit()
+        self._queue("UPDATE runs SET num_parameters=?, initial_hash=? WHERE id=?",
+                    (num_parameters, initial_hash, self.run_id))
+        self._flush()
 
     def add_workers(self, rows: Iterable[dict[str, Any]]) -> None:
-        self.conn.executemany(
+        self._queue(
             "INSERT OR REPLACE INTO workers VALUES (:run_id, :worker, :node_id, :step_time, :jitter,"
             " :region, :latency, :down_bw, :up_bw, :shard_sequences)",
-            [{"run_id": self.run_id, **r} for r in rows])
-        self.conn.commit()
+            [{"run_id": self.run_id, **r} for r in rows], many=True)
+        self._flush()
 
     def add_intervals(self, rows: Iterable[tuple[int, IntervalKind, float, float, int, int]]) -> None:
         """Rows of (worker, kind, t_start, t_end, version, job_id); empty spans skipped."""
-        self.conn.executemany(
+        self._queue(
             "INSERT INTO intervals (run_id, worker, kind, t_start, t_end, version, job_id)"
             " VALUES (?, ?, ?, ?, ?, ?, ?)",
             [(self.run_id, w, IntervalKind(k).value, a, b, v, j)
-             for w, k, a, b, v, j in rows if b > a])
+             for w, k, a, b, v, j in rows if b > a], many=True)
 
     def add_update(self, row: dict[str, Any]) -> None:
-        self.conn.execute(
+        self._queue(
             "INSERT INTO updates VALUES (:run_id, :seq, :op, :job_id, :worker, :base_version,"
             " :received_version, NULL, :staleness, :local_steps, :data_seed, :tokens,"
             " :train_loss, :t_dispatch, :t_done, :wall_arrival, :compute_seconds, :update_hash)",
@@ -311,7 +501,7 @@ class RunWriter:
 
     def add_job(self, job, *, op: int, t_dispatch: float, down_bytes: int | None = None,
                 up_bytes: int | None = None) -> None:
-        self.conn.execute(
+        self._queue(
             "INSERT INTO jobs (run_id, job_id, worker, base_version, local_steps, data_seed,"
             " dispatch_op, t_dispatch, status, prev_job, fault, down_bytes, up_bytes)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?, ?)",
@@ -320,18 +510,18 @@ class RunWriter:
 
     def end_job(self, job_id: int, *, status: str, op: int, computed: bool = True,
                 reason: str | None = None) -> None:
-        self.conn.execute("UPDATE jobs SET status=?, end_op=?, computed=?, reason=?"
-                          " WHERE run_id=? AND job_id=?",
-                          (status, op, int(computed), reason, self.run_id, job_id))
+        self._queue("UPDATE jobs SET status=?, end_op=?, computed=?, reason=?"
+                    " WHERE run_id=? AND job_id=?",
+                    (status, op, int(computed), reason, self.run_id, job_id))
 
     def mark_applied(self, version: int, seqs: list[int]) -> None:
         """The updates ``seqs`` (held until now) are part of global ``version``."""
-        self.conn.executemany("UPDATE updates SET applied_version=? WHERE run_id=? AND seq=?",
-                              [(version, self.run_id, q) for q in seqs])
+        self._queue("UPDATE updates SET applied_version=? WHERE run_id=? AND seq=?",
+                    [(version, self.run_id, q) for q in seqs], many=True)
 
     def add_metric(self, *, version: int, virtual_time: float, wall_time: float, tokens: int,
                    jobs: int, loss: float, perplexity: float, bits_per_byte: float) -> None:
-        self.conn.execute(
+        self._queue(
             "INSERT INTO metrics (run_id, version, virtual_time, wall_time, tokens, jobs, loss,"
             " perplexity, bits_per_byte) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (self.run_id, version, virtual_time, wall_time, tokens, jobs, loss, perplexity,
@@ -339,27 +529,44 @@ class RunWriter:
 
     def add_event(self, *, kind: str, virtual_time: float, worker: int | None = None,
                   job_id: int | None = None, detail: str = "") -> None:
-        self.conn.execute(
+        self._queue(
             "INSERT INTO events (run_id, virtual_time, wall_time, kind, worker, job_id, detail)"
             " VALUES (?, ?, ?, ?, ?, ?, ?)",
             (self.run_id, virtual_time, time.time(), kind, worker, job_id, detail))
 
-    def commit(self, force: bool = True) -> None:
-        """Commit now (``force``) or only if the last commit is older than COMMIT_EVERY."""
-        if force or time.monotonic() - self._last_commit >= self.COMMIT_EVERY:
-            self.conn.commit()
-            self._last_commit = time.monotonic()
-
+    # -- the end ----------------------------------------------------------------
     def finish(self, *, status: str, virtual_time: float, updates: int,
                final_hash: str | None, error: str | None = None) -> None:
-        self.conn.execute(
-            "UPDATE runs SET status=?, finished_at=?, virtual_time=?, updates=?, final_hash=?,"
-            " error=? WHERE id=?",
-            (status, time.time(), virtual_time, updates, final_hash, error, self.run_id))
-        self.conn.commit()
+        """Record how the run ended, with every buffered row. A run that did not
+        finish is recorded even when its rows cannot be (the store stuck, the
+        disk full): then through a fresh connection, with the rows dropped."""
+        self._queue("UPDATE runs SET status=?, finished_at=?, virtual_time=?, updates=?,"
+                    " final_hash=?, error=? WHERE id=?",
+                    (status, time.time(), virtual_time, updates, final_hash, error, self.run_id))
+        try:
+            self._flush()
+        except (sqlite3.Error, OSError) as exc:
+            if status == "finished":
+                raise
+            self._pending = []
+            mark_ended(self.path, self.run_id, status=status, virtual_time=virtual_time,
+                       updates=updates, error=f"{error} (and its last rows were not written: "
+                                                f"{db_error(self.path, exc)})")
+        self._stop_heartbeat()
 
     def close(self) -> None:
+        self._stop_heartbeat()
         self.conn.close()
+
+
+def mark_ended(path: str | Path, run_id: int, *, status: str, virtual_time: float,
+               updates: int, error: str) -> None:
+    """Record that run ``run_id`` ended without finishing, through a connection of
+    its own (the writer's may be the thing that is stuck), with retries."""
+    with closing(_writer_connection(Path(path))) as conn:
+        with_retries(lambda: conn.execute(
+            "UPDATE runs SET status=?, finished_at=?, virtual_time=?, updates=?, final_hash=NULL,"
+            " error=? WHERE id=?", (status, time.time(), virtual_time, updates, error, run_id)))
 
 
 # ---------------------------------------------------------------------------
@@ -405,12 +612,31 @@ class RunSummary:
         return sum(w.idle for w in self.workers) / total if total else 0.0
 
 
-def list_runs(path: str | Path) -> list[sqlite3.Row]:
+def shown_status(run: sqlite3.Row | dict) -> str:
+    """A run's status as readers show it: ``crashed`` for a ``running`` run whose
+    writer is gone (``fedlm.ownership.judge``), else the stored status."""
+    if run["status"] != "running":
+        return run["status"]
+    alive = ownership.judge(run["owner_host"], run["owner_pid"], run["owner_started"],
+                            run["heartbeat_at"])
+    return "running" if alive.alive else "crashed"
+
+
+def last_seen(run: sqlite3.Row | dict) -> str:
+    """When a crashed run's writer was last heard of, for messages."""
+    seen = run["heartbeat_at"] or run["created_at"]
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seen)) if seen else "never"
+
+
+def list_runs(path: str | Path) -> list[dict[str, Any]]:
+    """Every run, oldest first, with ``last_perplexity`` and the status readers show
+    (``shown_status``: ``crashed`` where the writer is gone)."""
     with closing(connect_readonly(path)) as conn:
-        return conn.execute(
+        rows = conn.execute(
             "SELECT r.*, (SELECT perplexity FROM metrics m WHERE m.run_id = r.id"
             " ORDER BY m.id DESC LIMIT 1) AS last_perplexity FROM runs r ORDER BY r.id"
         ).fetchall()
+    return [{**dict(r), "status": shown_status(r)} for r in rows]
 
 
 def summarize(path: str | Path, run_id: int) -> RunSummary:
@@ -442,7 +668,7 @@ def summarize(path: str | Path, run_id: int) -> RunSummary:
             " FROM updates WHERE run_id=?", (run_id,)).fetchone()
     ppl = [m["perplexity"] for m in metrics]
     return RunSummary(
-        run_id, run["name"], run["status"], run["strategy"], run["profile"], run["model"],
+        run_id, run["name"], shown_status(run), run["strategy"], run["profile"], run["model"],
         run["mode"], workers, run["updates"] or (metrics[-1]["version"] if metrics else 0), jobs, tokens,
         steps, end, ((run["finished_at"] or time.time()) - run["created_at"]),
         ppl[0] if ppl else None, ppl[-1] if ppl else None, min(ppl) if ppl else None,

@@ -111,8 +111,12 @@ class DiskStates:
     def save(self, job_id: int, state: dict) -> None:
         path = self._path(job_id)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, path)
+        try:
+            torch.save(state, tmp)
+            os.replace(tmp, path)
+        except BaseException:  # disk full, say: leave no half-written file to keep it full
+            tmp.unlink(missing_ok=True)
+            raise
 
     def prune(self, keep_from: int) -> None:
         for path in self.folder.glob("job*.pt"):

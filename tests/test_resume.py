@@ -105,16 +105,17 @@ def test_resume_refuses_a_finished_run_and_a_config(tmp_path):
 
 def test_checkpoint_files_are_verified(tmp_path):
     folder = tmp_path / "ck"
-    checkpoint.save(folder, 2, {"x": 1}, keep=3)
-    checkpoint.save(folder, 4, {"x": 2}, keep=3)
-    assert checkpoint.latest(folder)[0] == {"x": 2}
+    me = checkpoint.identity("store", tmp_path / "x.db", 1, 1.0)
+    checkpoint.save(folder, 2, {"x": 1, "run": me}, keep=3)
+    checkpoint.save(folder, 4, {"x": 2, "run": me}, keep=3)
+    assert checkpoint.latest(folder, me)[0] == {"x": 2, "run": me}
     newest = folder / "ckpt-v000000004.pt"
     data = bytearray(newest.read_bytes())
     data[-1] ^= 0xFF  # one flipped bit
     newest.write_bytes(bytes(data))
-    payload, path, skipped = checkpoint.latest(folder)
-    assert payload == {"x": 1} and "checksum" in skipped[0]
+    payload, path, skipped = checkpoint.latest(folder, me)
+    assert payload == {"x": 1, "run": me} and "checksum" in skipped[0]
     for k in (6, 8, 10):
-        checkpoint.save(folder, k, {"x": k}, keep=3)
+        checkpoint.save(folder, k, {"x": k, "run": me}, keep=3)
     assert [p.name for p in sorted(folder.glob("ckpt-v*.pt"))] == [
         "ckpt-v000000006.pt", "ckpt-v000000008.pt", "ckpt-v000000010.pt"]
