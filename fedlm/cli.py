@@ -123,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rerun", action="store_true", help="ignore finished runs of the same name")
     p.add_argument("--jobs", type=_positive_int, default=1, metavar="N",
                    help="runs at once (in-process backend; results do not change; default 1)")
+    p.add_argument("--fail-fast", action="store_true", help="stop at the first failed run "
+                   "(default: report it and go on with the others)")
     p.add_argument("--db", default=None, help="override the spec's run database")
     p.add_argument("--out", default=None, help="override the spec's report path")
 
@@ -447,15 +449,32 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         spec["db"] = args.db
     if args.out:
         spec["out"] = args.out
-    cells = sweep.run_sweep(spec, backend=args.backend, rerun=args.rerun, jobs=args.jobs)
-    out = Path(spec["out"])
-    out.parent.mkdir(parents=True, exist_ok=True)
-    pngs = sweep.plot(spec, cells, out.with_suffix(""))
-    text = sweep.report(spec, cells)
-    text += "\n## Plots\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in pngs) + "\n"
-    out.write_text(text)
-    print(text)
-    print(f"wrote {out}, {', '.join(str(p) for p in pngs)}")
+    try:
+        result = sweep.run_sweep(spec, backend=args.backend, rerun=args.rerun, jobs=args.jobs,
+                                 fail_fast=args.fail_fast)
+    except (KeyboardInterrupt, sweep.SweepStopped):
+        print("fedlm: sweep stopped; its runs are kept (interrupted ones marked so)",
+              file=sys.stderr)
+        return 130
+    cells, failures = result.cells, result.failures
+    if cells:
+        out = Path(spec["out"])
+        out.parent.mkdir(parents=True, exist_ok=True)
+        pngs = sweep.plot(spec, cells, out.with_suffix(""))
+        text = sweep.report(spec, cells, failures)
+        text += "\n## Plots\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in pngs) + "\n"
+        out.write_text(text)
+        print(text)
+        print(f"wrote {out}, {', '.join(str(p) for p in pngs)}")
+    for f in failures:
+        print(f"fedlm: error: sweep cell {f.arm} @ {f.profile} failed: {_one_line(f.reason)}",
+              file=sys.stderr)
+    total = len(spec["profiles"]) * len(spec["arm"])
+    if failures or result.stopped:
+        print(f"fedlm: {len(cells)} of {total} cells finished, {len(failures)} failed"
+              + (" (stopped at the first failure: --fail-fast)" if result.stopped else ""),
+              file=sys.stderr)
+        return 1
     return 0
 
 

@@ -123,8 +123,8 @@ class Heartbeat:
     """Calls ``beat()`` every ``HEARTBEAT_EVERY`` seconds on a daemon thread until
     stopped. A beat that fails (the store busy for a moment) is tried at the next."""
 
-    def __init__(self, beat: Callable[[], None], every: float = HEARTBEAT_EVERY) -> None:
-        self._beat, self._every = beat, every
+    def __init__(self, beat: Callable[[], None], every: float | None = None) -> None:
+        self._beat, self._every = beat, every or HEARTBEAT_EVERY
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="fedlm-heartbeat", daemon=True)
         self._thread.start()

@@ -9,8 +9,12 @@ holds overrides for ``--quick`` (``base`` added to the shared ones,
 ``profiles`` replacing them). ``[paper]`` maps arm labels to the paper's final
 perplexities per profile, shown beside ours. Finished runs are reused by name,
 so an interrupted sweep resumes where it stopped (``--rerun`` to start over).
-With the in-process backend ``--jobs N`` trains N runs at once; the results are
-the same as one at a time (virtual clock, one seed per run), only sooner.
+With the in-process backend ``--jobs N`` trains N runs at once into the one
+run store; the results are the same as one at a time (virtual clock, one seed
+per run), only sooner. A cell that fails is reported with its reason and the
+others go on (``--fail-fast`` stops the sweep at the first); the report shows
+it as failed. Stopping the sweep (Ctrl-C, SIGTERM) stops the runs it started:
+each is kept, marked interrupted.
 
 The report: final validation perplexity per arm × profile laid out like the
 paper's table, the virtual time each run needed, the virtual time to reach the
@@ -20,13 +24,15 @@ against virtual time and against updates.
 
 from __future__ import annotations
 
+import signal
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
 import sys
+import threading
 import time
 import tomllib
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedlm import store
@@ -38,6 +44,24 @@ class Cell:
     profile: str
     run_id: int
     summary: store.RunSummary
+
+
+@dataclass(frozen=True)
+class Failure:
+    arm: str
+    profile: str
+    reason: str  # one line: the run's own error
+
+
+@dataclass
+class SweepResult:
+    cells: list[Cell]  # the finished ones
+    failures: list[Failure] = field(default_factory=list)
+    stopped: bool = False  # --fail-fast or a signal ended it before every cell ran
+
+
+class SweepStopped(Exception):
+    """SIGTERM reached the sweep."""
 
 
 def _run_name(arm: str, profile: str) -> str:
@@ -69,14 +93,65 @@ def check_jobs(jobs: int, backend: str) -> None:
                          "simulation starts a Ray instance of its own)")
 
 
+class _Children:
+    """The ``fedlm run`` processes a sweep has started; ``stop`` ends them (SIGTERM:
+    each marks its run interrupted; SIGKILL after ``grace`` seconds) and starts
+    no more."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._procs: set[subprocess.Popen] = set()
+        self.stopping = threading.Event()
+
+    def run(self, cmd: list[str]) -> tuple[int, str, str] | None:
+        """(exit status, stdout, stderr), or None if the sweep is stopping."""
+        with self._lock:
+            if self.stopping.is_set():
+                return None
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True)
+            self._procs.add(proc)
+        try:
+            out, err = proc.communicate()
+        finally:
+            with self._lock:
+                self._procs.discard(proc)
+        return proc.returncode, out, err
+
+    def stop(self, grace: float = 30.0) -> None:
+        with self._lock:
+            self.stopping.set()
+            procs = list(self._procs)
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _reason(stderr: str, status: int) -> str:
+    """The line of a failed ``fedlm run`` that says why (its one-line error)."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    said = [line for line in lines if line.startswith("fedlm: ")]
+    why = (said or lines or [f"exit status {status}"])[-1]
+    return why.removeprefix("fedlm: error: ").removeprefix("fedlm: ")
+
+
 def run_sweep(spec: dict, *, backend: str = "flower", rerun: bool = False, jobs: int = 1,
-              log=print) -> list[Cell]:
+              fail_fast: bool = False, log=print) -> SweepResult:
     """Run every arm x profile not already finished in the spec's database.
 
     ``jobs`` runs that many ``fedlm run`` processes at once (in-process backend
     only: each Flower simulation starts a Ray instance of its own). A run's
     result does not depend on what runs beside it: the clock is virtual and each
-    run has its own seed, so ``jobs`` only changes the wall-clock time.
+    run has its own seed, so ``jobs`` only changes the wall-clock time. A failed
+    cell is logged with its reason and the sweep goes on, unless ``fail_fast``.
+    SIGTERM (in the main thread) or Ctrl-C stops every run it started.
     """
     check_jobs(jobs, backend)
     db = spec["db"]
@@ -91,6 +166,9 @@ def run_sweep(spec: dict, *, backend: str = "flower", rerun: bool = False, jobs:
             log(f"[{k}/{total}] {name}: reusing run {finished[name]}")
         else:
             todo.append((k, name, profile, arm))
+    children = _Children()
+    failures: list[Failure] = []
+    trained: set[str] = set()
 
     def train(item) -> None:
         k, name, profile, arm = item
@@ -98,28 +176,48 @@ def run_sweep(spec: dict, *, backend: str = "flower", rerun: bool = False, jobs:
                "--db", db]
         for kv in [*spec.get("base", []), f"profile={profile}", *arm["set"], f"name={name}"]:
             cmd += ["--set", kv]
+        if children.stopping.is_set():
+            return
         log(f"[{k}/{total}] {name} ...")
         t0 = time.time()
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{name} failed:\n{proc.stdout[-1500:]}\n{proc.stderr[-1500:]}")
+        result = children.run(cmd)
+        if result is None or children.stopping.is_set() and result[0] != 0:
+            return  # stopped with the sweep: not a failure of the cell
+        status, _, err = result
+        if status != 0:
+            failures.append(Failure(arm["label"], profile, _reason(err, status)))
+            log(f"    [{k}/{total}] {name} FAILED: {failures[-1].reason}")
+            if fail_fast:
+                children.stop()
+            return
+        trained.add(name)
         log(f"    [{k}/{total}] {name} done in {time.time() - t0:.0f} s")
 
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(train, item) for item in todo]
-        try:
-            for future in futures:
-                future.result()
-        except BaseException:  # a failed run or Ctrl-C: start nothing more
-            pool.shutdown(wait=True, cancel_futures=True)
-            raise
-    trained = {name for _, name, _, _ in todo}
-    newest = {r["name"]: r["id"] for r in store.list_runs(db)} if todo else {}
+    def on_sigterm(signum, frame) -> None:
+        raise SweepStopped
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, on_sigterm) if main_thread else None
+    try:
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            futures = [pool.submit(train, item) for item in todo]
+            try:
+                for future in futures:
+                    future.result()
+            except BaseException:  # Ctrl-C or SIGTERM: stop what runs, start nothing more
+                children.stop()
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+    newest = {r["name"]: r["id"] for r in store.list_runs(db)} if trained else {}
     cells = []
     for name, profile, arm in names:
-        run_id = newest[name] if name in trained else finished[name]
-        cells.append(Cell(arm["label"], profile, run_id, store.summarize(db, run_id)))
-    return cells
+        run_id = newest.get(name) if name in trained else finished.get(name)
+        if run_id is not None and (name in trained or not rerun):
+            cells.append(Cell(arm["label"], profile, run_id, store.summarize(db, run_id)))
+    return SweepResult(cells, failures, stopped=children.stopping.is_set())
 
 
 def _curve(db: str, run_id: int) -> list[tuple[float, int, float]]:
@@ -160,7 +258,9 @@ def plot(spec: dict, cells: list[Cell], out_prefix: Path) -> list[Path]:
                                  squeeze=False, sharey=True)
         for ax, profile in zip(axes[0], profiles):
             for k, arm in enumerate(arms):
-                cell = next(c for c in cells if c.arm == arm and c.profile == profile)
+                cell = next((c for c in cells if c.arm == arm and c.profile == profile), None)
+                if cell is None:  # failed: no curve
+                    continue
                 pts = _curve(spec["db"], cell.run_id)[1:]  # skip the untrained start
                 ax.plot([p[xi] for p in pts], [p[2] for p in pts], marker=".", ms=3,
                         label=arm, color=f"C{k}", lw=1.4)
@@ -180,7 +280,7 @@ def plot(spec: dict, cells: list[Cell], out_prefix: Path) -> list[Path]:
     return written
 
 
-def report(spec: dict, cells: list[Cell]) -> str:
+def report(spec: dict, cells: list[Cell], failures: list[Failure] = ()) -> str:
     db, profiles = spec["db"], spec["profiles"]
     arms = [a["label"] for a in spec["arm"]]
     ref = next(a["label"] for a in spec["arm"] if a.get("reference"))
@@ -195,7 +295,8 @@ def report(spec: dict, cells: list[Cell]) -> str:
         lines = [f"### {title}", "", head,
                  "|---|" + "---|" * (len(profiles) + (1 if with_paper else 0))]
         for arm in arms:
-            row = f"| {arm} | " + " | ".join(fmt(get[(arm, p)]) for p in profiles) + " |"
+            row = f"| {arm} | " + " | ".join(fmt(get[(arm, p)]) if (arm, p) in get
+                                             else "failed" for p in profiles) + " |"
             if with_paper:
                 nums = paper.get(arm)
                 row += (" " + " / ".join(f"{x:.2f}" for x in nums) if nums else " –") + " |"
@@ -203,6 +304,8 @@ def report(spec: dict, cells: list[Cell]) -> str:
         return lines + [""]
 
     def reach(c: Cell) -> str:
+        if (ref, c.profile) not in get:
+            return "-"
         target = get[(ref, c.profile)].summary.final_perplexity
         t = time_to_reach(db, c.run_id, target)
         return "not reached" if t is None else f"{t:,.0f}"
@@ -214,6 +317,8 @@ def report(spec: dict, cells: list[Cell]) -> str:
     out += table("Virtual time the run needed (s)", lambda c: f"{c.summary.virtual_time:,.0f}")
 
     def ref_at(c: Cell) -> str:
+        if (ref, c.profile) not in get:
+            return "-"
         v = value_at(db, get[(ref, c.profile)].run_id, c.summary.virtual_time)
         return "-" if v is None else f"{v:.3f}"
 
@@ -226,6 +331,9 @@ def report(spec: dict, cells: list[Cell]) -> str:
                  lambda c: f"#{c.run_id}, {c.summary.wall_time:,.0f}")
     out += ["### Arms", ""] + [f"- **{a['label']}**: `{' '.join(a['set'])}`" for a in spec["arm"]]
     out += ["", f"Shared: `{' '.join(spec.get('base', []))}`", ""]
+    if failures:
+        out += ["### Failed runs", ""] + [f"- **{f.arm} @ {f.profile}**: {f.reason}"
+                                          for f in failures] + [""]
     if spec.get("discussion"):
         out += ["## Reading", "", spec["discussion"].strip(), ""]
     return "\n".join(out)
