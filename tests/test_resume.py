@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fedlm import checkpoint
+from fedlm import checkpoint, store
 from fedlm.runner import run_inprocess
 from tests.conftest import tiny_config
 
@@ -66,6 +66,7 @@ def test_killed_run_resumes_to_the_weights_of_an_uninterrupted_one(tmp_path, ext
     _kill_when(db, proc, version=7)
     with sqlite3.connect(db) as conn:  # killed: nobody marked it
         assert conn.execute("SELECT status FROM runs").fetchone()[0] == "running"
+    assert store.list_runs(db)[0]["status"] == "crashed"  # but its writer is gone
     folder = checkpoint.folder_for(db, 1)
     saved = sorted(folder.glob("ckpt-v*.pt"))
     assert saved, "no checkpoint was written"

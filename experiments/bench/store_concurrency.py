@@ -1,6 +1,7 @@
 """Many `fedlm run` processes writing one run store at once.
 
     python experiments/bench/store_concurrency.py [--runs 8] [--set KEY=VALUE ...]
+    python experiments/bench/store_concurrency.py --store-only [--runs 16] [--seconds 10]
 
 Starts ``--runs`` in-process runs (tiny model, ``eval.every=1`` by default, so
 every update is evaluated and written) into one SQLite database at the same
@@ -9,6 +10,12 @@ moment, and while they train a probe tries to take the write lock every
 writer held the lock. Reports each run's status, start and end, whether all
 of them overlapped in time, the rows written per second, and the longest lock
 hold; writes experiments/results/store_concurrency.json.
+
+``--store-only`` measures the store alone: ``--runs`` processes, each a
+``RunWriter`` that writes what a job writes (a job, an update, four intervals)
+and flushes, as fast as it can for ``--seconds``; it reports transactions and
+rows per second and the slowest flush (the wait for the lock included), to
+experiments/results/store_capacity.json.
 """
 
 from __future__ import annotations
@@ -59,13 +66,78 @@ class LockProbe(threading.Thread):
         conn.close()
 
 
+def _hammer(db: str, seconds: float, queue) -> None:
+    """One writer process of --store-only: job-shaped flushes for ``seconds``."""
+    from types import SimpleNamespace
+
+    from fedlm.store import IntervalKind, RunWriter
+
+    w = RunWriter(db, name="hammer", strategy="async-sgd", local_steps="fixed", profile="p",
+                  model="tiny", workers=1, seed=0, mode="virtual", config_json="{}")
+    flushes, slowest, k = 0, 0.0, 0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        job = SimpleNamespace(job_id=k, worker=0, base_version=k, local_steps=1, data_seed=k,
+                              prev_job=k - 1, fault="")
+        w.add_job(job, op=2 * k, t_dispatch=float(k))
+        w.add_update({"seq": k, "op": 2 * k + 1, "job_id": k, "worker": 0, "base_version": k,
+                      "received_version": k, "staleness": 0, "local_steps": 1, "data_seed": k,
+                      "tokens": 1, "train_loss": 1.0, "t_dispatch": float(k), "t_done": k + 1.0,
+                      "wall_arrival": 0.0, "compute_seconds": 0.0, "update_hash": "h"})
+        w.end_job(k, status="done", op=2 * k + 1)
+        w.add_intervals([(0, kind, k + 0.0, k + 0.5, k, k) for kind in
+                         (IntervalKind.DOWNLOAD, IntervalKind.COMPUTE, IntervalKind.UPLOAD,
+                          IntervalKind.IDLE)])
+        t0 = time.monotonic()
+        w.commit()
+        slowest = max(slowest, time.monotonic() - t0)
+        flushes, k = flushes + 1, k + 1
+    w.finish(status="finished", virtual_time=float(k), updates=k, final_hash="h")
+    w.close()
+    queue.put({"flushes": flushes, "rows": 7 * flushes, "slowest_flush_s": slowest})
+
+
+def store_only(args) -> int:
+    import multiprocessing
+
+    sys.path.insert(0, str(ROOT))
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        db = str(Path(tmp) / "hammer.db")
+        from fedlm.store import connect
+
+        connect(db).close()
+        procs = [ctx.Process(target=_hammer, args=(db, args.seconds, queue))
+                 for _ in range(args.runs)]
+        for p in procs:
+            p.start()
+        results = [queue.get(timeout=args.seconds + 120) for _ in procs]
+        for p in procs:
+            p.join(timeout=30)
+    flushes = sum(r["flushes"] for r in results)
+    report = {"writers": args.runs, "seconds": args.seconds,
+              "transactions_per_second": round(flushes / args.seconds, 1),
+              "rows_per_second": round(7 * flushes / args.seconds, 1),
+              "slowest_flush_seconds": round(max(r["slowest_flush_s"] for r in results), 3),
+              "flushes_per_writer": sorted(r["flushes"] for r in results)}
+    print(json.dumps(report, indent=2))
+    out = Path(args.out).with_name("store_capacity.json")
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=8)
+    ap.add_argument("--store-only", action="store_true")
+    ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--set", dest="sets", action="append", default=[])
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds for all runs")
     ap.add_argument("--out", default=str(ROOT / "experiments/results/store_concurrency.json"))
     args = ap.parse_args()
+    if args.store_only:
+        return store_only(args)
     sets = [*DEFAULT_SETS, *args.sets]
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "many.db"
