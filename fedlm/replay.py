@@ -29,7 +29,7 @@ from typing import Callable
 from fedlm import model as model_lib
 from fedlm.config import Config
 from fedlm.params import params_hash, snapshot
-from fedlm.store import connect_readonly
+from fedlm.store import connect_readonly, shown_status
 from fedlm import compression
 from fedlm.worker import JobSpec, job_update
 from fedlm.worker_state import MemoryStates
@@ -68,7 +68,7 @@ def replay(db: str | Path, run_id: int,
                                (run_id,)).fetchall()
     cfg = Config.from_json(run["config_json"])
     if run["status"] != "finished":
-        raise ReplayError(f"run {run_id} is {run['status']}; only finished runs replay")
+        raise ReplayError(f"run {run_id} is {shown_status(run)}; only finished runs replay")
     if any(j["prev_job"] is None for j in jobs.values()):
         raise ReplayError(f"run {run_id} was recorded by an older fedlm (store schema 2, "
                           f"without worker-state pointers); it cannot be replayed")
