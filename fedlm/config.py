@@ -69,7 +69,7 @@ class DataConfig:
 class EvalConfig:
     """Validation of the global model on the server."""
 
-    every: int = 5  # evaluate every E outer updates (and at start and end)
+    every: int = 2  # evaluate every E outer updates (and at start and end)
     batches: int = 8  # validation batches per evaluation (fixed, first ones)
     batch_size: int = 16  # sequences per validation batch
 
@@ -115,7 +115,7 @@ class NetworkConfig:
 class SimConfig:
     """Flower simulation engine (Ray) resources."""
 
-    actors: int = 0  # Ray actors running ClientApps; 0 = min(workers, 2 x CPU cores)
+    actors: int = 0  # Ray actors running ClientApps; 0 = min(workers, CPU cores)
     cpus: int = 0  # CPUs given to Ray; 0 = all cores
     ttl: float = 3600.0  # Flower message time-to-live, seconds (counts queueing too)
     reply_timeout: float = 900.0  # give up on a job whose reply has not come in this long
@@ -161,7 +161,7 @@ class Config:
     model: str = "small"  # tiny | small | 20m | 60m | 150m
     strategy: str = "diloco"  # aggregation strategy (see `strategies/`)
     local_steps: str = "fixed"  # local-steps policy: how many inner steps a job gets
-    updates: int = 20  # outer updates of the global model to apply, then stop
+    updates: int = 10  # outer updates of the global model to apply, then stop
     local_step_budget: int = 0  # also stop once workers have run this many inner steps (0: off)
     time_budget: float = 0.0  # also stop at this virtual time, seconds (0: off)
     concurrency: int = 0  # most jobs in flight at once (sampled among free workers); 0 = all
@@ -403,6 +403,14 @@ def validate(cfg: Config) -> None:
     _require(d.seq_len >= 8, "data.seq_len", d.seq_len, "must be >= 8")
     _require(0 < d.val_fraction < 0.5, "data.val_fraction", d.val_fraction, "must be in (0, 0.5)")
     _require(d.max_documents >= 1, "data.max_documents", d.max_documents, "must be >= 1")
+    if d.source == "shakespeare" and d.partition == "by-play":
+        # other sources are counted once loaded, still before a run is stored (cli)
+        from fedlm.data import shakespeare_play_count
+
+        plays = shakespeare_play_count()
+        _require(cfg.workers <= plays, "workers", cfg.workers,
+                 f"must be at most {plays} with data.partition = 'by-play' (the corpus has "
+                 f"{plays} plays; use fewer workers or data.partition = 'iid')")
 
     e = cfg.eval
     _require(e.every >= 1, "eval.every", e.every, "must be >= 1")
@@ -523,6 +531,8 @@ def load(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] 
     raw: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
+        if p.is_dir():
+            raise ConfigError(f"config: {_show(str(p))} is a directory, not a TOML file")
         if not p.is_file():
             raise ConfigError(f"config: no such file {str(p)!r}")
         try:

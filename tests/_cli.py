@@ -33,6 +33,7 @@ def no_work_fixture(monkeypatch, tmp_path):
     monkeypatch.setattr(sweep, "run_sweep", _started)
     monkeypatch.setattr(replay, "replay", _started)
     monkeypatch.setattr(subprocess_module, "call", _started)
+    monkeypatch.setattr(cli, "_serve", _started)  # the dashboard's server
     return tmp_path
 
 

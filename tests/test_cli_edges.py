@@ -1,0 +1,165 @@
+"""Small things a user runs into: a closed pipe, an empty --db, a directory for a
+config, a file where a folder should be, too many workers for the plays, what
+`fedlm show` says about faults, and a dashboard stopped with SIGTERM."""
+
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fedlm import cli, store
+from fedlm.runner import run_inprocess
+from tests._cli import assert_refused, no_work_fixture, run_cli  # noqa: F401 (fixture)
+from tests.conftest import tiny_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def small_db(tmp_path_factory):
+    db = tmp_path_factory.mktemp("edges") / "r.db"
+    run_inprocess(tiny_config("updates=1"), str(db))
+    return db
+
+
+def test_a_closed_stdout_ends_the_command_quietly(small_db):
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line (`fedlm runs | head -0`)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "fedlm", "runs", "--db", str(small_db)],
+                              stdout=write, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert (proc.returncode, proc.stderr) == (141, "")
+
+
+@pytest.mark.parametrize("argv", [["run"], ["runs"], ["show", "1"], ["export", "1"],
+                                  ["replay", "1"], ["dashboard"], ["deploy", "local"],
+                                  ["sweep", "spec.toml"]])
+def test_an_empty_db_path_is_refused(no_work, argv):
+    rc, out, err = run_cli([*argv, "--db", ""])
+    assert_refused(rc, out, err, "argument --db: must be a path, got ''")
+
+
+def test_a_config_that_is_a_directory_is_called_one(no_work):
+    (no_work / "conf").mkdir()
+    for argv in (["config", "conf"], ["run", "conf"]):
+        assert_refused(*run_cli(argv), "config: conf is a directory, not a TOML file")
+
+
+def test_a_db_under_a_file_says_so(no_work):
+    (no_work / "afile").write_text("")
+    for db in ("afile/x.db", "afile/deeper/x.db"):
+        assert_refused(*run_cli(["run", "--set", "model=tiny", "--db", db]),
+                       f"db: cannot create {db}: afile is a file, not a folder")
+
+
+def test_more_workers_than_plays_is_refused_by_the_config(no_work):
+    assert_refused(*run_cli(["config", "--set", "workers=39"]),
+                   "workers: must be at most 38 with data.partition = 'by-play'")
+    assert run_cli(["config", "--set", "workers=38"])[0] == 0
+    assert run_cli(["config", "--set", "workers=39", "--set", "partition=iid"])[0] == 0
+
+
+def test_too_few_documents_of_another_source_are_refused_before_the_run_is_stored(tmp_path):
+    for k in range(2):
+        (tmp_path / f"doc{k}.txt").write_text("To be, or not to be, that is the question. " * 400)
+    db = tmp_path / "t.db"
+    proc = subprocess.run(
+        [sys.executable, "-m", "fedlm", "run", "--backend", "inprocess", "--db", str(db),
+         "--set", "model=tiny", "--set", "workers=3",
+         "--set", f"data.source=text:{tmp_path}/*.txt", "--set", f"name=x"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "fedlm: error: data.partition: 'by-play' needs at least as many documents (2) as "
+        "workers, got 3")
+    assert not db.exists() or store.list_runs(db) == []
+
+
+def test_show_lists_faults_lost_jobs_and_retired_workers(tmp_path, capsys):
+    db = tmp_path / "f.db"
+    run_inprocess(tiny_config("strategy=async-sgd", "updates=8", "faults.crash=1.0",
+                              "faults.workers=[1]", "reliability.checkpoint_every=0"), str(db))
+    assert cli.main(["show", "1", "--db", str(db)]) == 0
+    out = capsys.readouterr().out
+    lines = out[out.index("  faults and failures:"):].splitlines()
+    # every job of worker 1 crashes; max_failures = 3 retires it on the third, whose
+    # loss is recorded as 'retired'
+    assert lines[1:4] == ["    faults injected: crash 3", "    jobs lost: 3 (error 2, retired 1)",
+                          "    worker 1 retired: 3 failures in a row"]
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM jobs WHERE worker=1 AND status='lost'"
+                            ).fetchone() == (3,)
+    # a run without any says nothing of them
+    clean = tmp_path / "c.db"
+    run_inprocess(tiny_config("updates=1"), str(clean))
+    assert cli.main(["show", "1", "--db", str(clean)]) == 0
+    assert "faults and failures" not in capsys.readouterr().out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _group_alive(pgid: int) -> list[int]:
+    alive = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()
+            if fields[0] != "Z" and int(fields[2]) == pgid:
+                alive.append(int(entry.name))
+    return alive
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stopped_dashboard_leaves_no_server_behind(small_db, sig):
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "fedlm", "dashboard", "--db", str(small_db),
+                             "--port", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, cwd=ROOT, start_new_session=True)
+    server_group = None
+    try:
+        deadline = time.monotonic() + 90
+        while True:  # bounded: until Streamlit answers on the port
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "the dashboard did not start in 90 s"
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.2)
+        # the server runs in a process group of its own: find it by its parent
+        children = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+                    .read_text().split()]
+        assert len(children) == 1
+        server_group = os.getpgid(children[0])
+        assert server_group != os.getpgid(proc.pid)
+        proc.send_signal(sig)
+        assert proc.wait(timeout=30) == 0
+        deadline = time.monotonic() + 15
+        while _group_alive(server_group):
+            assert time.monotonic() < deadline, _group_alive(server_group)
+            time.sleep(0.1)
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    finally:
+        for group in (proc.pid, server_group):
+            if group is not None:
+                try:
+                    os.killpg(group, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        proc.wait(timeout=30)
