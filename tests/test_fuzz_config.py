@@ -362,7 +362,7 @@ def test_unreadable_config_files(tmp_path, content):
 
 
 def test_config_path_that_is_a_directory_or_unreadable(tmp_path):
-    assert "no such file" in error_of(lambda: config.load(tmp_path))
+    assert "is a directory, not a TOML file" in error_of(lambda: config.load(tmp_path))
     assert "no such file" in error_of(lambda: config.load(str(tmp_path / "a\x00b")))
 
 
