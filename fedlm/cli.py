@@ -711,6 +711,17 @@ COMMANDS = {"run": cmd_run, "dashboard": cmd_dashboard, "sweep": cmd_sweep, "dep
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        try:
+            return _main(argv)
+        finally:  # what is still buffered fails here, not in the interpreter's exit
+            if sys.stdout is not None and not sys.stdout.closed:
+                sys.stdout.flush()
+    except BrokenPipeError:
+        return _stdout_gone()
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
@@ -745,9 +756,19 @@ def main(argv: list[str] | None = None) -> int:
 def _stdout_gone() -> int:
     """The reader of our output went away (``fedlm runs | head -1``): stop quietly,
     as other Unix tools do, with SIGPIPE's status. Output still buffered would fail
-    again at exit, so stdout now points at /dev/null."""
+    again at exit, so stdout now points at /dev/null (and stderr too when it is the
+    same pipe: ``fedlm runs 2>&1 | head -1``)."""
+    def same_pipe(fd: int) -> bool:
+        try:
+            a, b = os.fstat(fd), os.fstat(1)
+        except OSError:
+            return False
+        return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+    gone = [1, 2] if same_pipe(2) else [1]
     devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
+    for fd in gone:
+        os.dup2(devnull, fd)
     os.close(devnull)
     return 128 + signal.SIGPIPE
 

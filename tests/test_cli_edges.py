@@ -9,6 +9,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -28,15 +29,61 @@ def small_db(tmp_path_factory):
     return db
 
 
-def test_a_closed_stdout_ends_the_command_quietly(small_db):
+def _env(buffered: bool) -> dict[str, str]:
+    """The environment of a `fedlm` subprocess, its stdout block-buffered (as for a
+    user: output then fails at the interpreter's exit) or written at each print."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    return env if buffered else {**env, "PYTHONUNBUFFERED": "1"}
+
+
+@pytest.mark.parametrize("buffered", [True, False], ids=["buffered", "unbuffered"])
+def test_a_closed_stdout_ends_the_command_quietly(small_db, buffered):
     read, write = os.pipe()
     os.close(read)  # the reader is gone before the first line (`fedlm runs | head -0`)
     try:
-        proc = subprocess.run([sys.executable, "-m", "fedlm", "runs", "--db", str(small_db)],
-                              stdout=write, stderr=subprocess.PIPE, text=True, timeout=120)
+        for argv in (["runs", "--db", str(small_db)], ["show", "1", "--db", str(small_db)],
+                     ["config"], ["--help"]):
+            proc = subprocess.run([sys.executable, "-m", "fedlm", *argv], stdout=write,
+                                  stderr=subprocess.PIPE, text=True, timeout=120, cwd=ROOT,
+                                  env=_env(buffered))
+            assert proc.stderr == "", (argv, proc.stderr)
+            assert proc.returncode in ((0, 141) if argv == ["--help"] else (141,)), argv
+        # stderr on the same closed pipe: an error message cannot be written either
+        proc = subprocess.run([sys.executable, "-m", "fedlm", "show", "99", "--db",
+                               str(small_db)], stdout=write, stderr=write, timeout=120,
+                              cwd=ROOT, env=_env(buffered))
+        assert proc.returncode == 141
     finally:
         os.close(write)
-    assert (proc.returncode, proc.stderr) == (141, "")
+
+
+@pytest.mark.parametrize("buffered", [True, False], ids=["buffered", "unbuffered"])
+def test_fedlm_runs_into_head_stops_quietly(small_db, tmp_path, buffered):
+    db = tmp_path / "many.db"
+    db.write_bytes(small_db.read_bytes())
+    with closing(sqlite3.connect(db)) as conn:  # 2,000 runs: more than a pipe holds
+        columns = ", ".join(r[1] for r in conn.execute("PRAGMA table_info(runs)")
+                            if r[1] != "id")
+        conn.executemany(f"INSERT INTO runs ({columns}) SELECT {columns} FROM runs WHERE id=1",
+                         [()] * 2000)
+        conn.commit()
+    fedlm = subprocess.Popen([sys.executable, "-m", "fedlm", "runs", "--db", str(db)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
+                             env=_env(buffered))
+    head = subprocess.Popen(["head", "-1"], stdin=fedlm.stdout, stdout=subprocess.PIPE)
+    fedlm.stdout.close()  # head alone reads it now: `fedlm runs | head -1`
+    try:
+        out, _ = head.communicate(timeout=120)
+        err = fedlm.stderr.read()
+        assert fedlm.wait(timeout=120) == 141, err
+    finally:
+        for proc in (fedlm, head):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        fedlm.stderr.close()
+    assert out.decode().split()[:2] == ["id", "status"]
+    assert err == b""
 
 
 @pytest.mark.parametrize("argv", [["run"], ["runs"], ["show", "1"], ["export", "1"],
