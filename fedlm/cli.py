@@ -567,6 +567,11 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     db = str(Path(args.db or Config().db).resolve())
     if Path(db).exists():  # a missing one is fine: the page waits for a run to create it
         store.list_runs(db)
+    else:  # ... unless it can never be made
+        folder = next(f for f in Path(db).parents if f.exists())
+        if not folder.is_dir():
+            raise StoreError(f"db: no run database can be made at {args.db or Config().db}: "
+                             f"{folder} is a file, not a folder")
     print(f"fedlm dashboard on http://{args.host}:{args.port} reading {db} (Ctrl-C stops it)",
           flush=True)
     cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.headless=true",
@@ -657,6 +662,8 @@ def _sweep_spec(path: str, quick: bool) -> dict:
 
     where = f"sweep spec {path}"
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"sweep spec: {path!r} is a directory, not a TOML file")
     if not p.is_file():
         raise ConfigError(f"sweep spec: no such file {path!r}")
     try:
@@ -678,6 +685,8 @@ def _sweep_spec(path: str, quick: bool) -> dict:
     for part, prefix in ((raw, ""), (quick_part, "quick.")):
         for key in ("db", "out"):
             need(isinstance(part.get(key, ""), str), f"{prefix}{key}: must be a string")
+            if key in part:
+                need(part[key].strip() != "", f"{prefix}{key}: must be a path, got {part[key]!r}")
         need(strings(part.get("base", [])), f"{prefix}base: must be a list of key=value strings")
         need(strings(part.get("profiles", [])), f"{prefix}profiles: must be a list of names")
     arms = raw.get("arm", [])

@@ -358,6 +358,7 @@ def validate(cfg: Config) -> None:
 
     _require(cfg.workers >= 1, "workers", cfg.workers, "must be >= 1")
     _require(cfg.updates >= 1, "updates", cfg.updates, "must be >= 1")
+    _require(cfg.db.strip() != "", "db", cfg.db, "must be a path (the run database)")
     _require(cfg.model in model.PRESETS, "model", cfg.model,
              f"unknown preset (known: {', '.join(model.PRESETS)})")
     _require(cfg.device in ("auto", "cpu", "cuda"), "device", cfg.device,

@@ -94,10 +94,30 @@ def test_an_empty_db_path_is_refused(no_work, argv):
     assert_refused(rc, out, err, "argument --db: must be a path, got ''")
 
 
+@pytest.mark.parametrize("argv", [["config"], ["run"], ["deploy", "local"]])
+@pytest.mark.parametrize("db", ["", " "])
+def test_an_empty_db_in_the_config_is_refused(no_work, argv, db):
+    assert_refused(*run_cli([*argv, "--set", f"db={db!r}"]), f"db: must be a path (the run "
+                   f"database), got {db!r}")
+
+
+@pytest.mark.parametrize("spec, key", [({"db": ""}, "db"), ({"out": " "}, "out"),
+                                       ({"quick": {"db": ""}}, "quick.db")])
+def test_an_empty_path_in_a_sweep_spec_is_refused(no_work, spec, key):
+    import tomli_w
+
+    from tests.test_fuzz_config import GOOD_SPEC
+
+    (no_work / "s.toml").write_text(tomli_w.dumps({**GOOD_SPEC, **spec}))
+    assert_refused(*run_cli(["sweep", "s.toml", "--quick"]), f"{key}: must be a path, got")
+
+
 def test_a_config_that_is_a_directory_is_called_one(no_work):
     (no_work / "conf").mkdir()
-    for argv in (["config", "conf"], ["run", "conf"]):
+    for argv in (["config", "conf"], ["run", "conf"], ["deploy", "local", "conf"]):
         assert_refused(*run_cli(argv), "config: conf is a directory, not a TOML file")
+    assert_refused(*run_cli(["sweep", "conf"]), "sweep spec: 'conf' is a directory, not a "
+                   "TOML file")
 
 
 def test_a_db_under_a_file_says_so(no_work):
@@ -105,6 +125,11 @@ def test_a_db_under_a_file_says_so(no_work):
     for db in ("afile/x.db", "afile/deeper/x.db"):
         assert_refused(*run_cli(["run", "--set", "model=tiny", "--db", db]),
                        f"db: cannot create {db}: afile is a file, not a folder")
+        assert_refused(*run_cli(["deploy", "local", "--set", "model=tiny", "--db", db]),
+                       f"db: cannot create {db}: afile is a file, not a folder")
+        # the dashboard waits for a missing database to be made, but not for this one
+        assert_refused(*run_cli(["dashboard", "--db", db]), f"db: no run database can be "
+                       f"made at {db}: {no_work / 'afile'} is a file, not a folder")
 
 
 def test_more_workers_than_plays_is_refused_by_the_config(no_work):
