@@ -331,14 +331,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     except Exception as exc:  # also re-raised from the ServerApp thread
         if "id" not in started or os.environ.get("FEDLM_DEBUG"):
             raise
-        # the store has the reason too, unless writing it was what failed
+        from fedlm.engine import Interrupted
         from fedlm.runner import failure_reason
 
-        if bar is not None:
-            bar.close()
-        print(f"fedlm: error: run {started['id']} failed: {failure_reason(exc)}",
-              file=sys.stderr)
-        return 1
+        if not isinstance(exc, Interrupted):  # stopped on request: the summary says so
+            # the store has the reason too, unless writing it was what failed
+            if bar is not None:
+                bar.close()
+            print(f"fedlm: error: run {started['id']} failed: {failure_reason(exc)}",
+                  file=sys.stderr)
+            return 1
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
