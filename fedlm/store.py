@@ -429,9 +429,15 @@ class RunWriter:
         buffered, so a later flush can try again."""
         if not self._pending:
             return
-        pending = self._pending
+        pending, me = self._pending, self.owner
 
         def write(conn: sqlite3.Connection) -> None:
+            # fenced: a writer taken for dead and taken over (--resume) writes no more
+            owner = conn.execute("SELECT owner_host, owner_pid FROM runs WHERE id=?",
+                                 (self.run_id,)).fetchone()
+            if owner != (me.host, me.pid):
+                raise StoreError(f"db: run {self.run_id} was taken over by pid {owner[1]} on "
+                                 f"{owner[0]} (fedlm run --resume); this writer stops")
             for sql, parameters, many in pending:
                 (conn.executemany if many else conn.execute)(sql, parameters)
 

@@ -69,6 +69,23 @@ def test_a_writer_beats_while_it_writes(tmp_path, monkeypatch):
     writer.close()
 
 
+def test_a_writer_taken_over_writes_no_more(tmp_path):
+    db = tmp_path / "t.db"
+    writer = store.RunWriter(db, name="t", strategy="diloco", local_steps="fixed",
+                             profile="p", model="tiny", workers=1, seed=0, mode="virtual",
+                             config_json="{}")
+    writer.add_event(kind="before", virtual_time=0.0)
+    writer.commit()
+    with sqlite3.connect(db) as conn:  # what a --resume elsewhere does
+        conn.execute("UPDATE runs SET owner_host='elsewhere', owner_pid=7 WHERE id=1")
+    writer.add_event(kind="after", virtual_time=1.0)
+    with pytest.raises(store.StoreError, match="taken over by pid 7 on elsewhere"):
+        writer.commit()
+    writer.close()
+    with sqlite3.connect(db) as conn:
+        assert [k for (k,) in conn.execute("SELECT kind FROM events")] == ["before"]
+
+
 def test_a_live_run_cannot_be_resumed_and_a_killed_one_reads_as_crashed(tmp_path):
     db = tmp_path / "live.db"
     proc = _start(db, "updates=400", "reliability.checkpoint_every=0")
