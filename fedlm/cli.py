@@ -26,7 +26,7 @@ import sqlite3
 import sys
 import threading
 import tomllib
-from contextlib import closing
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import NoReturn
 
@@ -529,7 +529,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     cfg = config_lib.load(args.config, overrides)
     db = args.db or cfg.db
     _check_writable_db(db)
-    status = deploy.main_local(cfg, overrides, db, Path(args.home).resolve(), args.config)
+    with _signals_interrupt():  # SIGTERM too: the deployment's processes are stopped
+        status = deploy.main_local(cfg, overrides, db, Path(args.home).resolve(), args.config)
     if status != 0:
         print(f"fedlm: error: flwr run exited with {status}; logs in {args.home}",
               file=sys.stderr)
@@ -537,6 +538,28 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     from fedlm import store
 
     return _print_summary(db, max(r["id"] for r in store.list_runs(db)))
+
+
+@contextmanager
+def _signals_interrupt():
+    """SIGTERM and SIGHUP end the command as Ctrl-C does (KeyboardInterrupt), so that
+    what it cleans up on the way out (``LocalDeployment.stop``: every process it
+    started) is cleaned up; a second signal while that runs (bounded) is ignored
+    rather than cutting it short and leaving processes behind."""
+    received: list[int] = []
+
+    def on_signal(signum, frame) -> None:
+        if not received:
+            received.append(signum)
+            raise KeyboardInterrupt
+
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {s: signal.signal(s, on_signal) for s in signals}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

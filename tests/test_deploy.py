@@ -1,9 +1,13 @@
 """Flower's deployment engine on loopback: SuperLink + SuperNodes, TLS, SuperNode auth."""
 
+import os
+import signal
 import sqlite3
 import subprocess
 import sys
 import time
+import uuid
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -12,6 +16,7 @@ from fedlm import config as config_lib
 from fedlm.deploy import LocalDeployment, make_certificates, make_node_key
 
 pytestmark = pytest.mark.flower
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _processes_mentioning(text: str) -> list[int]:
@@ -110,3 +115,45 @@ def test_certificates_and_keys_have_the_formats_flower_reads(tmp_path):
     assert isinstance(private, ec.EllipticCurvePrivateKey) and private.curve.name == "secp384r1"
     assert public.public_numbers() == private.public_key().public_numbers()
     assert pub.read_text().startswith("ecdsa-sha2-nistp384 ")
+
+
+def test_a_stopped_deploy_leaves_nothing_running(tmp_path):
+    """SIGTERM to `fedlm deploy local` mid-run stops the SuperLink, the SuperNodes and
+    everything they started (as Ctrl-C does); the command exits 130."""
+    home, db, mark = tmp_path / "flwr-home", tmp_path / "runs.db", uuid.uuid4().hex
+    args = [sys.executable, "-m", "fedlm", "deploy", "local", "--workers", "2", "--db", str(db),
+            "--home", str(home), "--set", "model=tiny", "--set", "updates=1000",
+            "--set", "inner.steps=3", "--set", "data.seq_len=64"]
+    log = (tmp_path / "out.log").open("w")
+    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                            env={**os.environ, "FEDLM_TEST_MARK": mark})
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # bounded: until the ServerApp has stored the run (all is up)
+            assert proc.poll() is None, (tmp_path / "out.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "no run stored within 120 s"
+            try:
+                with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+                    if conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0]:
+                        break
+            except sqlite3.Error:
+                pass
+            time.sleep(0.2)
+        assert len(_processes_mentioning(mark)) >= 4  # SuperLink, SuperNodes, ServerApp...
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=90) == 130
+        deadline = time.monotonic() + 10
+        while _processes_mentioning(mark):
+            assert time.monotonic() < deadline, _processes_mentioning(mark)
+            time.sleep(0.2)
+        assert (tmp_path / "out.log").read_text().endswith("fedlm: interrupted\n")
+    finally:  # by PID, a few rounds: a process may start another while they are ended
+        for _ in range(5):
+            for pid in [*_processes_mentioning(mark), *[proc.pid] * (proc.poll() is None)]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            proc.wait(timeout=30)
+            time.sleep(0.2)
+        log.close()
