@@ -614,8 +614,9 @@ def _serve(cmd: list[str], grace: float = 10.0) -> int:
     stopping = threading.Event()
 
     def on_signal(signum, frame) -> None:
-        stopping.set()
-        raise KeyboardInterrupt
+        if not stopping.is_set():  # once: a second signal must not cut the stop short
+            stopping.set()
+            raise KeyboardInterrupt
 
     signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     previous = {s: signal.signal(s, on_signal) for s in signals}
@@ -625,8 +626,6 @@ def _serve(cmd: list[str], grace: float = 10.0) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
         if proc.poll() is None or stopping.is_set():
             for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
                 try:
@@ -642,6 +641,8 @@ def _serve(cmd: list[str], grace: float = 10.0) -> int:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def _refuse(message: object) -> int:

@@ -193,6 +193,25 @@ def test_show_lists_faults_lost_jobs_and_retired_workers(tmp_path, capsys):
     assert "faults and failures" not in capsys.readouterr().out
 
 
+def test_show_names_rejected_and_timed_out_jobs(tmp_path, capsys):
+    db = tmp_path / "f.db"
+    run_inprocess(tiny_config("updates=3", "faults.nan=0.3", "faults.hang=0.2",
+                              "faults.hang_seconds=1000", "reliability.checkpoint_every=0"),
+                  str(db))
+    assert cli.main(["show", "1", "--db", str(db)]) == 0
+    out = capsys.readouterr().out
+    with closing(sqlite3.connect(db)) as conn:  # what the jobs table says, by kind
+        faults = conn.execute("SELECT fault, COUNT(*) FROM jobs WHERE fault != ''"
+                              " GROUP BY fault ORDER BY fault").fetchall()
+        lost = conn.execute("SELECT reason, COUNT(*) FROM jobs WHERE status = 'lost'"
+                            " GROUP BY reason ORDER BY reason").fetchall()
+    assert {k for k, _ in faults} == {"hang", "nan"}  # NaN updates rejected, hangs timed out
+    assert {k for k, _ in lost} == {"deadline", "rejected"}
+    assert "    faults injected: " + ", ".join(f"{k} {n}" for k, n in faults) in out
+    assert (f"    jobs lost: {sum(n for _, n in lost)} ("
+            + ", ".join(f"{k} {n}" for k, n in lost) + ")") in out
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -252,3 +271,45 @@ def test_a_stopped_dashboard_leaves_no_server_behind(small_db, sig):
                 except ProcessLookupError:
                     pass
         proc.wait(timeout=30)
+
+
+_STUBBORN = ("import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+             " child = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+             "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)']);"
+             " print(child.pid, flush=True); time.sleep(120)")
+
+
+def test_a_server_deaf_to_sigterm_is_killed_even_when_stopped_twice():
+    """The dashboard's server (and what it started) ignores SIGTERM: after the grace
+    it is killed; a second SIGTERM meanwhile does not cut that short."""
+    code = (f"import sys; from fedlm import cli; "
+            f"sys.exit(cli._serve([sys.executable, '-c', {_STUBBORN!r}], grace=2.0))")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                            cwd=ROOT, start_new_session=True)
+    group = None
+    try:
+        import selectors
+
+        with selectors.DefaultSelector() as sel:
+            sel.register(proc.stdout, selectors.EVENT_READ)
+            assert sel.select(timeout=60), "the server did not start in 60 s"
+        grandchild = int(proc.stdout.readline())
+        group = os.getpgid(grandchild)  # the server's own group
+        assert group != proc.pid and _group_alive(group)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)  # while it waits out the grace
+        assert proc.wait(timeout=30) == 0
+        deadline = time.monotonic() + 10
+        while _group_alive(group):
+            assert time.monotonic() < deadline, _group_alive(group)
+            time.sleep(0.1)
+    finally:
+        for g in (proc.pid, group):
+            if g is not None:
+                try:
+                    os.killpg(g, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        proc.wait(timeout=30)
+        proc.stdout.close()
