@@ -491,6 +491,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         spec["db"] = args.db
     if args.out:
         spec["out"] = args.out
+    _check_writable_db(spec["db"])  # one line now, not one failed cell after another
     try:
         result = sweep.run_sweep(spec, backend=args.backend, rerun=args.rerun, jobs=args.jobs,
                                  fail_fast=args.fail_fast)
