@@ -131,7 +131,9 @@ def timeline_chart(iv: pd.DataFrame) -> alt.Chart:
                                                   range=list(TIMELINE_COLORS.values())),
                         legend=alt.Legend(orient="top", title=None)),
         tooltip=["worker", "kind", alt.Tooltip("t_start:Q", format=".1f"),
-                 alt.Tooltip("t_end:Q", format=".1f"), "version", "job_id"],
+                 alt.Tooltip("t_end:Q", format=".1f"), "version", "job_id",
+                 alt.Tooltip("shard:Q", title="data shard"),
+                 alt.Tooltip("cursor:Q", title="shard's steps before the job")],
     ).properties(height=alt.Step(32))  # 32 px per worker row
 
 
@@ -251,6 +253,16 @@ def live(db: str, smoothing: float, log_scale: bool, window: float) -> None:
             "idle s": wt["idle"].map("{:,.1f}".format),
             "idle %": (100 * wt["idle_fraction"]).map("{:.1f}%".format)})
         st.table(table.set_index("worker"))
+
+    sh = cached("shards", db, marker, focus)
+    if not sh.empty:
+        st.markdown("#### Data shards")
+        st.caption("what each shard was trained for, by how many workers (data.shard_choice), "
+                   "and where its schedule stands (inner.schedule = shard follows it)")
+        st.table(pd.DataFrame({
+            "shard": sh["shard"].map(lambda k: f"shard {int(k)}"), "jobs": sh["jobs"],
+            "inner steps": sh["steps"], "workers": sh["workers"],
+            "schedule position": sh["cursor"]}).set_index("shard"))
 
     st.markdown("#### Faults and failures")
     fails = cached("failures", db, marker, focus)

@@ -113,7 +113,8 @@ def recent_intervals(db: str | Path, run_id: int, window: float,
     # Spans of jobs that were lost (crash, rejected update, missed deadline) are
     # drawn as such, so a fault is visible on the timeline where it happened.
     return _query(db, "SELECT i.worker, CASE WHEN j.status = 'lost' THEN 'lost job'"
-                      " ELSE i.kind END AS kind, i.t_start, i.t_end, i.version, i.job_id"
+                      " ELSE i.kind END AS kind, i.t_start, i.t_end, i.version, i.job_id,"
+                      " j.shard, j.cursor"
                       " FROM intervals i LEFT JOIN jobs j"
                       " ON j.run_id = i.run_id AND j.job_id = i.job_id"
                       " WHERE i.run_id=? AND i.t_end >= ? ORDER BY i.t_end DESC LIMIT ?",
@@ -126,10 +127,19 @@ def in_flight(db: str | Path, run_id: int) -> pd.DataFrame:
         now = conn.execute("SELECT COALESCE(MAX(t_end), 0) FROM intervals WHERE run_id=?",
                            (run_id,)).fetchone()[0]
     frame = _query(db, "SELECT worker, 'in flight' AS kind, t_dispatch AS t_start,"
-                       " base_version AS version, job_id FROM jobs WHERE run_id=?"
+                       " base_version AS version, job_id, shard, cursor FROM jobs WHERE run_id=?"
                        " AND status='running'", (run_id,))
     frame["t_end"] = now
     return frame[frame["t_end"] > frame["t_start"]]
+
+
+def shards(db: str | Path, run_id: int) -> pd.DataFrame:
+    """Per data shard: jobs and inner steps trained on it (done jobs), by how many
+    workers, and how far its schedule got (empty for runs recorded before shards)."""
+    return _query(db, "SELECT shard, COUNT(*) AS jobs, SUM(local_steps) AS steps,"
+                      " COUNT(DISTINCT worker) AS workers, MAX(cursor + local_steps) AS cursor"
+                      " FROM jobs WHERE run_id=? AND status='done' AND shard IS NOT NULL"
+                      " GROUP BY shard ORDER BY shard", (run_id,))
 
 
 def metrics(db: str | Path, run_ids: list[int]) -> pd.DataFrame:

@@ -56,13 +56,20 @@ def identity(store_id: str, db: str | Path, run_id: int, created_at: float) -> d
             "created_at": created_at}
 
 
-def save(folder: Path, version: int, payload: dict[str, Any], keep: int) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
+def weights_for(db: str | Path, run_id: int) -> Path:
+    """Where a finished run of ``db`` keeps its final weights (``init.from`` reads them)."""
+    db = Path(db).resolve()
+    tag = hashlib.sha256(str(db).encode()).hexdigest()[:12]
+    return db.parent / "weights" / f"{db.name}-{tag}-run{run_id}.pt"
+
+
+def write(path: Path, payload: dict[str, Any]) -> Path:
+    """Write ``payload`` to ``path`` in the checkpoint format, atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     buf = io.BytesIO()
     torch.save(payload, buf)
     data = buf.getvalue()
-    path = folder / f"ckpt-v{version:09d}.pt"
-    tmp = folder / f".{path.name}.{os.getpid()}.tmp"
+    tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
     try:
         with open(tmp, "wb") as f:
             f.write(MAGIC + hashlib.sha256(data).hexdigest().encode() + data)
@@ -72,11 +79,16 @@ def save(folder: Path, version: int, payload: dict[str, Any], keep: int) -> Path
     except BaseException:  # disk full, say: a half-written file would keep it full
         tmp.unlink(missing_ok=True)
         raise
-    dir_fd = os.open(folder, os.O_RDONLY)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)  # the rename itself survives a power cut
     finally:
         os.close(dir_fd)
+    return path
+
+
+def save(folder: Path, version: int, payload: dict[str, Any], keep: int) -> Path:
+    path = write(folder / f"ckpt-v{version:09d}.pt", payload)
     for old in sorted(folder.glob("ckpt-v*.pt"))[:-keep]:
         old.unlink(missing_ok=True)
     return path

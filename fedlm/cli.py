@@ -277,9 +277,9 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"{cfg.strategy} ({cfg.local_steps} local steps, H={cfg.inner.steps}), "
           f"{stop} -> {db}", flush=True)
     data.load_corpus(cfg.data)  # tokenize once here, not in every Ray actor at once
-    from fedlm.worker import worker_shards
+    from fedlm.worker import data_shards
 
-    worker_shards(cfg.data, cfg.workers, cfg.seed)  # e.g. too few documents: before it is stored
+    data_shards(cfg.data, cfg.shard_count(), cfg.seed)  # e.g. too few documents: before it is stored
     started: dict[str, int] = {}
     bar = None if args.quiet else tqdm(
         total=cfg.local_step_budget if by_steps else cfg.updates,
@@ -294,6 +294,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                             f"ppl {ppl}",
                             refresh=False)
         bar.refresh()
+
+    def on_pretrain(done: int, total: int) -> None:
+        if bar is not None:  # init.pretrain_steps: shown on the same line before training
+            bar.set_description_str("training" if done >= total
+                                    else f"pretraining {done}/{total} steps")
 
     # Ctrl-C / SIGTERM: ask the engine to stop; the ServerApp then returns and
     # run_simulation shuts Ray down, so no actor outlives the command.
@@ -310,7 +315,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not flower:
             run_inprocess(cfg, db, progress=on_progress,
                           on_start=lambda rid: started.update(id=rid), should_stop=stop.is_set,
-                          resume=args.resume)
+                          resume=args.resume, pretrain_progress=on_pretrain)
         else:
             import ray._private.utils
             from flwr.simulation import run_simulation
@@ -325,7 +330,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
             server = make_server_app(cfg, db, on_progress,
                                      on_start=lambda rid: started.update(id=rid),
-                                     should_stop=stop.is_set, resume=args.resume)
+                                     should_stop=stop.is_set, resume=args.resume,
+                                     pretrain_progress=on_pretrain)
             run_simulation(server_app=server, client_app=client_app,
                            num_supernodes=cfg.nodes(), backend_config=backend_config(cfg))
     except Exception as exc:  # also re-raised from the ServerApp thread
@@ -725,6 +731,9 @@ def _sweep_spec(path: str, quick: bool) -> dict:
         need(strings(arm.get("set")), f"arm[{k}].set: must be a list of key=value strings")
         need(isinstance(arm.get("reference", False), bool), f"arm[{k}].reference: must be "
              f"true or false")
+        need(strings(arm.get("profiles", [])), f"arm[{k}].profiles: must be a list of names")
+        need(isinstance(arm.get("against", ""), str), f"arm[{k}].against: must be an arm's label")
+    need(strings(quick_part.get("arms", [])), "quick.arms: must be a list of arm labels")
     labels = [a["label"] for a in arms]
     need(len(set(labels)) == len(labels), "arm: labels must be unique")
     try:
@@ -732,12 +741,11 @@ def _sweep_spec(path: str, quick: bool) -> dict:
     except ValueError as exc:  # its own one-line messages (a missing key, no reference)
         raise ConfigError(_one_line(exc)) from None
     need(bool(spec["profiles"]), "profiles: must name at least one profile")
-    for profile in spec["profiles"]:
-        for arm in spec["arm"]:
-            try:
-                config_lib.load(None, [*spec.get("base", []), f"profile={profile}", *arm["set"]])
-            except ConfigError as exc:
-                raise ConfigError(f"{where}: arm {arm['label']!r} @ {profile}: {exc}") from None
+    for _, profile, arm in sweep.cells_of(spec):
+        try:
+            config_lib.load(None, [*spec.get("base", []), f"profile={profile}", *arm["set"]])
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: arm {arm['label']!r} @ {profile}: {exc}") from None
     return spec
 
 

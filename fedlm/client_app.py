@@ -59,10 +59,7 @@ def _states(context: Context, cfg: Config, run_key: str, worker: int):
 def train(msg: Message, context: Context) -> Message:
     spec = msg.content["job"]
     cfg = _config(str(spec["config"]))
-    job = JobSpec(job_id=int(spec["job-id"]), worker=int(spec["worker"]),
-                  base_version=int(spec["base-version"]), local_steps=int(spec["local-steps"]),
-                  data_seed=int(spec["data-seed"]), prev_job=int(spec["prev-job"]),
-                  keep_from=int(spec["keep-from"]), fault=str(spec["fault"]))
+    job = JobSpec.from_message(spec)
     pid, _ = _partition(context)
     if job.worker != pid:
         raise ValueError(f"job {job.job_id} is for worker {job.worker}, this node holds {pid}")

@@ -21,6 +21,10 @@ from typing import Any, get_type_hints
 # How outer gradients may travel (fedlm.compression).
 COMPRESSIONS = ("fp32", "bf16", "fp16", "int8", "int4")
 
+# Inner learning-rate schedules (InnerConfig.schedule) and shard choices (DataConfig).
+SCHEDULES = ("worker", "shard", "global")
+SHARD_CHOICES = ("fixed", "paper")
+
 # Per-job fault kinds of the [faults] section (at most one per job), in draw order.
 FAULT_KINDS = ("crash", "hang", "nan", "bad_shape", "bad_dtype", "bad_size", "duplicate")
 
@@ -36,9 +40,13 @@ class InnerConfig:
     steps: int = 30  # H, local (inner) steps per job
     batch_size: int = 8  # sequences per inner step
     lr: float = 3e-3  # peak AdamW learning rate
-    warmup_steps: int = 20  # linear warmup, counted in the worker's own inner steps
-    decay_steps: int = 0  # cosine horizon in a worker's inner steps; 0 = auto (see Config)
+    warmup_steps: int = 20  # linear warmup, counted in the schedule's own steps
+    decay_steps: int = 0  # cosine horizon in the schedule's steps; 0 = auto (see Config)
     min_lr_ratio: float = 0.1  # cosine floor as a fraction of lr
+    # Whose progress the warmup + cosine follows (docs/strategies.md, "Inner schedules"):
+    # worker (each worker's own inner steps) | shard (the steps trained on the job's data
+    # shard, whichever worker trained them: the paper's) | global (all inner steps of the run).
+    schedule: str = "worker"
     weight_decay: float = 0.1  # AdamW decoupled weight decay
     beta1: float = 0.9  # AdamW beta1
     beta2: float = 0.95  # AdamW beta2
@@ -60,9 +68,25 @@ class DataConfig:
     max_documents: int = 2000  # documents taken from an hf: stream
     text_column: str = "text"  # column holding the text in hf: sources
     partition: str = "by-play"  # "iid" | "by-play" | "dirichlet"
+    shards: int = 0  # data shards the training data is split into; 0 = one per worker
+    # Which shard a job trains: fixed (worker w always shard w) | paper (a free worker
+    # draws an under-sampled shard, fedlm.shards; the delayed-Nesterov paper's rule).
+    shard_choice: str = "fixed"
     alpha: float = 0.5  # Dirichlet concentration over genres (smaller = more skewed)
     seq_len: int = 128  # tokens per training sequence (context length)
     val_fraction: float = 0.05  # tail of every document held out for validation
+
+
+@dataclass(frozen=True)
+class InitConfig:
+    """Where the federated phase starts (fedlm.start): a fresh model, another run's
+    weights, and/or K steps of one worker on all the training data first."""
+
+    # Weights to start from: "" (fresh, seeded) | RUN_ID (a finished run of this store)
+    # | DB:RUN_ID (of another store) | PATH (a weights file or a checkpoint).
+    # Spelt `from` in TOML and --set.
+    from_: str = ""
+    pretrain_steps: int = 0  # then K synchronous single-worker steps on all training data
 
 
 @dataclass(frozen=True)
@@ -149,6 +173,7 @@ class ReliabilityConfig:
     max_failures: int = 3  # a worker failing this many jobs in a row is retired
     checkpoint_every: int = 10  # write a checkpoint every K global versions (0: off)
     checkpoint_keep: int = 3  # checkpoints kept per run (older ones are deleted)
+    keep_weights: bool = True  # keep a finished run's final weights (for init.from = RUN_ID)
 
 
 @dataclass(frozen=True)
@@ -170,6 +195,7 @@ class Config:
     device: str = "auto"  # auto | cpu | cuda
     db: str = "runs/fedlm.db"  # run store (SQLite); `--db` overrides
     outer: dict[str, Any] = field(default_factory=dict)  # strategy keyword arguments
+    init: InitConfig = field(default_factory=InitConfig)
     inner: InnerConfig = field(default_factory=InnerConfig)
     data: DataConfig = field(default_factory=DataConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -181,7 +207,9 @@ class Config:
 
     # -- serialisation -------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        raw = dataclasses.asdict(self)
+        raw["init"] = {_SPELLING.get(k, k): v for k, v in raw["init"].items()}
+        return raw
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
@@ -200,6 +228,26 @@ class Config:
         if self.local_step_budget:
             return max(1, self.local_step_budget // self.workers)
         return self.updates * self.inner.steps
+
+    def shard_count(self) -> int:
+        """Data shards the training data is split into (``data.shards``, 0: one per worker)."""
+        return self.data.shards or self.workers
+
+    def total_steps(self) -> int:
+        """The run's inner steps over all workers: the local-step budget, else what
+        ``updates`` synchronous rounds of H steps on every node take."""
+        return self.local_step_budget or self.updates * self.inner.steps * self.nodes()
+
+    def schedule_horizon(self) -> int:
+        """Cosine horizon of ``inner.schedule`` in its own steps: a worker's share
+        of the run (``decay_steps()``), a shard's share, or the whole run."""
+        kind = self.inner.schedule
+        if kind == "worker":
+            return self.decay_steps()
+        if self.inner.decay_steps:
+            return self.inner.decay_steps
+        share = self.shard_count() if kind == "shard" else 1
+        return max(1, self.total_steps() // share)
 
     def nodes(self) -> int:
         """Workers as the engine and Flower see them: one per region if hierarchical."""
@@ -220,7 +268,7 @@ class Config:
 # Building and validating
 # ---------------------------------------------------------------------------
 
-_SECTIONS = {"inner": InnerConfig, "data": DataConfig, "eval": EvalConfig,
+_SECTIONS = {"init": InitConfig, "inner": InnerConfig, "data": DataConfig, "eval": EvalConfig,
              "fleet": FleetConfig, "sim": SimConfig, "faults": FaultsConfig,
              "reliability": ReliabilityConfig, "network": NetworkConfig}
 
@@ -299,9 +347,16 @@ def _show(name: str) -> str:
     return name if name and name.isprintable() else repr(name)
 
 
+# Keys spelt differently in TOML than in Python (``from`` is a Python keyword).
+_SPELLING = {"from_": "from"}
+_ATTRIBUTE = {v: k for k, v in _SPELLING.items()}
+# Text keys that may hold a bare number (``--set init.from=7`` parses 7 as an int).
+_NUMBER_AS_TEXT = {"from_"}
+
+
 def _build(cls: type, raw: dict[str, Any], prefix: str) -> Any:
     hints = get_type_hints(cls)
-    known = {f.name for f in fields(cls)}
+    known = {_SPELLING.get(f.name, f.name) for f in fields(cls)}
     kwargs: dict[str, Any] = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a table, got {_repr(raw)}")
@@ -309,7 +364,10 @@ def _build(cls: type, raw: dict[str, Any], prefix: str) -> Any:
         path = f"{prefix}{key}"
         if key not in known:
             raise ConfigError(f"{_show(path)}: unknown key (known: {', '.join(sorted(known))})")
+        key = _ATTRIBUTE.get(key, key)
         typ = hints[key]
+        if key in _NUMBER_AS_TEXT and isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)
         if key in _SECTIONS and cls is Config:
             if not isinstance(value, dict):
                 raise ConfigError(f"{path}: expected a [{key}] section, got {_repr(value)}")
@@ -393,6 +451,11 @@ def validate(cfg: Config) -> None:
     _require(i.threads >= 1, "inner.threads", i.threads, "must be >= 1")
     _require(i.state_store in ("auto", "context", "disk"), "inner.state_store", i.state_store,
              "must be auto, context or disk")
+    _require(i.schedule in SCHEDULES, "inner.schedule", i.schedule,
+             f"must be one of {', '.join(SCHEDULES)}")
+
+    _require(cfg.init.pretrain_steps >= 0, "init.pretrain_steps", cfg.init.pretrain_steps,
+             "must be >= 0")
 
     d = cfg.data
     _require(d.source == "shakespeare" or (d.source.startswith(("hf:", "text:"))
@@ -401,6 +464,12 @@ def validate(cfg: Config) -> None:
     _require(d.partition in ("iid", "by-play", "dirichlet"), "data.partition",
              d.partition, "must be iid, by-play or dirichlet")
     _require(d.alpha > 0, "data.alpha", d.alpha, "must be > 0")
+    _require(d.shards >= 0, "data.shards", d.shards, "must be >= 0 (0: one per worker)")
+    _require(d.shard_choice in SHARD_CHOICES, "data.shard_choice", d.shard_choice,
+             f"must be one of {', '.join(SHARD_CHOICES)}")
+    _require(d.shard_choice != "fixed" or d.shards in (0, cfg.workers), "data.shards", d.shards,
+             f"must be 0 or the number of workers ({cfg.workers}) with data.shard_choice = "
+             f"'fixed' (one shard per worker); use data.shard_choice = 'paper' for more")
     _require(d.seq_len >= 8, "data.seq_len", d.seq_len, "must be >= 8")
     _require(0 < d.val_fraction < 0.5, "data.val_fraction", d.val_fraction, "must be in (0, 0.5)")
     _require(d.max_documents >= 1, "data.max_documents", d.max_documents, "must be >= 1")
@@ -409,9 +478,10 @@ def validate(cfg: Config) -> None:
         from fedlm.data import shakespeare_play_count
 
         plays = shakespeare_play_count()
-        _require(cfg.workers <= plays, "workers", cfg.workers,
+        key, count = ("data.shards", d.shards) if d.shards else ("workers", cfg.workers)
+        _require(count <= plays, key, count,
                  f"must be at most {plays} with data.partition = 'by-play' (the corpus has "
-                 f"{plays} plays; use fewer workers or data.partition = 'iid')")
+                 f"{plays} plays; use fewer {key.split('.')[-1]} or data.partition = 'iid')")
 
     e = cfg.eval
     _require(e.every >= 1, "eval.every", e.every, "must be >= 1")

@@ -32,9 +32,13 @@ Checkpoints: at the top of the loop (a point where the whole state is in
 ``state_dict``), every ``reliability.checkpoint_every`` versions; ``run(...,
 resume=state)`` continues from one, re-sending the jobs that were in flight.
 
+Data: each job names the data shard it trains and where that shard's (or the
+run's) inner schedule stands (``fedlm.shards``: a worker's own shard, or a
+seeded draw of an under-sampled one), decided at dispatch and logged with it.
+
 The engine owns: the global params and version, the clock, which worker is
-busy, free or offline since when, and the run log. It knows nothing of the
-algorithm.
+busy, free or offline since when, the shards' progress, and the run log. It
+knows nothing of the algorithm.
 """
 
 from __future__ import annotations
@@ -47,11 +51,13 @@ import numpy as np
 
 from fedlm import compression, faults
 from fedlm.clock import VirtualClock
+from fedlm.shards import ShardBook
 from fedlm.config import Config
 from fedlm.fleet import JobTimer, JobTiming, WorkerProfile
 from fedlm.network import Network
 from fedlm.params import BadUpdate, check_update, num_bytes, params_hash
 from fedlm.store import IntervalKind, RunWriter
+from fedlm import worker as worker_lib
 from fedlm.worker import JobSpec
 from fedlm.worker_state import FRESH
 from strategies.base import Strategy, Update
@@ -124,7 +130,8 @@ class Engine:
                  progress: Callable[[Progress], None] | None = None,
                  order: str = "virtual",
                  should_stop: Callable[[], bool] | None = None,
-                 checkpoint: Callable[[dict], None] | None = None) -> None:
+                 checkpoint: Callable[[dict], None] | None = None,
+                 shard_sizes: list[int] | None = None) -> None:
         if order not in ("virtual", "wall"):
             raise ValueError(f"order: must be virtual or wall, got {order!r}")
         self.cfg = cfg
@@ -140,6 +147,13 @@ class Engine:
         self.should_stop = should_stop or (lambda: False)
         self.checkpoint = checkpoint  # called with state_dict() every checkpoint_every versions
         self.timer = JobTimer(fleet, cfg.seed, cfg.network.intra_bw)
+        # Which shard each job trains, and each shard's progress (fedlm.shards).
+        # Only the paper's draw reads the shards' sizes (default: loaded from cfg).
+        if shard_sizes is None:
+            shard_sizes = (worker_lib.shard_sizes(cfg) if cfg.data.shard_choice == "paper"
+                           else [1] * len(fleet))
+        self.shards = ShardBook(shard_sizes, cfg.data.shard_choice, cfg.seed)
+        self._sequences_per_step = [cfg.inner.batch_size * p.members for p in fleet]
         # Events: job ids (a job's completion, or its deadline if it will miss it)
         # and, negative, -(w + 1): worker w comes back online. With a shared
         # network (below) jobs move through tagged events instead: ("net", token),
@@ -292,9 +306,15 @@ class Engine:
             steps = self.policy.local_steps(w)
             index = self.jobs_of[w]
             fault = faults.draw(self.cfg, w, index)
+            shard = self.shards.pick(w)
+            cursor, run_steps = self.shards.take(shard, steps,
+                                                 steps * self._sequences_per_step[w])
+            schedule_step = {"worker": -1, "shard": cursor,
+                             "global": run_steps}[self.cfg.inner.schedule]
             job = JobSpec(self.next_job_id, w, self.version, steps,
                           data_seed(self.cfg.seed, w, index), prev_job=self.state_job[w],
-                          keep_from=self._keep_from(w), fault=fault)
+                          keep_from=self._keep_from(w), fault=fault, shard=shard,
+                          cursor=cursor, schedule_step=schedule_step)
             self.next_job_id += 1
             self.jobs_of[w] += 1
             timing = (self.timer.timing(w, steps, self.model_bytes, self.up_bytes)
@@ -614,6 +634,7 @@ class Engine:
             "base_params": dict(self.base_params), "version": self.version, "now": self.now,
             "strategy": self.strategy.state_dict(), "policy": self.policy.state_dict(),
             "timer": self.timer.state_dict(), "clock": self.clock.state_dict(),
+            "shards": self.shards.state_dict(),
             "sampler": self._sampler.bit_generator.state,
             "in_flight": {j: (f.job, f.t_dispatch, f.timing, f.index, f.deadline, f.expires)
                           for j, f in self.in_flight.items()},
@@ -641,6 +662,8 @@ class Engine:
         self.policy.load_state_dict(st["policy"])
         self.timer.load_state_dict(st["timer"])
         self.clock.load_state_dict(st["clock"])
+        if "shards" in st:  # checkpoints written before data shards were counted lack it
+            self.shards.load_state_dict(st["shards"])
         self._sampler.bit_generator.state = st["sampler"]
         self.in_flight = {j: InFlight(*v) for j, v in st["in_flight"].items()}
         self.free_since, self.offline = dict(st["free_since"]), dict(st["offline"])

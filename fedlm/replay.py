@@ -10,10 +10,15 @@ jobs reached the strategy. Replay walks it:
                     returns one (a sync round closing with what it had)
     update op    -> run the job again (worker.run_job) from the model version it
                     started from, with the worker state it started from (the
-                    job records which: ``prev_job``), and hand it to the
-                    strategy with the recorded staleness
+                    job records which: ``prev_job``), on the data shard and at
+                    the schedule position it was given (``shard``,
+                    ``schedule_step``), and hand it to the strategy with the
+                    recorded staleness
 
-and ends with the final weights' hash, to compare with the recorded one. The
+It starts from the run's recorded start: the seeded model, ``init.from``'s
+weights and pretraining, recomputed (``fedlm.start``) and checked against the
+hashes in the ``runs`` row; it ends with the final weights' hash, to compare
+with the recorded one. The
 order came from the log, so it does not matter whether the run's order came
 from a virtual clock or from real arrival times. Only the model versions that
 some job still to be replayed starts from are kept in memory.
@@ -26,9 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from fedlm import model as model_lib
-from fedlm.config import Config
-from fedlm.params import params_hash, snapshot
+from fedlm import start
+from fedlm.config import Config, ConfigError
+from fedlm.params import params_hash
 from fedlm.store import connect_readonly, shown_status
 from fedlm import compression
 from fedlm.worker import JobSpec, job_update
@@ -87,10 +92,16 @@ def replay(db: str | Path, run_id: int,
         if kind == "update":
             last_use[row["base_version"]] = max(last_use.get(row["base_version"], -1), op)
 
-    params = snapshot(model_lib.build(cfg.model, cfg.data.seq_len, seed=cfg.seed))
-    if run["initial_hash"] and params_hash(params) != run["initial_hash"]:
+    if run["initial_hash"] and params_hash(start.initial(cfg)) != run["initial_hash"]:
         raise ReplayError("the initial model differs from the recorded one "
                           "(different torch version or model code?)")
+    try:  # init.from and pretraining again, never from the pretraining cache
+        params = start.starting_point(cfg, db, use_cache=False).params
+    except ConfigError as exc:
+        raise ReplayError(f"cannot rebuild the run's start: {exc}") from None
+    if run["start_hash"] and params_hash(params) != run["start_hash"]:
+        raise ReplayError("the start of the federated phase differs from the recorded one "
+                          "(init.from's weights changed, or the pretraining code did)")
     strategy = registry.build_strategy(cfg.strategy, cfg.outer)
     strategy.start(params, num_workers=cfg.nodes())
     versions = {0: params}
@@ -113,7 +124,9 @@ def replay(db: str | Path, run_id: int,
                                   f"which the log never produced")
             job = jobs[row["job_id"]]
             job = JobSpec(row["job_id"], row["worker"], base, row["local_steps"],
-                          row["data_seed"], prev_job=job["prev_job"])
+                          row["data_seed"], prev_job=job["prev_job"],
+                          **{k: job[k] for k in ("shard", "cursor", "schedule_step")
+                             if job[k] is not None})  # schema 4 and older: none
             worker_states = states[job.worker]
             result = job_update(versions[base], worker_states.load(job.prev_job), job, cfg)
             worker_states.save(job.job_id, result.opt_state)

@@ -12,13 +12,13 @@ import shutil
 import uuid
 from typing import Callable
 
-from fedlm import checkpoint as ckpt_lib, fleet as fleet_lib, model as model_lib
+from fedlm import checkpoint as ckpt_lib, fleet as fleet_lib, start as start_lib
 from fedlm.config import Config
 from fedlm.engine import Engine, Interrupted, Progress, Transport
 from fedlm.evaluate import Evaluator
-from fedlm.params import params_hash, snapshot
+from fedlm.params import params_hash
 from fedlm.store import RunWriter, StoreError
-from fedlm.worker import node_shard
+from fedlm.worker import shard_sizes
 from fedlm.worker_state import disk_folder
 from strategies import registry
 
@@ -30,7 +30,8 @@ def execute(cfg: Config, db_path: str, connect: Connect,
             progress: Callable[[Progress], None] | None = None,
             on_start: Callable[[int], None] | None = None,
             should_stop: Callable[[], bool] | None = None,
-            resume: int | None = None) -> int:
+            resume: int | None = None,
+            pretrain_progress: Callable[[int, int], None] | None = None) -> int:
     """Run ``cfg`` (or continue run ``resume``); everything lands in the run store
     at ``db_path``. Returns the run id.
 
@@ -38,8 +39,9 @@ def execute(cfg: Config, db_path: str, connect: Connect,
     returns the transport and, per worker, the id of the node that holds it.
     """
     strategy = registry.build_strategy(cfg.strategy, cfg.outer)
-    state, notes = None, []
+    state, notes, origin = None, [], None
     if resume is None:
+        origin = start_lib.resolve(cfg, db_path)  # a bad init.from: refused before it is stored
         writer = RunWriter(db_path, name=cfg.name or f"{cfg.strategy}-{cfg.fleet.preset}",
                            strategy=cfg.strategy, local_steps=cfg.local_steps,
                            profile=cfg.fleet.preset, model=cfg.model, workers=cfg.workers,
@@ -61,14 +63,23 @@ def execute(cfg: Config, db_path: str, connect: Connect,
     try:
         transport, node_of = connect(run_key)
         fleet = fleet_lib.node_profiles(cfg)
+        sizes = shard_sizes(cfg)
         writer.add_workers({"worker": p.worker, "node_id": str(node_of[p.worker]),
                             "step_time": p.step_time, "jitter": p.jitter,
                             "region": p.region.name, "latency": p.region.latency,
                             "down_bw": p.region.down_bw, "up_bw": p.region.up_bw,
-                            "shard_sequences": len(node_shard(cfg, p.worker))} for p in fleet)
-        net = model_lib.build(cfg.model, cfg.data.seq_len, seed=cfg.seed)
-        params = snapshot(net)
-        writer.set_model_info(model_lib.num_parameters(net), params_hash(params))
+                            # its own shard; 0: it draws shards (data.shard_choice = paper)
+                            "shard_sequences": sizes[p.worker] if cfg.data.shard_choice
+                            == "fixed" else 0} for p in fleet)
+        if state is None:  # a new run (or a resume that starts over): where it starts
+            begin = start_lib.starting_point(cfg, db_path, resolved=origin,
+                                             progress=pretrain_progress)
+            params = begin.params
+            writer.set_model_info(sum(p.numel() for p in params.values()),
+                                  begin.initial_hash, params_hash(params))
+            notes = [*notes, *begin.notes]
+        else:
+            params = start_lib.initial(cfg)  # shapes for the strategy; the state has the rest
 
         def save_checkpoint(engine_state: dict) -> None:
             writer.commit()
@@ -82,11 +93,15 @@ def execute(cfg: Config, db_path: str, connect: Connect,
                         transport=transport, fleet=fleet, writer=writer,
                         evaluate=Evaluator(cfg), progress=progress, order=cfg.clock,
                         should_stop=should_stop,
-                        checkpoint=save_checkpoint if cfg.reliability.checkpoint_every else None)
+                        checkpoint=save_checkpoint if cfg.reliability.checkpoint_every else None,
+                        shard_sizes=sizes)
         for kind, detail in notes:
             writer.add_event(kind=kind, virtual_time=state["now"] if state else 0.0,
                              detail=detail)
         final = engine.run(params, resume=state)
+        if cfg.reliability.keep_weights:  # what init.from = RUN_ID starts from
+            ckpt_lib.write(ckpt_lib.weights_for(db_path, writer.run_id),
+                           {"params": final, "run": whose})
         writer.finish(status="finished", virtual_time=engine.now, updates=engine.version,
                       final_hash=params_hash(final))
         # Finished: the checkpoints and the workers' saved states (where they are on

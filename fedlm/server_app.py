@@ -90,11 +90,7 @@ class FlowerTransport:
     def submit(self, job: JobSpec, params) -> None:
         content = RecordDict({
             "arrays": ArrayRecord(torch_state_dict=params),
-            "job": ConfigRecord({"job-id": job.job_id, "worker": job.worker,
-                                 "base-version": job.base_version,
-                                 "local-steps": job.local_steps, "data-seed": job.data_seed,
-                                 "prev-job": job.prev_job, "keep-from": job.keep_from,
-                                 "fault": job.fault, "config": self.cfg_json,
+            "job": ConfigRecord({**job.to_message(), "config": self.cfg_json,
                                  "run-key": self.run_key}),
         })
         msg = Message(content, dst_node_id=self.node_of[job.worker],
@@ -167,27 +163,31 @@ class FlowerTransport:
 def run_on_grid(grid: Grid, cfg: Config, db_path: str,
                 progress: Callable[[Progress], None] | None = None,
                 on_start: Callable[[int], None] | None = None,
-                should_stop: Callable[[], bool] | None = None, resume: int | None = None) -> int:
+                should_stop: Callable[[], bool] | None = None, resume: int | None = None,
+                pretrain_progress: Callable[[int, int], None] | None = None) -> int:
     """Run ``cfg`` (or continue run ``resume``) on ``grid``'s nodes; everything lands in
     the run store. Returns the run id."""
     def connect(run_key: str):
         transport = FlowerTransport(grid, cfg, run_key)
         return transport, transport.connect()
 
-    return execute(cfg, db_path, connect, progress, on_start, should_stop, resume=resume)
+    return execute(cfg, db_path, connect, progress, on_start, should_stop, resume=resume,
+                   pretrain_progress=pretrain_progress)
 
 
 def make_server_app(cfg: Config, db_path: str,
                     progress: Callable[[Progress], None] | None = None,
                     on_start: Callable[[int], None] | None = None,
                     should_stop: Callable[[], bool] | None = None,
-                    resume: int | None = None) -> ServerApp:
+                    resume: int | None = None,
+                    pretrain_progress: Callable[[int, int], None] | None = None) -> ServerApp:
     """A ServerApp bound to ``cfg`` (for ``run_simulation``, whose run config is empty)."""
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        run_on_grid(grid, cfg, db_path, progress, on_start, should_stop, resume)
+        run_on_grid(grid, cfg, db_path, progress, on_start, should_stop, resume,
+                    pretrain_progress)
 
     return app
 

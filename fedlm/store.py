@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterable, TypeVar
 
 from fedlm import ownership
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # Older schemas this version upgrades in place, a version at a time:
 # version -> the statements that make it the next one.
 _MIGRATIONS = {
@@ -55,6 +55,10 @@ _MIGRATIONS = {
         "ALTER TABLE runs ADD COLUMN owner_pid INTEGER",
         "ALTER TABLE runs ADD COLUMN owner_started REAL",
         "ALTER TABLE runs ADD COLUMN heartbeat_at REAL"],
+    4: ["ALTER TABLE runs ADD COLUMN start_hash TEXT",
+        "ALTER TABLE jobs ADD COLUMN shard INTEGER",
+        "ALTER TABLE jobs ADD COLUMN cursor INTEGER",
+        "ALTER TABLE jobs ADD COLUMN schedule_step INTEGER"],
 }
 
 _SCHEMA = """
@@ -70,7 +74,8 @@ CREATE TABLE IF NOT EXISTS runs (
     created_at REAL NOT NULL, finished_at REAL,
     virtual_time REAL, updates INTEGER, final_hash TEXT, error TEXT,
     owner_host TEXT, owner_pid INTEGER,  -- the process writing it (fedlm.ownership)
-    owner_started REAL, heartbeat_at REAL
+    owner_started REAL, heartbeat_at REAL,
+    start_hash TEXT                     -- weights the federated phase started from (fedlm.start)
 );
 CREATE TABLE IF NOT EXISTS workers (
     run_id INTEGER NOT NULL, worker INTEGER NOT NULL, node_id TEXT,
@@ -98,6 +103,9 @@ CREATE TABLE IF NOT EXISTS jobs (
     reason TEXT,                        -- lost: error | rejected | deadline | retired
     down_bytes INTEGER,                 -- bytes sent to the worker (the model)
     up_bytes INTEGER,                   -- bytes of its update on the wire (encoded)
+    shard INTEGER,                      -- the data shard it trained (fedlm.shards)
+    cursor INTEGER,                     -- inner steps handed out from that shard before it
+    schedule_step INTEGER,              -- its inner-schedule start (-1: the worker's own)
     PRIMARY KEY (run_id, job_id)
 );
 CREATE TABLE IF NOT EXISTS updates (
@@ -481,9 +489,12 @@ class RunWriter:
 
         transaction(self.conn, cut)
 
-    def set_model_info(self, num_parameters: int, initial_hash: str) -> None:
-        self._queue("UPDATE runs SET num_parameters=?, initial_hash=? WHERE id=?",
-                    (num_parameters, initial_hash, self.run_id))
+    def set_model_info(self, num_parameters: int, initial_hash: str,
+                       start_hash: str | None = None) -> None:
+        """The model's size, the hash of its seeded initialisation and of the weights
+        the federated phase starts from (they differ after ``init.*``)."""
+        self._queue("UPDATE runs SET num_parameters=?, initial_hash=?, start_hash=? WHERE id=?",
+                    (num_parameters, initial_hash, start_hash or initial_hash, self.run_id))
         self._flush()
 
     def add_workers(self, rows: Iterable[dict[str, Any]]) -> None:
@@ -512,10 +523,12 @@ class RunWriter:
                 up_bytes: int | None = None) -> None:
         self._queue(
             "INSERT INTO jobs (run_id, job_id, worker, base_version, local_steps, data_seed,"
-            " dispatch_op, t_dispatch, status, prev_job, fault, down_bytes, up_bytes)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?, ?)",
+            " dispatch_op, t_dispatch, status, prev_job, fault, down_bytes, up_bytes, shard,"
+            " cursor, schedule_step) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?, ?, ?,"
+            " ?, ?)",
             (self.run_id, job.job_id, job.worker, job.base_version, job.local_steps,
-             job.data_seed, op, t_dispatch, job.prev_job, job.fault, down_bytes, up_bytes))
+             job.data_seed, op, t_dispatch, job.prev_job, job.fault, down_bytes, up_bytes,
+             job.shard, job.cursor, job.schedule_step))
 
     def end_job(self, job_id: int, *, status: str, op: int, computed: bool = True,
                 reason: str | None = None) -> None:

@@ -1,4 +1,4 @@
-"""The worker's job: H inner AdamW steps on its own shard, as a pure function.
+"""The worker's job: H inner AdamW steps on a data shard, as a pure function.
 
     run_job(θ, optimizer state, job) -> (outer gradient, new optimizer state, metrics)
 
@@ -39,6 +39,22 @@ class JobSpec:
     prev_job: int = -1  # the job whose optimizer state to start from (-1: fresh)
     keep_from: int = -1  # the worker may delete its states of older jobs
     fault: str = ""  # injected fault to act out (fedlm.faults); "" = none
+    shard: int = -1  # data shard it trains (data.shard_choice = paper); -1: the worker's own
+    cursor: int = 0  # inner steps handed out from that shard before this job
+    schedule_step: int = -1  # inner-schedule position of its first step; -1: the worker's own
+
+    def to_message(self) -> dict[str, int | str]:
+        """The job as the flat config a Flower message carries (``from_message`` reads it)."""
+        return {name.replace("_", "-"): getattr(self, name) for name in self.__dataclass_fields__}
+
+    @classmethod
+    def from_message(cls, spec) -> "JobSpec":
+        kwargs = {}
+        for name, f in cls.__dataclass_fields__.items():
+            key = name.replace("_", "-")
+            if key in spec:
+                kwargs[name] = str(spec[key]) if f.type == "str" else int(spec[key])
+        return cls(**kwargs)
 
 
 @dataclass(frozen=True)
@@ -54,8 +70,9 @@ class JobResult:
 def inner_lr(step: int, cfg: InnerConfig, decay_steps: int) -> float:
     """Linear warmup to ``cfg.lr``, then cosine decay to ``min_lr_ratio × lr``.
 
-    ``step`` counts the worker's own inner steps over the whole run, so the
-    schedule continues across jobs instead of restarting every job.
+    ``step`` is the schedule's position over the whole run (``inner.schedule``:
+    the worker's own inner steps, its shard's, or the run's), so the schedule
+    continues across jobs instead of restarting every job.
     """
     if cfg.warmup_steps and step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
@@ -68,18 +85,38 @@ def inner_lr(step: int, cfg: InnerConfig, decay_steps: int) -> float:
 # -- per-process caches (read-only or scratch; never per-node state) ----------
 
 @lru_cache(maxsize=4)
-def worker_shards(data_cfg: DataConfig, num_workers: int, seed: int) -> tuple[np.ndarray, ...]:
+def data_shards(data_cfg: DataConfig, num_shards: int, seed: int) -> tuple[np.ndarray, ...]:
     corpus = data.load_corpus(data_cfg)
-    return tuple(data.partition(corpus, data_cfg, num_workers, seed))
+    return tuple(data.partition(corpus, data_cfg, num_shards, seed))
 
 
 def node_shard(cfg: Config, node: int) -> np.ndarray:
-    """The sequences a node trains on: its worker's shard, or (hierarchical) the
-    shards of every worker in its region's pod."""
-    shards = worker_shards(cfg.data, cfg.workers, cfg.seed)
+    """The sequences a node trains on with ``data.shard_choice = fixed``: its
+    worker's shard, or (hierarchical) the shards of every worker in its region's pod."""
+    shards = data_shards(cfg.data, cfg.shard_count(), cfg.seed)
     members = fleet.groups(cfg)[node] if cfg.network.hierarchical else [node]
     return shards[members[0]] if len(members) == 1 else np.concatenate(
         [shards[w] for w in members])
+
+
+def job_data(cfg: Config, job: JobSpec) -> np.ndarray:
+    """The sequences ``job`` samples its batches from."""
+    if cfg.data.shard_choice == "fixed" or job.shard < 0:
+        return node_shard(cfg, job.worker)
+    return data_shards(cfg.data, cfg.shard_count(), cfg.seed)[job.shard]
+
+
+def shard_sizes(cfg: Config) -> list[int]:
+    """Sequences in each shard the server hands out (``fedlm.shards``): one per node
+    with ``fixed``, ``data.shards`` with ``paper``."""
+    if cfg.data.shard_choice == "fixed":
+        return [len(node_shard(cfg, n)) for n in range(cfg.nodes())]
+    return [len(s) for s in data_shards(cfg.data, cfg.shard_count(), cfg.seed)]
+
+
+def pod_size(cfg: Config, node: int) -> int:
+    """Workers training as one data-parallel pod on ``node`` (1 unless hierarchical)."""
+    return len(fleet.groups(cfg)[node]) if cfg.network.hierarchical else 1
 
 
 @lru_cache(maxsize=2)
@@ -91,7 +128,7 @@ def _scratch_model(preset: str, block_size: int, device: str) -> model_lib.GPT:
 def warm_up(cfg: Config) -> None:
     """Load the corpus, the shards and the scratch model into this process's caches,
     so the first job does not pay for them (called on the partition query)."""
-    worker_shards(cfg.data, cfg.workers, cfg.seed)
+    data_shards(cfg.data, cfg.shard_count(), cfg.seed)
     _scratch_model(cfg.model, cfg.data.seq_len, model_lib.resolve_device(cfg.device))
 
 
@@ -119,6 +156,34 @@ def _import_opt_state(opt: torch.optim.Optimizer, names: list[str],
     opt.load_state_dict(sd)
 
 
+def train_steps(net, opt: torch.optim.Optimizer, batches: np.ndarray, lr_at,
+                cfg: Config) -> list[float]:
+    """AdamW steps on ``net``, one per row of ``batches`` (sequence indices), step
+    s at learning rate ``lr_at(s)``; returns the training losses."""
+    corpus = data.load_corpus(cfg.data)
+    device = next(net.parameters()).device
+    net.train()
+    losses = []
+    for s, rows in enumerate(batches):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(s)
+        seqs = torch.from_numpy(corpus.train[rows].astype(np.int64)).to(device)  # (B, T+1)
+        _, loss = net(seqs[:, :-1], seqs[:, 1:])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.inner.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(net.parameters(), cfg.inner.grad_clip)
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def new_optimizer(net, cfg: Config) -> torch.optim.Optimizer:
+    i = cfg.inner
+    return torch.optim.AdamW(net.parameters(), lr=i.lr, betas=(i.beta1, i.beta2),
+                             weight_decay=i.weight_decay)
+
+
 def run_job(params, opt_state: dict, job: JobSpec, cfg: Config) -> JobResult:
     """Run one job; pure in (params, opt_state, job, cfg) for a fixed thread count."""
     import time
@@ -129,39 +194,25 @@ def run_job(params, opt_state: dict, job: JobSpec, cfg: Config) -> JobResult:
     load_into(net, params)
     names = [n for n, _ in net.named_parameters()]
 
-    i = cfg.inner
-    opt = torch.optim.AdamW(net.parameters(), lr=i.lr, betas=(i.beta1, i.beta2),
-                            weight_decay=i.weight_decay)
+    opt = new_optimizer(net, cfg)
     tensors = {k: v for k, v in opt_state.items() if k != "schedule_step"}
     _import_opt_state(opt, names, tensors, device)
-    schedule_step = int(opt_state.get("schedule_step", 0))
+    own_step = int(opt_state.get("schedule_step", 0))  # the worker's own inner steps so far
+    if job.schedule_step >= 0:  # the server placed the job on a shard's or the run's schedule
+        start, horizon = job.schedule_step, cfg.schedule_horizon()
+    else:
+        start, horizon = own_step, cfg.decay_steps()
 
-    corpus = data.load_corpus(cfg.data)
     # A pod of k workers trains data-parallel: one step on k workers' batches at once.
-    members = len(fleet.groups(cfg)[job.worker]) if cfg.network.hierarchical else 1
-    batch_size = i.batch_size * members
-    batches = data.job_batches(node_shard(cfg, job.worker), job.local_steps, batch_size,
-                               job.data_seed)
-    decay = cfg.decay_steps()
-
-    net.train()
-    losses = []
+    batch_size = cfg.inner.batch_size * pod_size(cfg, job.worker)
+    batches = data.job_batches(job_data(cfg, job), job.local_steps, batch_size, job.data_seed)
     t0 = time.perf_counter()
-    for s in range(job.local_steps):
-        for group in opt.param_groups:
-            group["lr"] = inner_lr(schedule_step + s, i, decay)
-        seqs = torch.from_numpy(corpus.train[batches[s]].astype(np.int64)).to(device)  # (B, T+1)
-        _, loss = net(seqs[:, :-1], seqs[:, 1:])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if i.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(net.parameters(), i.grad_clip)
-        opt.step()
-        losses.append(loss.item())
+    losses = train_steps(net, opt, batches, lambda s: inner_lr(start + s, cfg.inner, horizon),
+                         cfg)
     seconds = time.perf_counter() - t0
 
     new_state = _export_opt_state(opt, names)
-    new_state["schedule_step"] = schedule_step + job.local_steps
+    new_state["schedule_step"] = own_step + job.local_steps
     grad = outer_gradient(params, snapshot(net))
     return JobResult(grad, new_state, job.local_steps,
                      job.local_steps * batch_size * cfg.data.seq_len,

@@ -48,8 +48,17 @@ def _kill_when(db: Path, proc: subprocess.Popen, version: int, timeout: float = 
     proc.wait(timeout=30)
 
 
-@pytest.mark.parametrize("extra,corrupt", [(["strategy=diloco"], True), (FAULTY, False)],
-                         ids=["diloco-corrupt-newest-checkpoint", "async-dylu-with-faults"])
+# The paper's framework: shards drawn by the under-sampled rule, per-shard schedules
+# and a pretrained start (the shard book's counts and draw are in the checkpoint).
+PAPER = ["strategy=delayed-nesterov", "local_steps=dylu", "fleet.preset=very",
+         "data.partition=iid", "data.shards=5", "data.shard_choice=paper",
+         "inner.schedule=shard", "init.pretrain_steps=10"]
+
+
+@pytest.mark.parametrize("extra,corrupt", [(["strategy=diloco"], True), (FAULTY, False),
+                                           (PAPER, False)],
+                         ids=["diloco-corrupt-newest-checkpoint", "async-dylu-with-faults",
+                              "paper-shards-schedule-pretrained"])
 def test_killed_run_resumes_to_the_weights_of_an_uninterrupted_one(tmp_path, extra, corrupt):
     sets = [*BASE, *extra]
     ref_db = tmp_path / "reference.db"

@@ -3,7 +3,7 @@ import torch
 from fedlm import data, model as M
 from fedlm.config import InnerConfig
 from fedlm.params import load_into, params_hash, snapshot
-from fedlm.worker import JobSpec, inner_lr, run_job, worker_shards
+from fedlm.worker import JobSpec, inner_lr, run_job, data_shards
 from tests.conftest import tiny_config
 
 
@@ -26,7 +26,7 @@ def test_job_returns_the_outer_gradient_and_carries_optimizer_state():
     # Sign convention g = θ_start − θ_end: θ − g is the worker's end model, which
     # fits the job's own batches better than θ does.
     corpus = data.load_corpus(cfg.data)
-    shard = worker_shards(cfg.data, cfg.workers, cfg.seed)[1]
+    shard = data_shards(cfg.data, cfg.shard_count(), cfg.seed)[1]
     seqs = torch.from_numpy(corpus.train[data.job_batches(shard, 3, 4, 7).ravel()].astype("int64"))
     net = M.build(cfg.model, cfg.data.seq_len, seed=0)
 
