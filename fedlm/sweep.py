@@ -68,6 +68,24 @@ def _run_name(arm: str, profile: str) -> str:
     return f"{arm} @ {profile}"
 
 
+def cells_of(spec: dict) -> list[tuple[str, str, dict]]:
+    """``(run name, profile, arm)`` of every cell: each arm on the spec's profiles,
+    or on the subset its own ``profiles`` names."""
+    return [(_run_name(arm["label"], profile), profile, arm)
+            for profile in spec["profiles"] for arm in spec["arm"]
+            if profile in arm.get("profiles", spec["profiles"])]
+
+
+def reference_of(spec: dict, arm: dict) -> str:
+    """The label of the arm ``arm`` is compared with: its ``against``, else the
+    spec's reference (``reference = true``)."""
+    if arm.get("against"):
+        return arm["against"]
+    if any(a.get("against") == arm["label"] for a in spec["arm"]):
+        return arm["label"]  # the reference of a group of its own
+    return next(a["label"] for a in spec["arm"] if a.get("reference"))
+
+
 def load_spec(path: str | Path, quick: bool) -> dict:
     spec = tomllib.loads(Path(path).read_text())
     for key in ("db", "out", "arm", "profiles"):
@@ -75,8 +93,18 @@ def load_spec(path: str | Path, quick: bool) -> dict:
             raise ValueError(f"sweep spec {path}: missing {key!r}")
     if sum(bool(a.get("reference")) for a in spec["arm"]) != 1:
         raise ValueError(f"sweep spec {path}: exactly one [[arm]] needs reference = true")
+    labels = [a["label"] for a in spec["arm"]]
+    for arm in spec["arm"]:
+        if arm.get("against", arm["label"]) not in labels:
+            raise ValueError(f"sweep spec {path}: arm {arm['label']!r}: against names no arm "
+                             f"({arm['against']!r})")
     if quick:
         q = spec.get("quick", {})
+        if "arms" in q:  # --quick runs only these arms
+            unknown = sorted(set(q["arms"]) - set(labels))
+            if unknown:
+                raise ValueError(f"sweep spec {path}: quick.arms: no arm {unknown[0]!r}")
+            spec["arm"] = [a for a in spec["arm"] if a["label"] in q["arms"]]
         spec["base"] = [*spec.get("base", []), *q.get("base", [])]
         spec["profiles"] = q.get("profiles", spec["profiles"])
         spec["db"] = q.get("db", spec["db"])
@@ -155,8 +183,7 @@ def run_sweep(spec: dict, *, backend: str = "flower", rerun: bool = False, jobs:
     """
     check_jobs(jobs, backend)
     db = spec["db"]
-    names = [(_run_name(arm["label"], profile), profile, arm)
-             for profile in spec["profiles"] for arm in spec["arm"]]
+    names = cells_of(spec)
     total = len(names)
     finished = {r["name"]: r["id"] for r in (store.list_runs(db) if Path(db).exists() else [])
                 if r["status"] == "finished"}  # the newest finished run of each name
@@ -283,53 +310,82 @@ def plot(spec: dict, cells: list[Cell], out_prefix: Path) -> list[Path]:
 def report(spec: dict, cells: list[Cell], failures: list[Failure] = ()) -> str:
     db, profiles = spec["db"], spec["profiles"]
     arms = [a["label"] for a in spec["arm"]]
+    arm_of = {a["label"]: a for a in spec["arm"]}
     ref = next(a["label"] for a in spec["arm"] if a.get("reference"))
     paper = spec.get("paper", {})
     paper_profiles = spec.get("paper_profiles", profiles)
     get = {(c.arm, c.profile): c for c in cells}
+    planned = {(arm["label"], profile) for _, profile, arm in cells_of(spec)}
+    own_refs = any(a.get("against") for a in spec["arm"])
 
     def table(title: str, fmt, with_paper: bool = False) -> list[str]:
-        head = "| strategy | " + " | ".join(profiles) + " |"
+        head = "| arm | " + " | ".join(profiles) + " |"
         if with_paper:
             head += " paper: " + " / ".join(paper_profiles) + " |"
         lines = [f"### {title}", "", head,
                  "|---|" + "---|" * (len(profiles) + (1 if with_paper else 0))]
         for arm in arms:
-            row = f"| {arm} | " + " | ".join(fmt(get[(arm, p)]) if (arm, p) in get
-                                             else "failed" for p in profiles) + " |"
+            row = f"| {arm} | " + " | ".join(
+                fmt(get[(arm, p)]) if (arm, p) in get
+                else "failed" if (arm, p) in planned else "–" for p in profiles) + " |"
             if with_paper:
                 nums = paper.get(arm)
                 row += (" " + " / ".join(f"{x:.2f}" for x in nums) if nums else " –") + " |"
             lines.append(row)
         return lines + [""]
 
-    def reach(c: Cell) -> str:
-        if (ref, c.profile) not in get:
-            return "-"
-        target = get[(ref, c.profile)].summary.final_perplexity
-        t = time_to_reach(db, c.run_id, target)
-        return "not reached" if t is None else f"{t:,.0f}"
+    def ref_cell(c: Cell) -> Cell | None:
+        return get.get((reference_of(spec, arm_of[c.arm]), c.profile))
 
+    def reach(c: Cell, as_ratio: bool = False) -> str:
+        """When ``c`` first reached its reference's final perplexity (virtual s,
+        or as a fraction of the time the reference itself needed)."""
+        r = ref_cell(c)
+        if r is None:
+            return "-"
+        t = time_to_reach(db, c.run_id, r.summary.final_perplexity)
+        if t is None:
+            return "not reached"
+        return f"{t / r.summary.virtual_time:.2f}" if as_ratio else f"{t:,.0f}"
+
+    def gap(c: Cell) -> str:
+        r = ref_cell(c)
+        if r is None:
+            return "-"
+        return f"{100 * (c.summary.final_perplexity / r.summary.final_perplexity - 1):+.1f}%"
+
+    whose = "its reference's" if own_refs else f"{ref}'s"
     out = [f"# {spec.get('title', 'Sweep')}", "", spec.get("description", "").strip(), "",
-           f"Run store: `{db}` (run ids in the last table). Reference (sync): **{ref}**.", ""]
+           f"Run store: `{db}` (run ids in the last table). Reference (sync): **{ref}**"
+           + (" (an arm with `against` is compared with the arm it names)." if own_refs
+              else "."), ""]
     out += table("Final validation perplexity", lambda c: f"{c.summary.final_perplexity:.3f}",
                  with_paper=bool(paper))
+    out += table(f"Per-update gap: final perplexity against {whose}, at equal inner steps", gap)
     out += table("Virtual time the run needed (s)", lambda c: f"{c.summary.virtual_time:,.0f}")
 
     def ref_at(c: Cell) -> str:
-        if (ref, c.profile) not in get:
+        r = ref_cell(c)
+        if r is None:
             return "-"
-        v = value_at(db, get[(ref, c.profile)].run_id, c.summary.virtual_time)
+        v = value_at(db, r.run_id, c.summary.virtual_time)
         return "-" if v is None else f"{v:.3f}"
 
-    out += table(f"{ref}'s perplexity at the same virtual time (wall-clock view)", ref_at)
-    out += table(f"Virtual time to reach {ref}'s final perplexity (s)", reach)
+    out += table(f"{whose[0].upper() + whose[1:]} perplexity at the same virtual time "
+                 f"(wall-clock view)", ref_at)
+    out += table(f"Virtual time to reach {whose} final perplexity (s)", reach)
+    out += table("... as a fraction of the reference's own time (below 1: sooner)",
+                 lambda c: reach(c, as_ratio=True))
     out += table("Idle fraction (all workers)", lambda c: f"{100 * c.summary.idle_fraction:.1f}%")
     out += table("Updates applied / local steps",
                  lambda c: f"{c.summary.updates} / {c.summary.local_steps:,}")
     out += table("Run id and real time (s)",
                  lambda c: f"#{c.run_id}, {c.summary.wall_time:,.0f}")
-    out += ["### Arms", ""] + [f"- **{a['label']}**: `{' '.join(a['set'])}`" for a in spec["arm"]]
+    out += ["### Arms", ""] + [
+        f"- **{a['label']}**: `{' '.join(a['set'])}`"
+        + (f" (against {a['against']})" if a.get("against") else "")
+        + (f" (only {', '.join(a['profiles'])})" if "profiles" in a else "")
+        for a in spec["arm"]]
     out += ["", f"Shared: `{' '.join(spec.get('base', []))}`", ""]
     if failures:
         out += ["### Failed runs", ""] + [f"- **{f.arm} @ {f.profile}**: {f.reason}"
