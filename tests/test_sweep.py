@@ -20,8 +20,8 @@ def test_quick_paper_sweep_writes_tables_and_plots(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     text = out.read_text()
     assert "| arm | very | moderate | paper: very / moderate |" in text
-    for arm in ("DiLoCo (sync)", "DN + DyLU, lr 0.175", "Async DiLoCo (naive), lr 0.35",
-                "none: DiLoCo (sync)", "none: DN + DyLU"):
+    for arm in ("DiLoCo (sync)", "DN + DyLU, lr 0.7", "Async DiLoCo (naive), lr 0.35",
+                "none: DiLoCo (sync)", "none: DN + DyLU, lr 0.175"):
         assert f"| {arm} |" in text
     assert "41.35 / 41.35" in text  # the paper's numbers beside ours
     # an ablation arm runs only where it says, and is compared with its own reference
@@ -33,7 +33,7 @@ def test_quick_paper_sweep_writes_tables_and_plots(tmp_path):
         assert (out.parent / png).stat().st_size > 10_000
     # a run trained beside others ends as the same run trained alone
     spec = load_spec(ROOT / "experiments/configs/paper.toml", quick=True)
-    arm = next(a for a in spec["arm"] if a["label"] == "DN + DyLU, lr 0.175")
+    arm = next(a for a in spec["arm"] if a["label"] == "DN + DyLU, lr 0.7")
     alone = tmp_path / "alone.db"
     cmd = [sys.executable, "-m", "fedlm", "run", "--quiet", "--backend", "inprocess",
            "--db", str(alone)]
@@ -41,7 +41,7 @@ def test_quick_paper_sweep_writes_tables_and_plots(tmp_path):
         cmd += ["--set", kv]
     assert subprocess.run(cmd, capture_output=True, timeout=300).returncode == 0
     assert _final_hash(alone, "%") == _final_hash(tmp_path / "q.db",
-                                                 "DN + DyLU, lr 0.175 @ very")
+                                                 "DN + DyLU, lr 0.7 @ very")
     # a second invocation reuses the finished runs instead of training again
     again = subprocess.run(
         [sys.executable, "-m", "fedlm", "sweep", str(ROOT / "experiments/configs/paper.toml"),
