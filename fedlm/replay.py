@@ -15,7 +15,9 @@ jobs reached the strategy. Replay walks it:
                     ``schedule_step``), and hand it to the strategy with the
                     recorded staleness
 
-It starts from the run's recorded start: the seeded model, ``init.from``'s
+It drives the strategy through the engine's own ``Driver`` (``fedlm.engine.driver``),
+so a run and its replay hand updates, lost jobs and new versions to the strategy
+the same way. It starts from the run's recorded start: the seeded model, ``init.from``'s
 weights and pretraining, recomputed (``fedlm.start``) and checked against the
 hashes in the ``runs`` row; it ends with the final weights' hash, to compare
 with the recorded one. The
@@ -33,13 +35,13 @@ from typing import Callable
 
 from fedlm import start
 from fedlm.config import Config, ConfigError
+from fedlm.engine.driver import Driver
 from fedlm.params import params_hash
 from fedlm.store import connect_readonly, shown_status
 from fedlm import compression
 from fedlm.worker import JobSpec, job_update
 from fedlm.worker_state import MemoryStates
 from strategies import registry
-from strategies.base import Update
 
 
 @dataclass(frozen=True)
@@ -102,21 +104,23 @@ def replay(db: str | Path, run_id: int,
     if run["start_hash"] and params_hash(params) != run["start_hash"]:
         raise ReplayError("the start of the federated phase differs from the recorded one "
                           "(init.from's weights changed, or the pretraining code did)")
-    strategy = registry.build_strategy(cfg.strategy, cfg.outer)
-    strategy.start(params, num_workers=cfg.nodes())
+    driver = Driver(registry.build_strategy(cfg.strategy, cfg.outer))
+    driver.start(params, num_workers=cfg.nodes())
     versions = {0: params}
-    version, held, mismatched = 0, 1, 0
+    held, mismatched = 1, 0
     states = [MemoryStates() for _ in range(cfg.nodes())]
+
+    def new_version(params) -> None:
+        driver.new_version(params)
+        versions[driver.version] = params
 
     for n, (op, kind, row) in enumerate(ops):
         if kind == "dispatch":
-            strategy.on_dispatch(row["worker"], version=row["base_version"])
+            driver.dispatched(row["worker"], row["base_version"])
         elif kind == "lost":
-            new = strategy.on_job_lost(row["worker"], job_id=row["job_id"],
-                                       reason=row["reason"] or "error", params=versions[version])
+            new = driver.lose(row["worker"], job_id=row["job_id"], reason=row["reason"] or "error")
             if new is not None:
-                version += 1
-                versions[version] = new
+                new_version(new)
         else:
             base = row["base_version"]
             if base not in versions:
@@ -134,24 +138,23 @@ def replay(db: str | Path, run_id: int,
             grad = compression.decode(result.outer_grad, versions[base], cfg.network)
             if params_hash(grad) != row["update_hash"]:
                 mismatched += 1
-            if version - base != row["staleness"]:
-                raise ReplayError(f"update {row['seq']}: staleness {version - base}, "
+            update = driver.update(worker=job.worker, job_id=job.job_id, base_version=base,
+                                   outer_grad=grad, tokens=result.tokens,
+                                   local_steps=result.steps)
+            if update.staleness != row["staleness"]:
+                raise ReplayError(f"update {row['seq']}: staleness {update.staleness}, "
                                   f"log says {row['staleness']}")
-            new = strategy.on_update(Update(worker=job.worker, job_id=job.job_id,
-                                            base_version=base, outer_grad=grad,
-                                            tokens=result.tokens, local_steps=result.steps,
-                                            staleness=row["staleness"]), versions[version])
+            new = driver.apply(update)
             if new is not None:
-                version += 1
-                versions[version] = new
+                new_version(new)
         # forget versions no later job starts from (always keep the current one)
-        for v in [v for v in versions if v != version and last_use.get(v, -1) <= op]:
+        for v in [v for v in versions if v != driver.version and last_use.get(v, -1) <= op]:
             del versions[v]
         held = max(held, len(versions))
         if progress:
             progress(n + 1, len(ops))
 
-    return ReplayResult(run_id, run["final_hash"], params_hash(versions[version]), version,
+    return ReplayResult(run_id, run["final_hash"], params_hash(driver.params), driver.version,
                         len(updates), mismatched, held)
 
 

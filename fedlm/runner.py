@@ -83,7 +83,7 @@ def execute(cfg: Config, db_path: str, connect: Connect,
 
         def save_checkpoint(engine_state: dict) -> None:
             writer.commit()
-            ckpt_lib.save(folder, engine_state["version"],
+            ckpt_lib.save(folder, engine_state["position"]["version"],
                           {"engine": engine_state, "db": writer.positions(), "run_key": run_key,
                            "run": whose},
                           keep=cfg.reliability.checkpoint_keep)
@@ -96,7 +96,7 @@ def execute(cfg: Config, db_path: str, connect: Connect,
                         checkpoint=save_checkpoint if cfg.reliability.checkpoint_every else None,
                         shard_sizes=sizes)
         for kind, detail in notes:
-            writer.add_event(kind=kind, virtual_time=state["now"] if state else 0.0,
+            writer.add_event(kind=kind, virtual_time=state["position"]["now"] if state else 0.0,
                              detail=detail)
         final = engine.run(params, resume=state)
         if cfg.reliability.keep_weights:  # what init.from = RUN_ID starts from
@@ -143,10 +143,11 @@ def _rewind(writer: RunWriter, folder) -> tuple[dict | None, str, list[tuple[str
         return None, uuid.uuid4().hex, [("resumed", f"from the start ({exc})")]
     notes += [("checkpoint_skipped", s) for s in skipped]
     st = payload["engine"]
-    writer.rewind(payload["db"], next_job_id=st["next_job_id"], seq=st["seq"],
-                  version=st["version"], in_flight=sorted(st["in_flight"]))
-    notes.append(("resumed", f"from {path.name}: version {st['version']}, op {st['op']}, "
-                             f"{len(st['in_flight'])} jobs in flight re-sent"))
+    at = st["position"]
+    writer.rewind(payload["db"], next_job_id=at["next_job_id"], seq=at["seq"],
+                  version=at["version"], in_flight=at["in_flight"])
+    notes.append(("resumed", f"from {path.name}: version {at['version']}, op {at['op']}, "
+                             f"{len(at['in_flight'])} jobs in flight re-sent"))
     return st, payload["run_key"], notes
 
 

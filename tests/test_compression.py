@@ -83,7 +83,7 @@ def test_compressed_runs_send_fewer_bytes_train_and_replay(tmp_path, codec):
         loss = [l for (l,) in conn.execute("SELECT loss FROM metrics ORDER BY id")]
     ratio = {"bf16": 0.5, "int4": 0.5 / 4 + 4 / 256 / 4}[codec]
     assert up == pytest.approx(ratio * down, rel=0.02)  # uploads encoded, downloads fp32
-    assert up / engine.next_job_id == C.encoded_bytes(final, cfg.network)
+    assert up / engine.jobs.next_job_id == C.encoded_bytes(final, cfg.network)
     assert engine.now < fp32.now  # less to push through the shared link
     assert loss[-1] < loss[0]
     assert replay(db, run_id).identical

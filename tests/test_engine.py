@@ -34,7 +34,7 @@ def run_engine(cfg, db, transport=None, evaluate=True):
     writer.set_model_info(M.num_parameters(M.build(cfg.model, cfg.data.seq_len, seed=cfg.seed)),
                           params_hash(theta))
     final = engine.run(theta)
-    writer.finish(status="finished", virtual_time=engine.clock.now, updates=engine.version,
+    writer.finish(status="finished", virtual_time=engine.now, updates=engine.version,
                   final_hash=params_hash(final))
     writer.close()
     return engine, final, writer.run_id
@@ -55,7 +55,7 @@ def test_sync_idle_time_matches_the_profile_arithmetic(tmp_path):
                 + num_bytes(final) / fleet.REGIONS["local"].down_bw)
     job_time = [cfg.inner.steps * st + comm for st in (1.0, 2.0, 4.0)]
     rounds = 3
-    assert engine.clock.now == pytest.approx(rounds * max(job_time))
+    assert engine.now == pytest.approx(rounds * max(job_time))
     s = summarize(tmp_path / "r.db", run_id)
     for w, expected in zip(s.workers, job_time):
         # fast workers wait for the slowest at every barrier; the slowest never waits

@@ -91,7 +91,7 @@ def test_a_live_run_cannot_be_resumed_and_a_killed_one_reads_as_crashed(tmp_path
     proc = _start(db, "updates=400", "reliability.checkpoint_every=0")
     try:
         deadline = time.monotonic() + 120
-        while not (db.exists() and store.list_runs(db) and
+        while not (_created(db) and store.list_runs(db) and
                    store.list_runs(db)[0]["updates"] is None and _applied(db) >= 1):
             assert proc.poll() is None, proc.stderr.read()
             assert time.monotonic() < deadline
@@ -121,6 +121,17 @@ def test_a_live_run_cannot_be_resumed_and_a_killed_one_reads_as_crashed(tmp_path
     shown = _cli("show", "1", "--db", str(db))
     assert shown.returncode == 1 and "crashed: its writer (pid" in shown.stderr
     assert "last seen" in shown.stderr and "--resume 1" in shown.stderr
+
+
+def _created(db) -> bool:
+    """The run's store exists and has its tables (the file appears a moment before)."""
+    if not db.exists():
+        return False
+    try:
+        store.list_runs(db)
+    except store.StoreError:
+        return False
+    return True
 
 
 def _applied(db) -> int:
