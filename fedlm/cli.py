@@ -147,45 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="cost model: time per outer step, communication, "
                        "utilisation and idle time of sync and async training (no run)")
-    p.add_argument("--params", default="1e9", help="model parameters: 1e9, 7B, 70B, 100T "
-                   "(default 1e9)")
-    p.add_argument("--workers", type=int, default=8, help="workers in all (default 8)")
-    p.add_argument("--data-centres", "--data-centers", dest="data_centres", type=int,
-                   default=None, help="data centres the workers are spread over, evenly "
-                   "(default: one per worker); per-DC values below cycle over them")
-    p.add_argument("--step-time", default="0.5", help="seconds per inner step, or a list per "
-                   "data centre: 0.5,1,2 (default 0.5)")
-    p.add_argument("--H", "--local-steps", dest="H", type=int, default=100,
-                   help="inner steps per job (default 100)")
-    p.add_argument("--bandwidth", default="1e9", help="each data centre's link to the server, "
-                   "both ways: bits/s (1e9), or 10Gbit, 1.25GB/s; a list per DC (default 1e9)")
-    p.add_argument("--down-bandwidth", default=None, help="server -> worker, if not --bandwidth")
-    p.add_argument("--up-bandwidth", default=None, help="worker -> server, if not --bandwidth")
-    p.add_argument("--latency", default="0.05", help="one-way seconds per transfer, or a list "
-                   "per DC (default 0.05)")
-    p.add_argument("--regions", default=None, help="per-DC links from fedlm's regions, cycled: "
-                   "local,us,eu,asia (replaces --bandwidth and --latency)")
-    p.add_argument("--server-bandwidth", default="0", help="the server's own link, shared by all "
-                   "transfers each way (0: unlimited, the default)")
-    p.add_argument("--server-down", default=None, help="server egress, if not --server-bandwidth")
-    p.add_argument("--server-up", default=None, help="server ingress, if not --server-bandwidth")
-    p.add_argument("--compression", default="fp32", help="uploads as fp32, bf16, fp16, int8 or "
-                   "int4 (default fp32)")
-    p.add_argument("--down-compression", default="fp32", help="the global model sent down as "
-                   "(default fp32, as the simulator does)")
-    p.add_argument("--block-size", type=int, default=256, help="values per int8/int4 scale "
-                   "(0: one per tensor; default 256)")
-    p.add_argument("--hierarchical", action="store_true", help="a data centre's workers train "
-                   "as one data-parallel pod; only the pod talks to the server")
-    p.add_argument("--intra-bandwidth", default="100Gbit", help="inside a data centre, for the "
-                   "pod's all-reduce (default 100Gbit)")
-    p.add_argument("--jitter", type=float, default=0.05, help="sigma of the lognormal "
-                   "compute-time jitter (default 0.05, as fleet.jitter)")
-    p.add_argument("--daily-amplitude", type=float, default=0.0, help="bandwidth dips by this "
-                   "fraction once a day (default 0: off)")
-    p.add_argument("--plot", default=None, metavar="OUT_DIR", help="also write the scaling "
-                   "plots (vs model size, vs data centres) as PNG files there")
-    p.add_argument("--json", action="store_true", help="print the predictions as JSON")
+    from fedlm import cli_plan  # the command's flags, with the parsing of their text
+
+    cli_plan.add_arguments(p)
 
     p = sub.add_parser("dashboard", help="serve the live dashboard (Streamlit)")
     _add_db_arg(p)
@@ -570,22 +534,9 @@ def _signals_interrupt():
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    import json
+    from fedlm import cli_plan
 
-    from fedlm import plan
-
-    inp = plan.input_from_args(args)
-    preds = plan.predict(inp)
-    if args.json:
-        print(json.dumps(plan.report_dict(inp, preds), indent=2))
-    else:
-        print(plan.table(inp, preds))
-    if args.plot:
-        from fedlm import plan_plots
-
-        for path in plan_plots.scaling_plots(inp, Path(args.plot)):
-            print(f"wrote {path}")
-    return 0
+    return cli_plan.run(args)
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:

@@ -13,6 +13,8 @@ sizes.
     int4        the same with 15 levels, two values a byte    0.5 byte / value
                                                                 + 4 bytes / block
 
+(The sizes are ``fedlm.wire``'s, shared with the planner.)
+
 Error feedback (int8, int4; ``network.error_feedback``): the worker adds the
 rounding error it made last time to this gradient before quantising and keeps
 the new error (Seide et al. 2014; Karimireddy et al. 2019), so nothing is lost
@@ -30,6 +32,7 @@ from collections import OrderedDict
 
 import torch
 
+from fedlm import wire
 from fedlm.config import NetworkConfig
 from fedlm.params import BadUpdate
 
@@ -37,23 +40,10 @@ EF_PREFIX = "ef/"
 _LEVELS = {"int8": 127, "int4": 7}
 
 
-def _blocks(n: int, block: int) -> int:
-    return 1 if block <= 0 else math.ceil(n / block)
-
-
 def encoded_bytes(params, net: NetworkConfig) -> int:
     """Bytes of an encoded update of a model shaped like ``params``."""
-    total = 0
-    for t in params.values():
-        n = t.numel()
-        if net.compression == "fp32":
-            total += 4 * n
-        elif net.compression in ("bf16", "fp16"):
-            total += 2 * n
-        else:
-            per_value = 1 if net.compression == "int8" else 0.5
-            total += math.ceil(n * per_value) + 4 * _blocks(n, net.block_size)
-    return total
+    return sum(wire.tensor_bytes(t.numel(), net.compression, net.block_size)
+               for t in params.values())
 
 
 def _quantise(x: torch.Tensor, levels: int, block: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -136,9 +126,10 @@ def decode(payload, reference, net: NetworkConfig) -> "OrderedDict[str, torch.Te
         want_q = torch.uint8 if codec == "int4" else torch.int8
         if q.dtype != want_q or q.numel() != qn or q.dim() != 1:
             raise BadUpdate(f"{name}/q: {q.dtype} {tuple(q.shape)}, expected {want_q} ({qn},)")
-        if scale.dtype != torch.float32 or scale.numel() != _blocks(n, net.block_size):
+        blocks = wire.scale_blocks(n, net.block_size)
+        if scale.dtype != torch.float32 or scale.numel() != blocks:
             raise BadUpdate(f"{name}/scale: {scale.dtype} {tuple(scale.shape)}, expected "
-                            f"float32 ({_blocks(n, net.block_size)},)")
+                            f"float32 ({blocks},)")
         values = _unpack4(q, n) if codec == "int4" else q
         out[name] = _dequantise(values, scale, tuple(ref.shape), net.block_size)
     return out

@@ -15,7 +15,8 @@ centre uploading at once gets a twentieth of it. The model:
   same either way);
 - optionally every bandwidth follows a daily cycle: multiplied by
   ``1 − a·(1 + cos(2π(h − peak)/24))/2`` in hour ``h`` of the virtual day
-  (constant within an hour), least at ``peak_hour``.
+  (constant within an hour), least at ``peak_hour`` (``fedlm.wire``, shared
+  with the planner).
 
 The engine asks ``next_finish()`` for the next time something changes and
 ``advance(t)`` for the flows finished by then. Pure virtual time: no wall clock.
@@ -26,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-HOUR = 3600.0
+from fedlm.wire import HOUR, daily_factor
 
 
 @dataclass
@@ -62,11 +63,7 @@ class Network:
 
     def factor(self, t: float) -> float:
         """Bandwidth multiplier at virtual time ``t`` (constant within an hour)."""
-        if self.amplitude <= 0:
-            return 1.0
-        hour = (math.floor(t / HOUR) % 24) + 0.5
-        dip = 0.5 * (1.0 + math.cos(2 * math.pi * (hour - self.peak_hour) / 24))
-        return 1.0 - self.amplitude * dip
+        return daily_factor(t, self.amplitude, self.peak_hour)
 
     def _rates(self) -> dict[tuple[int, str], float]:
         m = self.factor(self.t)

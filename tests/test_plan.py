@@ -1,20 +1,19 @@
-"""The cost model (fedlm.plan) against closed forms, the network model and the simulator."""
+"""The cost model (fedlm.plan) against closed forms, the network model and the simulator.
+Its wire sizes and daily cycle, shared with the simulator: tests/test_wire.py."""
 
 from __future__ import annotations
 
 import json
 import math
-from collections import OrderedDict
 from dataclasses import replace
 
 import numpy as np
 import pytest
-import torch
 
-from fedlm import compression, plan, plan_plots
-from fedlm.config import ConfigError, NetworkConfig
+from fedlm import plan
+from fedlm.config import ConfigError
 from fedlm.network import Flow, Network, fair_rates
-from fedlm.plan import PlanInput
+from fedlm.plan import PlanInput, check, plots
 from tests._cli import assert_refused, run_cli
 
 GBIT = 1e9 / 8
@@ -25,14 +24,13 @@ GBIT = 1e9 / 8
 # ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("strategy", ["fedavg", "async-sgd"])
-@pytest.mark.parametrize("case", plan_plots.CASES, ids=[c[0] for c in plan_plots.CASES])
+@pytest.mark.parametrize("case", check.CASES, ids=[c[0] for c in check.CASES])
 def test_plan_matches_the_simulated_virtual_time(case, strategy):
     """Predicted seconds per global update = engine.now / engine.version within
     10% (fedlm's real engine, instant zero updates, fleet and network as
     configured), and the shares of time within 5 points."""
     name, overrides, params = case
-    r = plan_plots.validate_case(name, overrides, params, strategy,
-                                 plan_plots.updates_for(strategy, case))
+    r = check.validate_case(name, overrides, params, strategy, check.updates_for(strategy, case))
     assert abs(r["error_pct"]) < 10, r
     assert r["comm_predicted"] == pytest.approx(r["comm_simulated"], abs=0.05), r
     assert r["util_predicted"] == pytest.approx(r["util_simulated"], abs=0.05), r
@@ -40,8 +38,8 @@ def test_plan_matches_the_simulated_virtual_time(case, strategy):
 
 
 def test_the_cases_span_light_to_heavy_communication():
-    sims = [plan.predict(plan.from_config(plan_plots.case_config(o, "fedavg", 1), p))["sync"]
-            for _, o, p in plan_plots.CASES]
+    sims = [plan.predict(plan.from_config(check.case_config(o, "fedavg", 1), p))["sync"]
+            for _, o, p in check.CASES]
     comm = [s.comm_fraction for s in sims]
     assert min(comm) < 0.06 and max(comm) > 0.7
 
@@ -49,15 +47,6 @@ def test_the_cases_span_light_to_heavy_communication():
 # ---------------------------------------------------------------------------
 # The pieces
 # ---------------------------------------------------------------------------
-
-@pytest.mark.parametrize("codec", ["fp32", "bf16", "fp16", "int8", "int4"])
-@pytest.mark.parametrize("block", [256, 100, 0])
-@pytest.mark.parametrize("n", [1, 255, 257, 10_001])
-def test_payload_bytes_are_the_encoded_bytes(codec, block, n):
-    params = OrderedDict(w=torch.zeros(n))
-    want = compression.encoded_bytes(params, NetworkConfig(compression=codec, block_size=block))
-    assert plan.payload_bytes(n, codec, block) == want
-
 
 def test_water_level_is_the_network_models_fair_share():
     rng = np.random.default_rng(0)
@@ -202,8 +191,8 @@ def test_cli_prints_sync_and_async_side_by_side(tmp_path, monkeypatch):
 
 
 def test_cli_plots(tmp_path, monkeypatch):
-    monkeypatch.setattr(plan_plots, "SIZES", np.logspace(7, 14, 8))
-    monkeypatch.setattr(plan_plots, "DATA_CENTRES", [1, 10, 100])
+    monkeypatch.setattr(plots, "SIZES", np.logspace(7, 14, 8))
+    monkeypatch.setattr(plots, "DATA_CENTRES", [1, 10, 100])
     rc, _, err = run_cli(["plan", "--workers", "4", "--plot", str(tmp_path / "p")])
     assert rc == 0, err
     for name in ("scaling_model_size.png", "scaling_data_centres.png"):

@@ -1,11 +1,16 @@
-"""Plots and the simulator check of the cost model (``fedlm.plan``).
+"""The scaling figures of a plan, and docs/scaling.md's numbers.
 
-    fedlm plan ... --plot OUT_DIR          the two scaling plots of one plan
-    python -m fedlm.plan_plots [--out DIR]  docs/scaling.md's figures, validation and numbers
+    fedlm plan ... --plot OUT_DIR            the two scaling plots of one plan
+    python -m fedlm.plan.plots [--out DIR]   docs/scaling.md's figures, validation and numbers
 
-The second writes ``scaling_model_size.png``, ``scaling_data_centres.png`` and
-``scaling.json`` (the sweeps, the crossovers and the plan-vs-simulator table)
-under experiments/results/ and prints the tables docs/scaling.md quotes.
+The plots sweep a plan over model size (the plan as given and one change at a
+time: compression, H, step time growing with the model, mixed links) and over
+the number of data centres (own links, a shared server link, mixed links), and
+draw time per round, communication, utilisation and idle time, sync beside
+async. The second command writes ``scaling_model_size.png``,
+``scaling_data_centres.png`` and ``scaling.json`` (the sweeps, the crossovers
+and the plan-vs-simulator table of ``fedlm.plan.check``) under
+experiments/results/ and prints the tables docs/scaling.md quotes.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import numpy as np
 from fedlm import plan
 from fedlm.plan import PlanInput, Prediction
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SIZES = np.logspace(7, 14, 57)  # 10M .. 100T parameters
 DATA_CENTRES = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 80, 100]
 GBIT = 1e9 / 8  # bytes/s in a Gbit/s
@@ -181,121 +186,6 @@ def scaling_plots(inp: PlanInput, out_dir: Path) -> list[Path]:
 
 
 # ---------------------------------------------------------------------------
-# The plan against the simulator
-# ---------------------------------------------------------------------------
-
-# Links slow enough that a few thousand fp32 values take seconds: the engine
-# then moves tiny tensors while the virtual clock sees the same ratios of
-# transfer to compute time as a large model on a fast link.
-LINKS = ("fleet.links={near = {latency = 0.02, down_bw = 2e4, up_bw = 1e4}, "
-         "mid = {latency = 0.05, down_bw = 1e4, up_bw = 5e3}, "
-         "far = {latency = 0.1, down_bw = 5e3, up_bw = 2e3}}")
-HOM = "fleet.step_times=[1.0, 1.0, 1.0, 1.0]"
-HET = "fleet.step_times=[1.0, 1.5, 2.0, 3.0]"
-ONE = "fleet.regions=['mid', 'mid', 'mid', 'mid']"
-THREE = "fleet.regions=['near', 'mid', 'far', 'near']"
-
-# name, overrides, parameters (fp32 values of the model): 4 workers, H = 5
-# unless the overrides say otherwise; communication is 5% to 70% of the time.
-CASES: list[tuple[str, list[str], int]] = [
-    ("4 alike, 1 region", [HOM, ONE], 2_500),
-    ("4 alike, 1 region, comm-heavy", [HOM, ONE], 10_000),
-    ("step times 1-3 s, 1 region", [HET, ONE], 2_500),
-    ("step times 1-3 s, 3 regions, small model", [HET, THREE], 500),
-    ("step times 1-3 s, 3 regions, big model", [HET, THREE], 10_000),
-    ("3 regions as 3 pods of 2 (hierarchical)",
-     ["workers=6", "fleet.topology={near = 2, mid = 2, far = 2}", "network.hierarchical=true",
-      "network.intra_bw=1e6"], 2_500),
-    ("jitter 0.2, step times 1-3 s, 3 regions", [HET, THREE, "fleet.jitter=0.2"], 2_500),
-    ("4 alike, shared server link", [HOM, ONE, "network.server_up=1e4",
-                                     "network.server_down=2e4"], 2_500),
-    ("step times 1-3 s, 3 regions, shared link", [HET, THREE, "network.server_up=1e4",
-                                                  "network.server_down=2e4"], 2_500),
-    ("8 workers (moderate), 3 regions, shared link",
-     ["workers=8", "fleet.preset=moderate",
-      "fleet.regions=['near','mid','far','near','mid','far','near','mid']",
-      "network.server_up=1e4", "network.server_down=2e4"], 2_500),
-    ("12 alike, jitter 0.2, shared link",
-     ["workers=12", "fleet.preset=homogeneous", f"fleet.regions={['mid'] * 12}",
-      "fleet.jitter=0.2", "network.server_up=2e4", "network.server_down=4e4"], 2_500),
-    ("6 workers, 3 regions, shared uplink, int8",
-     ["workers=6", "fleet.step_times=[1.0, 1.2, 1.4, 1.7, 2.0, 3.0]",
-      "fleet.regions=['near','mid','far','near','mid','far']",
-      "network.server_up=8e3", "network.compression=int8"], 5_000),
-    ("step times 1-3 s, 3 regions, shared uplink, int4",
-     [HET, THREE, "network.server_up=5e3", "network.compression=int4"], 10_000),
-    ("step times 1-3 s, 3 regions, shared link, bf16",
-     [HET, THREE, "network.server_up=5e3", "network.server_down=1e4",
-      "network.compression=bf16"], 5_000),
-]
-# one virtual day under a daily bandwidth cycle: slower, so not in the test suite
-DAILY = ("daily bandwidth cycle 50%, step times 1-3 s, 3 regions, shared uplink",
-         [HET, THREE, "inner.steps=60", "network.server_up=1e4", "network.daily_amplitude=0.5"],
-         50_000)
-
-
-def case_config(overrides: list[str], strategy: str, updates: int):
-    from fedlm import config
-
-    return config.load(None, ["model=tiny", "workers=4", "inner.steps=5", f"strategy={strategy}",
-                              "fleet.jitter=0", "eval.every=1000000000",
-                              "reliability.checkpoint_every=0", "reliability.deadline_factor=1000", LINKS,
-                              f"updates={updates}",
-                              *overrides])
-
-
-def validate_case(name: str, overrides: list[str], params: int, strategy: str,
-                  updates: int) -> dict:
-    """Predicted vs simulated for one case and strategy (fedavg: sync; else async)."""
-    cfg = case_config(overrides, strategy, updates)
-    sim = plan.simulate(cfg, params)
-    mode = "sync" if strategy in ("fedavg", "diloco") else "async"
-    pred = plan.predict(plan.from_config(cfg, params))[mode]
-    return {"case": name, "strategy": strategy, "mode": mode, "params": params,
-            "updates": sim["updates"],
-            "predicted": pred.time_per_update, "simulated": sim["time_per_update"],
-            "error_pct": 100 * (pred.time_per_update / sim["time_per_update"] - 1),
-            "comm_predicted": pred.comm_fraction, "comm_simulated": sim["comm_fraction"],
-            "util_predicted": pred.compute_utilisation,
-            "util_simulated": sim["compute_utilisation"],
-            "idle_predicted": pred.idle_fraction, "idle_simulated": sim["idle_fraction"]}
-
-
-def updates_for(strategy: str, case: tuple) -> int:
-    """Global updates to run: enough for the mean to settle. Sync: 20 rounds;
-    async: 50 arrivals per node; 4x as many with jitter (workers drift apart
-    slowly from their common start); a daily cycle: one virtual day."""
-    name, overrides = case[0], case[1]
-    if name.startswith("daily"):
-        return 280 if strategy == "fedavg" else 1900
-    nodes = len(plan.from_config(case_config(overrides, strategy, 1), 1).workers_per_dc)
-    k = 4 if any(o.startswith("fleet.jitter=") and o != "fleet.jitter=0" for o in overrides) \
-        else 1
-    return k * (20 if strategy == "fedavg" else 50 * nodes)
-
-
-def validation_rows(cases=None) -> list[dict]:
-    rows = []
-    for case in cases or [*CASES, DAILY]:
-        for strategy in ("fedavg", "async-sgd"):
-            rows.append(validate_case(case[0], case[1], case[2], strategy,
-                                      updates_for(strategy, case)))
-    return rows
-
-
-def validation_table(rows: list[dict]) -> str:
-    header = ("| case | strategy | plan s/update | simulated | error | comm (plan / sim) | "
-              "idle (plan / sim) |")
-    lines = [header, "|---|---|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        lines.append(f"| {r['case']} | {r['strategy']} | {r['predicted']:.3f} | "
-                     f"{r['simulated']:.3f} | {r['error_pct']:+.1f}% | "
-                     f"{r['comm_predicted']:.0%} / {r['comm_simulated']:.0%} | "
-                     f"{r['idle_predicted']:.0%} / {r['idle_simulated']:.0%} |")
-    return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------
 # docs/scaling.md's numbers
 # ---------------------------------------------------------------------------
 
@@ -359,6 +249,8 @@ def main() -> int:
                   f"{a.compute_utilisation:6.1%}  round {plan.seconds(s.time_per_round):>9} / "
                   f"{plan.seconds(a.time_per_round):>9}  idle {s.idle_fraction:5.1%}")
     if not args.no_validation:
+        from fedlm.plan.check import validation_rows, validation_table  # torch, the engine
+
         rows = validation_rows()
         result["validation"] = rows
         print("\n" + validation_table(rows))
