@@ -97,13 +97,13 @@ def test_a_failed_run_is_recorded_even_when_its_rows_cannot_be(tmp_path, monkeyp
     holder = sqlite3.connect(db, isolation_level=None, timeout=0)
     holder.execute("BEGIN IMMEDIATE")
     # released while the writer's own attempt has given up and the fresh one retries
-    original = store.mark_ended
+    original = store.writer.mark_ended  # what RunWriter.finish calls
 
     def release_then_mark(*args, **kwargs):
         holder.execute("COMMIT")
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(store, "mark_ended", release_then_mark)
+    monkeypatch.setattr(store.writer, "mark_ended", release_then_mark)
     try:
         writer.finish(status="failed", virtual_time=0.0, updates=0, final_hash=None,
                       error="RuntimeError: boom")
