@@ -83,12 +83,7 @@ def main() -> int:
 
 def uploaded(db: str, run_id: int) -> float:
     """Bytes the workers' finished jobs sent up, as encoded on the wire."""
-    from contextlib import closing
-
-    with closing(store.connect_readonly(db)) as conn:
-        row = conn.execute("SELECT COALESCE(SUM(up_bytes), 0) FROM jobs WHERE run_id=?"
-                           " AND status='done'", (run_id,)).fetchone()
-    return float(row[0])
+    return store.uploaded_bytes(db, run_id)
 
 
 if __name__ == "__main__":

@@ -26,13 +26,13 @@ import sqlite3
 import sys
 import threading
 import tomllib
-from contextlib import closing, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
 
 from fedlm import config as config_lib
 from fedlm.config import Config, ConfigError
-from fedlm.store import StoreError
+from fedlm.store import StoreError, check_writable
 
 
 class _Parser(argparse.ArgumentParser):
@@ -202,8 +202,7 @@ def _resumable(db: str, run_id: int) -> Config:
 
     if not Path(db).exists():
         raise StoreError(f"db: no run database at {db}")
-    with closing(store.connect_readonly(db)) as conn:
-        row = conn.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
+    row = store.run_row(db, run_id)
     if row is None:
         raise StoreError(f"--resume: no run {run_id} in {db}")
     if row["status"] == "finished":
@@ -226,7 +225,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         cfg = config_lib.load(args.config, args.overrides)
         db = args.db or cfg.db
     by_steps = cfg.local_step_budget > 0
-    _check_writable_db(db)
+    check_writable(db)
     flower = args.backend != "inprocess"
     _quiet_libraries(flower)
     from tqdm import tqdm
@@ -327,8 +326,7 @@ def _print_summary(db: str, run_id: int) -> int:
 
     s = store.summarize(db, run_id)
     if s.status != "finished":
-        with closing(store.connect_readonly(db)) as conn:
-            row = conn.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
+        row = store.run_row(db, run_id)
         why = row["error"] or "still running"
         if s.status == "crashed":
             why = (f"its writer (pid {row['owner_pid']} on {row['owner_host']}) is gone, last "
@@ -461,7 +459,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         spec["db"] = args.db
     if args.out:
         spec["out"] = args.out
-    _check_writable_db(spec["db"])  # one line now, not one failed cell after another
+    check_writable(spec["db"])  # one line now, not one failed cell after another
     try:
         result = sweep.run_sweep(spec, backend=args.backend, rerun=args.rerun, jobs=args.jobs,
                                  fail_fast=args.fail_fast)
@@ -499,7 +497,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         overrides.append(f"workers={args.workers}")
     cfg = config_lib.load(args.config, overrides)
     db = args.db or cfg.db
-    _check_writable_db(db)
+    check_writable(db)
     with _signals_interrupt():  # SIGTERM too: the deployment's processes are stopped
         status = deploy.main_local(cfg, overrides, db, Path(args.home).resolve(), args.config)
     if status != 0:
@@ -606,37 +604,6 @@ def _serve(cmd: list[str], grace: float = 10.0) -> int:
 def _refuse(message: object) -> int:
     print(f"fedlm: error: {_one_line(message)}", file=sys.stderr)
     return 2
-
-
-def _check_writable_db(db: str) -> None:
-    """Open the run database as the run will, now: a file of another schema version,
-    not SQLite, a directory or locked past FEDLM_DB_TIMEOUT fails in one line before
-    any library loads or worker starts (an older version is migrated, as by the run)."""
-    from fedlm import store
-
-    if Path(db).is_dir():
-        raise StoreError(f"db: {db} is a directory, not a run database")
-    if Path(db).is_file() and Path(db).stat().st_size > 0:  # not another program's SQLite
-        try:
-            with closing(sqlite3.connect(f"{Path(db).resolve().as_uri()}?mode=ro", uri=True,
-                                         timeout=store.db_timeout())) as conn:
-                tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
-                row = conn.execute("SELECT value FROM meta WHERE key='schema_version'"
-                                   ).fetchone() if "meta" in tables else None
-        except sqlite3.Error as exc:
-            raise store.db_error(db, exc) from None
-        if tables and "meta" not in tables:
-            raise StoreError(f"db: {db} is a SQLite database of something else (no fedlm "
-                             f"meta table); use another --db")
-        if row and not str(row[0]).isdigit():
-            raise StoreError(f"db: {db} holds schema version {row[0]}, this fedlm writes "
-                             f"version {store.SCHEMA_VERSION}; use another --db")
-    try:
-        store.connect(db).close()
-    except StoreError:
-        raise
-    except (sqlite3.Error, OSError, ValueError) as exc:
-        raise store.db_error(db, exc) from None
 
 
 def _sweep_spec(path: str, quick: bool) -> dict:

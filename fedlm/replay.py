@@ -28,7 +28,6 @@ some job still to be replayed starts from are kept in memory.
 
 from __future__ import annotations
 
-from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -37,7 +36,7 @@ from fedlm import start
 from fedlm.config import Config, ConfigError
 from fedlm.engine.driver import Driver
 from fedlm.params import params_hash
-from fedlm.store import connect_readonly, shown_status
+from fedlm.store import operation_log, shown_status
 from fedlm import compression
 from fedlm.worker import JobSpec, job_update
 from fedlm.worker_state import MemoryStates
@@ -65,14 +64,7 @@ class ReplayError(RuntimeError):
 
 def replay(db: str | Path, run_id: int,
            progress: Callable[[int, int], None] | None = None) -> ReplayResult:
-    with closing(connect_readonly(db)) as conn:
-        run = conn.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
-        if run is None:
-            raise KeyError(f"no run {run_id} in {db}")
-        jobs = {r["job_id"]: r for r in conn.execute(
-            "SELECT * FROM jobs WHERE run_id=? ORDER BY job_id", (run_id,))}
-        updates = conn.execute("SELECT * FROM updates WHERE run_id=? ORDER BY op",
-                               (run_id,)).fetchall()
+    run, jobs, updates = operation_log(db, run_id)
     cfg = Config.from_json(run["config_json"])
     if run["status"] != "finished":
         raise ReplayError(f"run {run_id} is {shown_status(run)}; only finished runs replay")

@@ -22,7 +22,6 @@ import hashlib
 import json
 import time
 from collections import OrderedDict
-from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -125,12 +124,11 @@ def load_weights(ref: str, db_path: str | Path) -> tuple[dict, str]:
 
 
 def _run_weights(db: Path, run_id: int) -> tuple[dict, str]:
-    from fedlm.store import connect_readonly, shown_status
+    from fedlm.store import run_row, shown_status
 
     what = f"run {run_id} of {db}"
     try:
-        with closing(connect_readonly(db)) as conn:
-            run = conn.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
+        run = run_row(db, run_id)
     except (OSError, RuntimeError) as exc:
         raise ConfigError(f"init.from: cannot read {db}: {exc}") from None
     if run is None:

@@ -31,7 +31,6 @@ import threading
 import time
 import tomllib
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -248,10 +247,7 @@ def run_sweep(spec: dict, *, backend: str = "flower", rerun: bool = False, jobs:
 
 
 def _curve(db: str, run_id: int) -> list[tuple[float, int, float]]:
-    with closing(store.connect_readonly(db)) as conn:
-        return [tuple(r) for r in conn.execute("SELECT virtual_time, version, perplexity"
-                                               " FROM metrics WHERE run_id=? ORDER BY id",
-                                               (run_id,)).fetchall()]
+    return store.metric_curve(db, run_id)
 
 
 def time_to_reach(db: str, run_id: int, target: float) -> float | None:
