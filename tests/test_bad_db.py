@@ -22,7 +22,7 @@ from fedlm import config, store
 from tests._cli import assert_refused, no_work_fixture, run_cli  # noqa: F401 (a fixture)
 
 FOREIGN_VERSIONS = [v for v in (1, 99) if v != store.SCHEMA_VERSION
-                    and v not in getattr(store, "_MIGRATIONS", {})]
+                    and v not in store.schema.MIGRATIONS]
 
 
 def make_db(path) -> None:
@@ -224,7 +224,7 @@ def test_readers_upgrade_a_db_this_version_migrates(no_work, good_db):
     """An older schema that ``store.connect`` migrates is upgraded, then read (not refused)."""
     import re
 
-    migrations = getattr(store, "_MIGRATIONS", {})
+    migrations = store.schema.MIGRATIONS
     if not migrations:
         pytest.skip("no migrations in this schema version")
     old = max(migrations)
