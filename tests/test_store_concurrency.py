@@ -126,3 +126,22 @@ def test_many_processes_create_one_new_store_at_once(tmp_path, jobs):
     assert [p.returncode for p in procs] == [0] * len(procs), errors
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT COUNT(*) FROM meta WHERE key='store_id'").fetchone() == (1,)
+
+
+def test_a_new_store_appears_whole(tmp_path, monkeypatch):
+    """Readers never see a store without its tables: it is made under another name
+    and linked into place (a reader used to get "not a fedlm run database")."""
+    from fedlm.store import schema
+
+    db = tmp_path / "new.db"
+    seen = []
+    real = schema.create_or_migrate
+
+    def watching(conn):
+        seen.append(db.exists())  # while the tables are being made
+        return real(conn)
+
+    monkeypatch.setattr(schema, "create_or_migrate", watching)
+    store.connect(db).close()
+    assert seen[0] is False and store.list_runs(db) == []
+    assert not [p for p in tmp_path.iterdir() if "creating" in p.name]  # nothing left over

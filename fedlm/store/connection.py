@@ -99,6 +99,8 @@ def connect(path: str | Path) -> sqlite3.Connection:
                                  f"file, not a folder")
             break
     path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        _create(path)
     conn = writer_connection(path)
     try:
         with_retries(lambda: conn.execute("PRAGMA journal_mode=WAL"))
@@ -108,6 +110,26 @@ def connect(path: str | Path) -> sqlite3.Connection:
         conn.close()
         raise
     return conn
+
+
+def _create(path: Path) -> None:
+    """Make a new store under another name and link it into place whole, so that no
+    reader ever opens ``path`` half-made (no tables yet). If another process links
+    its store first, that one is used."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{time.monotonic_ns()}.creating")
+    try:
+        with closing(writer_connection(tmp)) as conn:
+            conn.execute("PRAGMA journal_mode=WAL")  # kept in the file's header
+            transaction(conn, lambda c: _create_or_migrate(c, tmp))
+        try:
+            os.link(tmp, path)  # never replaces an existing file
+        except FileExistsError:
+            pass
+        except OSError:  # a file system without hard links: made in place, as before
+            pass
+    finally:
+        for leftover in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
+            leftover.unlink(missing_ok=True)
 
 
 def _create_or_migrate(conn: sqlite3.Connection, path: Path) -> None:
