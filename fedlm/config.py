@@ -17,6 +17,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_type_hints
 
+from fedlm.errors import ConfigError  # noqa: F401  (re-exported: the error of a bad config)
+
 
 # How outer gradients may travel (fedlm.compression).
 COMPRESSIONS = ("fp32", "bf16", "fp16", "int8", "int4")
@@ -27,10 +29,6 @@ SHARD_CHOICES = ("fixed", "paper")
 
 # Per-job fault kinds of the [faults] section (at most one per job), in draw order.
 FAULT_KINDS = ("crash", "hang", "nan", "bad_shape", "bad_dtype", "bad_size", "duplicate")
-
-
-class ConfigError(ValueError):
-    """Bad configuration; the message is one line naming the field and value."""
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fedlm.config import ConfigError, DataConfig
+from fedlm.config import DataConfig
+from fedlm.errors import ConfigError
 
 VOCAB_SIZE = 256  # byte-level tokenizer: one token per UTF-8 byte, so bits/byte is exact
 

@@ -13,6 +13,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from fedlm.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -132,7 +134,5 @@ def resolve_device(choice: str) -> str:
     if choice == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if choice == "cuda" and not torch.cuda.is_available():
-        from fedlm.config import ConfigError
-
         raise ConfigError("device: 'cuda' asked for but torch sees no CUDA device")
     return choice

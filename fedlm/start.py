@@ -30,7 +30,8 @@ import numpy as np
 import torch
 
 from fedlm import checkpoint as ckpt_lib, data, model as model_lib
-from fedlm.config import Config, ConfigError
+from fedlm.config import Config
+from fedlm.errors import ConfigError
 from fedlm.params import load_into, params_hash, snapshot
 
 PRETRAIN_VERSION = "pretrain-v1"  # bump when pretraining changes what it computes
