@@ -155,6 +155,7 @@ def run_inprocess(cfg: Config, db_path: str, **kwargs) -> int:
     """``execute`` with every job run in this process (no Flower, no Ray)."""
     from fedlm.inprocess import InProcessTransport
 
+    nodes = fleet_lib.node_count(cfg)
     return execute(cfg, db_path, lambda run_key: (InProcessTransport(cfg, run_key=run_key),
-                                                  {w: "in-process" for w in range(cfg.nodes())}),
+                                                  {w: "in-process" for w in range(nodes)}),
                    **kwargs)
