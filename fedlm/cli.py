@@ -14,6 +14,10 @@
     fedlm plan --params 1e9 --workers 8 [--plot DIR]            cost model: sync vs async, no run
 
 Bad input ends with one line, ``fedlm: error: FIELD: ...``, and exit status 2.
+
+Each command imports what it needs when it runs (the config loader pulls in numpy and
+the strategies; runs and replay, torch), so that ``fedlm runs``, ``show`` and usage
+errors answer at once.
 """
 
 from __future__ import annotations
@@ -30,8 +34,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
 
-from fedlm import config as config_lib
-from fedlm.config import Config, ConfigError
+from fedlm.config import Config
+from fedlm.errors import ConfigError
 from fedlm.store import StoreError, check_writable
 
 
@@ -185,10 +189,11 @@ def backend_config(cfg: Config) -> dict:
     By default one actor per core: a job trains on ``inner.threads`` (1) threads, so
     more actors than cores only compete (measured on 2 cores: the default run took
     150 s with 2 actors against 177 s with 4, the same weights)."""
+    from fedlm import fleet
     from fedlm.model import resolve_device
 
     cpus = cfg.sim.cpus or (os.cpu_count() or 1)
-    actors = cfg.sim.actors or min(cfg.nodes(), cpus)
+    actors = cfg.sim.actors or min(fleet.node_count(cfg), cpus)
     gpus = 1.0 / actors if resolve_device(cfg.device) == "cuda" else 0.0
     return {"client_resources": {"num_cpus": cpus / actors, "num_gpus": gpus},
             "init_args": {"num_cpus": cpus, "num_gpus": 1 if gpus else 0,
@@ -198,7 +203,7 @@ def backend_config(cfg: Config) -> dict:
 
 def _resumable(db: str, run_id: int) -> Config:
     """The config of run ``run_id`` in ``db``, if it is a run that can be resumed."""
-    from fedlm import store
+    from fedlm import config_load, store
 
     if not Path(db).exists():
         raise StoreError(f"db: no run database at {db}")
@@ -211,10 +216,12 @@ def _resumable(db: str, run_id: int) -> Config:
         raise StoreError(f"--resume: run {run_id} in {db} is still running (pid "
                          f"{row['owner_pid']} on {row['owner_host']}); two writers would "
                          f"break its log")
-    return Config.from_json(row["config_json"])
+    return config_load.from_json(row["config_json"])
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from fedlm import config_load, fleet
+
     if args.resume is not None:
         if args.config or args.overrides:
             raise ConfigError("--resume: a resumed run keeps its own config; drop CONFIG "
@@ -222,7 +229,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         db = args.db or Config().db
         cfg = _resumable(db, args.resume)
     else:
-        cfg = config_lib.load(args.config, args.overrides)
+        cfg = config_load.load(args.config, args.overrides)
         db = args.db or cfg.db
     by_steps = cfg.local_step_budget > 0
     check_writable(db)
@@ -296,7 +303,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                                      should_stop=stop.is_set, resume=args.resume,
                                      pretrain_progress=on_pretrain)
             run_simulation(server_app=server, client_app=client_app,
-                           num_supernodes=cfg.nodes(), backend_config=backend_config(cfg))
+                           num_supernodes=fleet.node_count(cfg),
+                           backend_config=backend_config(cfg))
     except Exception as exc:  # also re-raised from the ServerApp thread
         if "id" not in started or os.environ.get("FEDLM_DEBUG"):
             raise
@@ -411,7 +419,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_config(args: argparse.Namespace) -> int:
     import tomli_w
 
-    cfg = config_lib.load(args.config, args.overrides)
+    from fedlm import config_load
+
+    cfg = config_load.load(args.config, args.overrides)
     print(tomli_w.dumps(cfg.to_dict()), end="")
     return 0
 
@@ -490,12 +500,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    from fedlm import deploy
+    from fedlm import config_load, deploy
 
     overrides = list(args.overrides)
     if args.workers is not None:
         overrides.append(f"workers={args.workers}")
-    cfg = config_lib.load(args.config, overrides)
+    cfg = config_load.load(args.config, overrides)
     db = args.db or cfg.db
     check_writable(db)
     with _signals_interrupt():  # SIGTERM too: the deployment's processes are stopped
@@ -609,7 +619,7 @@ def _refuse(message: object) -> int:
 def _sweep_spec(path: str, quick: bool) -> dict:
     """``sweep.load_spec``, after checking the spec's shape, then every run's config:
     a bad spec fails in one line before the first run starts."""
-    from fedlm import sweep
+    from fedlm import config_load, sweep
 
     where = f"sweep spec {path}"
     p = Path(path)
@@ -661,7 +671,7 @@ def _sweep_spec(path: str, quick: bool) -> dict:
     need(bool(spec["profiles"]), "profiles: must name at least one profile")
     for _, profile, arm in sweep.cells_of(spec):
         try:
-            config_lib.load(None, [*spec.get("base", []), f"profile={profile}", *arm["set"]])
+            config_load.load(None, [*spec.get("base", []), f"profile={profile}", *arm["set"]])
         except ConfigError as exc:
             raise ConfigError(f"{where}: arm {arm['label']!r} @ {profile}: {exc}") from None
     return spec

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fedlm.config import ConfigError
+from fedlm.errors import ConfigError
 
 if TYPE_CHECKING:
     from fedlm.plan import PlanInput

@@ -21,6 +21,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 from fedlm.config import Config
+from fedlm.config_load import from_json
 from fedlm.worker import JobSpec, serve_job, warm_up
 from fedlm.worker_state import ContextStates, DiskStates, disk_folder
 
@@ -29,7 +30,7 @@ app = ClientApp()
 
 @lru_cache(maxsize=4)
 def _config(text: str) -> Config:
-    return Config.from_json(text)
+    return from_json(text)
 
 
 def _partition(context: Context) -> tuple[int, int]:

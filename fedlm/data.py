@@ -28,7 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fedlm.config import ConfigError, DataConfig
+from fedlm.config import DataConfig
+from fedlm.errors import ConfigError
 
 VOCAB_SIZE = 256  # byte-level tokenizer: one token per UTF-8 byte, so bits/byte is exact
 
@@ -117,7 +118,7 @@ def shakespeare_documents() -> list[dict[str, str]]:
 
 def _hf_documents(cfg: DataConfig) -> list[dict[str, str]]:
     """Stream ``max_documents`` rows of a Hugging Face dataset (needs network)."""
-    import datasets
+    import datasets  # here, not at the top: slow, and a config check imports this module
 
     name = cfg.source[3:]
     stream = datasets.load_dataset(name, cfg.hf_config or None, split=cfg.hf_split,
@@ -142,7 +143,7 @@ def _text_documents(cfg: DataConfig) -> list[dict[str, str]]:
 
 def load_documents(cfg: DataConfig):
     """The corpus as a ``datasets.Dataset`` with one row per document."""
-    import datasets
+    import datasets  # here, not at the top: slow, and a config check imports this module
 
     if cfg.source == "shakespeare":
         rows = shakespeare_documents()
@@ -280,7 +281,7 @@ def _by_document(corpus: Corpus, num_workers: int) -> list[np.ndarray]:
 
 def _dirichlet(corpus: Corpus, alpha: float, num_workers: int, seed: int) -> list[np.ndarray]:
     """Genre-skewed shards through flwr-datasets' DirichletPartitioner."""
-    import datasets
+    import datasets  # here, not at the top: slow, and a config check imports this module
     from flwr_datasets.partitioner import DirichletPartitioner
 
     genres = np.asarray(corpus.genres)[corpus.train_doc]

@@ -50,7 +50,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fedlm import fleet as fleet_lib
+from fedlm import data as data_lib, fleet as fleet_lib
 from fedlm.config import Config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -432,13 +432,11 @@ def main_local(cfg: Config, overrides: list[str], db: str, home: Path,
     TLS and SuperNode authentication are on unless ``tls``/``auth`` say otherwise
     (``fedlm deploy local --insecure`` turns both off).
     """
-    from fedlm import data
-
     # data that cannot be split over the workers (too few documents of a text: or
     # hf: source for a by-play partition, a worker left empty): refused here, before
     # a process starts or the ServerApp stores the run (no tokenizing bar: one line)
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
-    data.partition(data.load_corpus(cfg.data), cfg.data, cfg.workers, cfg.seed)
+    data_lib.partition(data_lib.load_corpus(cfg.data), cfg.data, cfg.workers, cfg.seed)
     overrides = [*overrides, "clock=wall"] if cfg.clock != "wall" else list(overrides)
     with LocalDeployment(home, cfg.workers, tls=tls, auth=auth and tls,
                          fast_poll=fast_poll) as dep:

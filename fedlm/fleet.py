@@ -123,6 +123,13 @@ def groups(cfg: Config) -> list[list[int]]:
     return list(by_region.values())
 
 
+def node_count(cfg: Config) -> int:
+    """Workers as the engine and Flower see them: one per region if hierarchical."""
+    if not cfg.network.hierarchical:
+        return cfg.workers
+    return len(groups(cfg))
+
+
 def node_profiles(cfg: Config) -> list[WorkerProfile]:
     """The profiles the engine schedules: one per worker, or one per region pod
     (as slow as its slowest member, its members' batches all-reduced every step)."""

@@ -13,6 +13,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from fedlm.errors import ConfigError
+from fedlm.presets import PRESETS  # name -> (n_layer, d_model, n_head, head_dim)
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -22,18 +25,6 @@ class ModelConfig:
     head_dim: int  # key/value size per head (the paper uses 64)
     vocab_size: int = 256  # byte-level tokenizer
     block_size: int = 128  # maximum context length
-
-
-# name -> (n_layer, d_model, n_head, head_dim). The paper's shapes keep their
-# names (20m, 60m, 150m) although a byte vocabulary makes them smaller than the
-# paper's 32k-vocab models: the difference is all in the embedding table.
-PRESETS: dict[str, tuple[int, int, int, int]] = {
-    "tiny": (2, 64, 2, 32),  # tests: ~0.1M parameters
-    "small": (4, 192, 4, 48),  # default: ~1.8M parameters, learns within minutes on 2 cores
-    "20m": (6, 256, 4, 64),  # paper's 20M shape
-    "60m": (3, 896, 16, 64),  # paper's 60M shape
-    "150m": (12, 896, 16, 64),  # paper's 150M shape
-}
 
 
 def model_config(preset: str, block_size: int, vocab_size: int = 256) -> ModelConfig:
@@ -132,7 +123,5 @@ def resolve_device(choice: str) -> str:
     if choice == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if choice == "cuda" and not torch.cuda.is_available():
-        from fedlm.config import ConfigError
-
         raise ConfigError("device: 'cuda' asked for but torch sees no CUDA device")
     return choice

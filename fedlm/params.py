@@ -42,18 +42,6 @@ def outer_gradient(start, end) -> "OrderedDict[str, torch.Tensor]":
     return OrderedDict((k, start[k] - end[k]) for k in start)
 
 
-def weighted_mean(grads: list, weights: list[float]) -> "OrderedDict[str, torch.Tensor]":
-    """Σ w_i g_i / Σ w_i, summed in the given order (callers fix the order)."""
-    total = float(sum(weights))
-    out = OrderedDict()
-    for k in grads[0]:
-        acc = torch.zeros_like(grads[0][k])
-        for g, w in zip(grads, weights):
-            acc.add_(g[k], alpha=w / total)
-        out[k] = acc
-    return out
-
-
 def params_hash(params) -> str:
     """SHA-256 over names, shapes, dtypes and raw bytes: equal hash, equal weights."""
     h = hashlib.sha256()

@@ -32,9 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from fedlm import start
-from fedlm.config import Config, ConfigError
+from fedlm import fleet, start
+from fedlm.config import Config
+from fedlm.config_load import from_json
 from fedlm.engine.driver import Driver
+from fedlm.errors import ConfigError
 from fedlm.params import params_hash
 from fedlm.store import operation_log, shown_status
 from fedlm import compression
@@ -65,7 +67,7 @@ class ReplayError(RuntimeError):
 def replay(db: str | Path, run_id: int,
            progress: Callable[[int, int], None] | None = None) -> ReplayResult:
     run, jobs, updates = operation_log(db, run_id)
-    cfg = Config.from_json(run["config_json"])
+    cfg = from_json(run["config_json"])
     if run["status"] != "finished":
         raise ReplayError(f"run {run_id} is {shown_status(run)}; only finished runs replay")
     if any(j["prev_job"] is None for j in jobs.values()):
@@ -97,10 +99,10 @@ def replay(db: str | Path, run_id: int,
         raise ReplayError("the start of the federated phase differs from the recorded one "
                           "(init.from's weights changed, or the pretraining code did)")
     driver = Driver(registry.build_strategy(cfg.strategy, cfg.outer))
-    driver.start(params, num_workers=cfg.nodes())
+    driver.start(params, num_workers=fleet.node_count(cfg))
     versions = {0: params}
     held, mismatched = 1, 0
-    states = [MemoryStates() for _ in range(cfg.nodes())]
+    states = [MemoryStates() for _ in range(fleet.node_count(cfg))]
 
     def new_version(params) -> None:
         driver.new_version(params)

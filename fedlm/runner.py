@@ -16,6 +16,7 @@ from fedlm import checkpoint as ckpt_lib, fleet as fleet_lib, start as start_lib
 from fedlm.config import Config
 from fedlm.engine import Engine, Interrupted, Progress, Transport
 from fedlm.evaluate import Evaluator
+from fedlm.inprocess import InProcessTransport
 from fedlm.params import params_hash
 from fedlm.store import RunWriter, StoreError
 from fedlm.worker import shard_sizes
@@ -153,8 +154,7 @@ def _rewind(writer: RunWriter, folder) -> tuple[dict | None, str, list[tuple[str
 
 def run_inprocess(cfg: Config, db_path: str, **kwargs) -> int:
     """``execute`` with every job run in this process (no Flower, no Ray)."""
-    from fedlm.inprocess import InProcessTransport
-
+    nodes = fleet_lib.node_count(cfg)
     return execute(cfg, db_path, lambda run_key: (InProcessTransport(cfg, run_key=run_key),
-                                                  {w: "in-process" for w in range(cfg.nodes())}),
+                                                  {w: "in-process" for w in range(nodes)}),
                    **kwargs)

@@ -23,7 +23,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 from flwr.serverapp import Grid, ServerApp
 from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
-from fedlm import config as config_lib
+from fedlm import config_load, fleet
 from fedlm.config import Config
 from fedlm.engine import EngineError, Progress, Reply
 from fedlm.runner import execute
@@ -58,7 +58,7 @@ class FlowerTransport:
     def connect(self) -> dict[int, int]:
         """Wait for the SuperNodes and learn which node holds which partition."""
         deadline = time.monotonic() + NODE_WAIT_SECONDS
-        want = self.cfg.nodes()
+        want = fleet.node_count(self.cfg)
         while True:
             nodes = sorted(self.grid.get_node_ids())
             if len(nodes) >= want:
@@ -201,7 +201,7 @@ def main(grid: Grid, context: Context) -> None:
     rc = context.run_config
     path = str(rc.get("config", "")) or None
     overrides = [s for s in str(rc.get("set", "")).split() if s]
-    cfg = config_lib.load(path, overrides)
+    cfg = config_load.load(path, overrides)
     db = str(rc.get("db", "")) or cfg.db
 
     def log_progress(p: Progress) -> None:

@@ -30,8 +30,11 @@ import numpy as np
 import torch
 
 from fedlm import checkpoint as ckpt_lib, data, model as model_lib
-from fedlm.config import Config, ConfigError
+from fedlm.config import Config
+from fedlm.errors import ConfigError
 from fedlm.params import load_into, params_hash, snapshot
+from fedlm.store import run_row, shown_status
+from fedlm.worker import inner_lr, new_optimizer, train_steps
 
 PRETRAIN_VERSION = "pretrain-v1"  # bump when pretraining changes what it computes
 
@@ -88,8 +91,6 @@ def starting_point(cfg: Config, db_path: str | Path, *, use_cache: bool = True,
 def pretrain(params, cfg: Config, progress: Callable[[int, int], None] | None = None):
     """``init.pretrain_steps`` AdamW steps of one worker (inner hyperparameters,
     warmup then cosine over the K steps) on batches drawn from all the training data."""
-    from fedlm.worker import inner_lr, new_optimizer, train_steps
-
     torch.set_num_threads(cfg.inner.threads)
     k = cfg.init.pretrain_steps
     net = model_lib.build(cfg.model, cfg.data.seq_len, seed=cfg.seed,
@@ -124,8 +125,6 @@ def load_weights(ref: str, db_path: str | Path) -> tuple[dict, str]:
 
 
 def _run_weights(db: Path, run_id: int) -> tuple[dict, str]:
-    from fedlm.store import run_row, shown_status
-
     what = f"run {run_id} of {db}"
     try:
         run = run_row(db, run_id)

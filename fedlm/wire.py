@@ -24,7 +24,7 @@ import math
 
 import numpy as np
 
-from fedlm.config import ConfigError
+from fedlm.errors import ConfigError
 
 BYTES_PER_VALUE = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "int8": 1.0, "int4": 0.5}
 QUANTISED = ("int8", "int4")  # these also send one scale per block of values

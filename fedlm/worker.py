@@ -110,7 +110,7 @@ def shard_sizes(cfg: Config) -> list[int]:
     """Sequences in each shard the server hands out (``fedlm.shards``): one per node
     with ``fixed``, ``data.shards`` with ``paper``."""
     if cfg.data.shard_choice == "fixed":
-        return [len(node_shard(cfg, n)) for n in range(cfg.nodes())]
+        return [len(node_shard(cfg, n)) for n in range(fleet.node_count(cfg))]
     return [len(s) for s in data_shards(cfg.data, cfg.shard_count(), cfg.seed)]
 
 
@@ -199,7 +199,7 @@ def run_job(params, opt_state: dict, job: JobSpec, cfg: Config) -> JobResult:
     _import_opt_state(opt, names, tensors, device)
     own_step = int(opt_state.get("schedule_step", 0))  # the worker's own inner steps so far
     if job.schedule_step >= 0:  # the server placed the job on a shard's or the run's schedule
-        start, horizon = job.schedule_step, cfg.schedule_horizon()
+        start, horizon = job.schedule_step, cfg.schedule_horizon(fleet.node_count(cfg))
     else:
         start, horizon = own_step, cfg.decay_steps()
 

@@ -26,6 +26,8 @@ from pathlib import Path
 import torch
 from flwr.app import ArrayRecord, ConfigRecord
 
+from fedlm.data import cache_dir
+
 FRESH = -1  # prev_job of a worker's first job: a new optimizer
 _SCHEDULE = "schedule_step"
 
@@ -126,6 +128,4 @@ class DiskStates:
 
 def disk_folder(run_key: str, worker: int) -> Path:
     """Where a worker of run ``run_key`` keeps its states on this node."""
-    from fedlm.data import cache_dir
-
     return cache_dir() / "worker-state" / run_key / f"worker{worker}"

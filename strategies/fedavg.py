@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedlm.params import weighted_mean
 from strategies import transforms as T
 from strategies.base import Strategy, Update
+from strategies.transforms import weighted_mean
 
 
 class FedAvg(Strategy):

@@ -12,10 +12,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from fedlm.params import weighted_mean
 from strategies import transforms as T
 from strategies.async_base import AsyncStrategy, scale_tree
 from strategies.base import Update
+from strategies.transforms import weighted_mean
 
 
 class FedBuff(AsyncStrategy):

@@ -15,6 +15,7 @@ import inspect
 from importlib.metadata import entry_points
 from typing import Any
 
+from fedlm.errors import ConfigError
 from strategies.async_nesterov import AsyncNesterov
 from strategies.async_sgd import AsyncSGD
 from strategies.base import Strategy
@@ -31,12 +32,6 @@ LOCAL_STEPS: dict[str, type[LocalSteps]] = {cls.name: cls for cls in (Fixed, DyL
 ENTRY_POINT_GROUP = "fedlm.strategies"
 
 
-def _config_error(msg: str) -> Exception:
-    from fedlm.config import ConfigError
-
-    return ConfigError(msg)
-
-
 def plugin_strategies() -> dict[str, str]:
     """Installed entry points: name -> "module:Class"."""
     return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
@@ -47,11 +42,11 @@ def _load_dotted(path: str) -> Any:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise _config_error(f"strategy: cannot import {module_name!r} ({exc})") from None
+        raise ConfigError(f"strategy: cannot import {module_name!r} ({exc})") from None
     try:
         return getattr(module, attr)
     except AttributeError:
-        raise _config_error(f"strategy: {module_name!r} has no {attr!r}") from None
+        raise ConfigError(f"strategy: {module_name!r} has no {attr!r}") from None
 
 
 def strategy_class(name: str) -> type[Strategy]:
@@ -64,10 +59,10 @@ def strategy_class(name: str) -> type[Strategy]:
         cls = _load_dotted(name)
     else:
         known = sorted(STRATEGIES) + sorted(plugins)
-        raise _config_error(f"strategy: unknown strategy {name!r} (known: {', '.join(known)}; "
-                            f"or package.module:Class)")
+        raise ConfigError(f"strategy: unknown strategy {name!r} (known: {', '.join(known)}; "
+                          f"or package.module:Class)")
     if not (isinstance(cls, type) and issubclass(cls, Strategy)):
-        raise _config_error(f"strategy: {name!r} is not a strategies.base.Strategy subclass")
+        raise ConfigError(f"strategy: {name!r} is not a strategies.base.Strategy subclass")
     return cls
 
 
@@ -78,7 +73,7 @@ def check_strategy(name: str, outer: dict[str, Any]) -> None:
     for key in outer:
         if key not in accepted or key == "self":
             known = ", ".join(k for k in accepted if k != "self") or "none"
-            raise _config_error(f"outer.{key}: not a setting of {name!r} (known: {known})")
+            raise ConfigError(f"outer.{key}: not a setting of {name!r} (known: {known})")
     build_strategy(name, outer)  # range checks live in the constructor
 
 
@@ -87,13 +82,13 @@ def build_strategy(name: str, outer: dict[str, Any]) -> Strategy:
     try:
         return cls(**outer)
     except (TypeError, ValueError) as exc:
-        raise _config_error(str(exc).splitlines()[0]) from None
+        raise ConfigError(str(exc).splitlines()[0]) from None
 
 
 def check_local_steps(name: str) -> None:
     if name not in LOCAL_STEPS:
-        raise _config_error(f"local_steps: unknown policy {name!r} "
-                            f"(known: {', '.join(sorted(LOCAL_STEPS))})")
+        raise ConfigError(f"local_steps: unknown policy {name!r} "
+                          f"(known: {', '.join(sorted(LOCAL_STEPS))})")
 
 
 def build_local_steps(name: str) -> LocalSteps:

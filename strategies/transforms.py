@@ -7,7 +7,9 @@ A ``Transform`` is a pair of pure functions:
 
 ``chain`` composes them left to right; the strategy then descends:
 θ ← θ − step. Tensors are dicts name -> tensor (see fedlm.params); states are
-small dicts of such dicts, so they save with ``torch.save``.
+small dicts of such dicts, so they save with ``torch.save``. Tensors are only
+touched through their own methods, so this module (and the strategies built on it)
+imports without torch.
 
     FedAvg / Local-SGD  = chain(scale(1.0))
     DiLoCo              = chain(trace(0.9, nesterov=True), scale(0.7))
@@ -16,9 +18,10 @@ small dicts of such dicts, so they save with ``torch.save``.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 Tensors = "OrderedDict[str, torch.Tensor]"
 
@@ -30,6 +33,23 @@ class Transform(NamedTuple):
 
 def _map(fn, *trees):
     return OrderedDict((k, fn(*(t[k] for t in trees))) for k in trees[0])
+
+
+def _zeros(t: "torch.Tensor") -> "torch.Tensor":
+    """Zeros of ``t``'s shape, dtype and device (``torch.zeros_like`` without torch)."""
+    return t.new_zeros(t.shape)
+
+
+def weighted_mean(grads: list, weights: list[float]) -> "OrderedDict[str, torch.Tensor]":
+    """Σ w_i g_i / Σ w_i, summed in the given order (callers fix the order)."""
+    total = float(sum(weights))
+    out = OrderedDict()
+    for k in grads[0]:
+        acc = _zeros(grads[0][k])
+        for g, w in zip(grads, weights):
+            acc.add_(g[k], alpha=w / total)
+        out[k] = acc
+    return out
 
 
 def scale(factor: float) -> Transform:
@@ -51,7 +71,7 @@ def trace(momentum: float, nesterov: bool = False) -> Transform:
     """
 
     def init(params):
-        return {"m": _map(torch.zeros_like, params)}
+        return {"m": _map(_zeros, params)}
 
     def update(grads, state):
         m = _map(lambda m, g: momentum * m + g, state["m"], grads)
@@ -109,7 +129,7 @@ def delayed_nesterov(momentum: float, buffer_size: int, c: float = 0.0) -> Trans
     n = buffer_size
 
     def init(params):
-        return {"m": _map(torch.zeros_like, params), "delta": _map(torch.zeros_like, params),
+        return {"m": _map(_zeros, params), "delta": _map(_zeros, params),
                 "t": 0}
 
     def update(grads, state):
@@ -119,7 +139,7 @@ def delayed_nesterov(momentum: float, buffer_size: int, c: float = 0.0) -> Trans
             m = _map(lambda m, d: momentum * m + d / n, m, delta)
             k = (1.0 - c * n + c) * momentum
             step = _map(lambda m, g: k * m + g / n, m, grads)
-            delta = _map(torch.zeros_like, delta)
+            delta = _map(_zeros, delta)
         else:
             step = _map(lambda m, g: c * momentum * m + g / n, m, grads)
         return step, {"m": m, "delta": delta, "t": state["t"] + 1}

@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from fedlm import config
+from fedlm import config_load
+from fedlm.config import Config
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -16,8 +17,8 @@ def _cache_dir(tmp_path_factory):
     yield
 
 
-def tiny_config(*overrides: str) -> config.Config:
+def tiny_config(*overrides: str) -> Config:
     """A run small enough for a unit test: tiny model, few short jobs."""
-    return config.load(None, ["model=tiny", "workers=3", "updates=4", "inner.steps=3",
-                              "inner.batch_size=4", "eval.every=2", "eval.batches=2",
-                              "eval.batch_size=8", "data.seq_len=64", *overrides])
+    return config_load.load(None, ["model=tiny", "workers=3", "updates=4", "inner.steps=3",
+                                   "inner.batch_size=4", "eval.every=2", "eval.batches=2",
+                                   "eval.batch_size=8", "data.seq_len=64", *overrides])

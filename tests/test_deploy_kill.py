@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from fedlm import config as config_lib
+from fedlm import config_load
 from fedlm.deploy import LocalDeployment
 from tests.test_deploy import _processes_mentioning
 
@@ -83,7 +83,7 @@ def _upload_started(log: Path) -> int:
 
 def test_killed_supernode_is_retired_and_the_run_replays(tmp_path):
     home, db = tmp_path / "flwr-home", tmp_path / "runs.db"
-    cfg = config_lib.load(None, SETS)
+    cfg = config_load.load(None, SETS)
     with LocalDeployment(home, WORKERS, tls=True, auth=True) as dep:
         dep.start(cfg)
         assert dep.security_problems() == []

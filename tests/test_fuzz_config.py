@@ -1,4 +1,4 @@
-"""Property-based fuzzing of the config loader and the CLI (hypothesis).
+"""Property-based fuzzing of the config loader (fedlm.config_load) and the CLI (hypothesis).
 
 Property: whatever the input — a TOML file, ``--set key=value`` strings, plain
 data for ``from_dict`` — either a valid ``Config`` comes back or ``ConfigError``
@@ -29,8 +29,9 @@ import tomli_w
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from fedlm import cli, config
-from fedlm.config import Config, ConfigError
+from fedlm import cli, config_load, fleet, presets
+from fedlm.config import Config
+from fedlm.errors import ConfigError
 from strategies import registry
 from tests._cli import assert_refused, no_work_fixture, run_cli  # noqa: F401 (a fixture)
 
@@ -95,9 +96,7 @@ def test_the_fuzzer_sees_every_section():
 
 def _words() -> list[str]:
     """Strings that mean something to some field (so valid configs come up too)."""
-    from fedlm import fleet, model
-
-    return sorted({*model.PRESETS, *fleet.PRESETS, *fleet.REGIONS, *registry.STRATEGIES,
+    return sorted({*presets.PRESETS, *fleet.PRESETS, *fleet.REGIONS, *registry.STRATEGIES,
                    *registry.LOCAL_STEPS, "auto", "cpu", "cuda", "virtual", "wall", "iid",
                    "by-play", "dirichlet", "context", "disk", "shakespeare", "hf:x",
                    "text:*.txt", "tokens", "uniform", "train", "text", "runs/x.db", "",
@@ -194,7 +193,7 @@ def names_a_key(message: str, keys) -> bool:
     """The message starts with one of ``keys`` (or a section above it, or an item in it)."""
     unquoted = message[1:] if message[:1] in "'\"" else message  # repr() picks either quote
     for key in keys:
-        key = config.ALIASES.get(key, key)
+        key = config_load.ALIASES.get(key, key)
         forms = _prefixes(key) | set(key.split("."))
         for p in forms | {repr(f) for f in forms}:
             if any(m.startswith((p + ":", p + "[", p + ".")) for m in (message, unquoted)):
@@ -240,8 +239,8 @@ def check_valid(cfg: Config) -> None:
             assert -(2**63) <= value < 2**63, cfg
         if isinstance(value, str):
             assert "\x00" not in value, cfg
-    assert Config.from_json(cfg.to_json()) == cfg  # stored in the run db, replayed from it
-    assert config.from_dict(tomllib.loads(tomli_w.dumps(cfg.to_dict()))) == cfg  # `fedlm config`
+    assert config_load.from_json(cfg.to_json()) == cfg  # stored in the run db, replayed from it
+    assert config_load.from_dict(tomllib.loads(tomli_w.dumps(cfg.to_dict()))) == cfg  # `fedlm config`
 
 
 def _walk(value):
@@ -262,22 +261,22 @@ def _walk(value):
 @FUZZ
 @given(mutations(max_keys=1))
 def test_one_key_from_dict(flat):
-    outcome(lambda: config.from_dict(nest(flat)), keys=flat)
+    outcome(lambda: config_load.from_dict(nest(flat)), keys=flat)
 
 
 @FUZZ
 @given(mutations())
 def test_several_keys_from_dict(flat):
-    outcome(lambda: config.from_dict(nest(flat)), keys=flat)
+    outcome(lambda: config_load.from_dict(nest(flat)), keys=flat)
 
 
 @FUZZ
 @given(mutations())
 def test_several_keys_as_set_overrides(flat):
     overrides = [f"{k}={toml_inline(v)}" for k, v in flat.items()]
-    cfg = outcome(lambda: config.load(None, overrides), keys=flat)
+    cfg = outcome(lambda: config_load.load(None, overrides), keys=flat)
     if cfg is not None:  # the same keys as a file give the same config
-        assert cfg == outcome(lambda: config.from_dict(nest(flat)))
+        assert cfg == outcome(lambda: config_load.from_dict(nest(flat)))
 
 
 @FUZZ
@@ -295,9 +294,9 @@ def test_several_keys_as_toml_file(tmp_path, flat, how):
     try:
         tomllib.loads(text)
     except tomllib.TOMLDecodeError:  # e.g. a time of day with a zone: not TOML
-        outcome(lambda: config.load(path))
+        outcome(lambda: config_load.load(path))
         return
-    outcome(lambda: config.load(path), keys=flat)
+    outcome(lambda: config_load.load(path), keys=flat)
 
 
 @FUZZ
@@ -305,42 +304,42 @@ def test_several_keys_as_toml_file(tmp_path, flat, how):
                        | st.text(max_size=8), toml_values, max_size=5))
 @example({"data": {"'\x1f": 0}})  # found in CI: repr() quoted the path with double quotes
 def test_structure_junk_from_dict(raw):
-    outcome(lambda: config.from_dict(nest(raw)), keys=raw)
+    outcome(lambda: config_load.from_dict(nest(raw)), keys=raw)
 
 
 @FUZZ_SMALL
 @given(st.one_of(toml_values, st.none(), st.integers(), st.text()))
 def test_not_a_table_at_all(raw):
     assume(not isinstance(raw, dict))
-    outcome(lambda: config.from_dict(raw))
-    outcome(lambda: Config.from_json(json.dumps(raw, default=str)))
+    outcome(lambda: config_load.from_dict(raw))
+    outcome(lambda: config_load.from_json(json.dumps(raw, default=str)))
 
 
 @FUZZ
 @given(st.lists(st.one_of(
     st.text(max_size=30),
     st.builds(lambda k, v: f"{k}={v}", st.sampled_from([k for k, _, _ in LEAVES]
-                                                       + list(config.ALIASES) + SECTIONS),
+                                                       + list(config_load.ALIASES) + SECTIONS),
               st.text(max_size=30)),
     st.builds(lambda k, v: f"{k}={v}", st.text(max_size=12), st.text(max_size=12)),
 ), max_size=4))
 def test_junk_set_strings(overrides):
-    outcome(lambda: config.load(None, overrides))
+    outcome(lambda: config_load.load(None, overrides))
 
 
 @FUZZ
 @given(st.text(max_size=300))
 def test_parse_value_never_raises(text):
-    config.parse_value(text)
+    config_load.parse_value(text)
 
 
 @pytest.mark.parametrize("text", ["[" * 3000, "{a=" * 3000, "1" * 5000, "-" + "9" * 4400,
                                   "0x" + "f" * 5000, "1e400", "nan", "'''", "\x00", "1979-05-27"],
                          ids=lambda t: repr(t[:12]))
 def test_parse_value_odd_corners(text):
-    config.parse_value(text)
-    outcome(lambda: config.load(None, [f"inner.steps={text}"]), keys=["inner.steps"])
-    outcome(lambda: config.load(None, [f"fleet.step_times={text}"]), keys=["fleet.step_times"])
+    config_load.parse_value(text)
+    outcome(lambda: config_load.load(None, [f"inner.steps={text}"]), keys=["inner.steps"])
+    outcome(lambda: config_load.load(None, [f"fleet.step_times={text}"]), keys=["fleet.step_times"])
 
 
 @FUZZ_SMALL
@@ -349,7 +348,7 @@ def test_parse_value_odd_corners(text):
 def test_junk_toml_text(tmp_path, text):
     path = tmp_path / "junk.toml"
     path.write_text(text, encoding="utf-8")
-    outcome(lambda: config.load(path))
+    outcome(lambda: config_load.load(path))
 
 
 @pytest.mark.parametrize("content", [b"\xff\xfe\x00garbage", b"[" * 3000 + b"\n",
@@ -358,12 +357,12 @@ def test_junk_toml_text(tmp_path, text):
 def test_unreadable_config_files(tmp_path, content):
     path = tmp_path / "bad.toml"
     path.write_bytes(content)
-    assert error_of(lambda: config.load(path)).startswith("config: ")
+    assert error_of(lambda: config_load.load(path)).startswith("config: ")
 
 
 def test_config_path_that_is_a_directory_or_unreadable(tmp_path):
-    assert "is a directory, not a TOML file" in error_of(lambda: config.load(tmp_path))
-    assert "no such file" in error_of(lambda: config.load(str(tmp_path / "a\x00b")))
+    assert "is a directory, not a TOML file" in error_of(lambda: config_load.load(tmp_path))
+    assert "no such file" in error_of(lambda: config_load.load(str(tmp_path / "a\x00b")))
 
 
 @pytest.mark.parametrize("override, fragment", [
@@ -383,12 +382,12 @@ def test_config_path_that_is_a_directory_or_unreadable(tmp_path):
 ], ids=lambda v: repr(v[:40]))
 def test_fuzzer_findings_are_refused_naming_the_key(override, fragment):
     key = override.split("=")[0]
-    assert fragment in error_of(lambda: config.load(None, [override]), keys=[key])
+    assert fragment in error_of(lambda: config_load.load(None, [override]), keys=[key])
 
 
 def test_unprintable_keys_are_shown_quoted():
     with pytest.raises(ConfigError) as info:
-        config.load(None, ["a\nb=1"])
+        config_load.load(None, ["a\nb=1"])
     assert str(info.value).startswith("'a\\nb': unknown key")
 
 
@@ -403,13 +402,13 @@ def test_cli_config_matches_the_loader(no_work, flat):
     argv = ["config"] + [a for o in overrides for a in ("--set", o)]
     rc, out, err = run_cli(argv)
     try:
-        cfg = config.load(None, overrides)
+        cfg = config_load.load(None, overrides)
     except ConfigError as exc:
         assert_refused(rc, out, err)
         assert err == f"fedlm: error: {exc}\n"
         return
     assert rc == 0 and err == "", (rc, err)
-    assert config.from_dict(tomllib.loads(out)) == cfg  # `fedlm config` output loads back
+    assert config_load.from_dict(tomllib.loads(out)) == cfg  # `fedlm config` output loads back
 
 
 @FUZZ_SMALL
@@ -423,7 +422,7 @@ def test_cli_run_and_deploy_refuse_before_any_work(no_work, command, flat, with_
     argv += [a for o in overrides for a in ("--set", o)]
     rc, out, err = run_cli(argv)
     try:
-        config.load("c.toml" if with_file else None, overrides)
+        config_load.load("c.toml" if with_file else None, overrides)
     except ConfigError as exc:
         assert_refused(rc, out, err)
         assert err == f"fedlm: error: {exc}\n"

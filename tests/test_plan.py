@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from fedlm import plan
-from fedlm.config import ConfigError
+from fedlm.errors import ConfigError
 from fedlm.network import Flow, Network, fair_rates
 from fedlm.plan import PlanInput, check, plots
 from tests._cli import assert_refused, run_cli

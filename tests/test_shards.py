@@ -7,8 +7,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from fedlm import checkpoint, model as M, start
-from fedlm.config import ConfigError, from_dict
+from fedlm import checkpoint, fleet, model as M, start
+from fedlm.config_load import from_dict
+from fedlm.errors import ConfigError
 from fedlm.params import params_hash, snapshot
 from fedlm.replay import replay
 from fedlm.runner import run_inprocess
@@ -196,12 +197,22 @@ def test_config_checks_and_the_from_spelling():
 
 def test_schedule_horizons():
     base = ["local_step_budget=1200", "workers=4", "data.partition=iid"]
-    assert tiny_config(*base).schedule_horizon() == 300  # a worker's share
-    assert tiny_config(*base, "inner.schedule=global").schedule_horizon() == 1200
+    assert tiny_config(*base).schedule_horizon(nodes=4) == 300  # a worker's share
+    assert tiny_config(*base, "inner.schedule=global").schedule_horizon(nodes=4) == 1200
     assert tiny_config(*base, "inner.schedule=shard", "data.shards=6",
-                       "data.shard_choice=paper").schedule_horizon() == 200
+                       "data.shard_choice=paper").schedule_horizon(nodes=4) == 200
     assert tiny_config(*base, "inner.schedule=shard", "inner.decay_steps=90") \
-        .schedule_horizon() == 90
+        .schedule_horizon(nodes=4) == 90
+
+
+def test_without_a_budget_the_global_horizon_counts_a_pod_once():
+    # hierarchical: a region's pod runs H steps per round, however many workers it has
+    cfg = tiny_config("workers=3", "updates=5", "inner.steps=4", "inner.schedule=global",
+                      "network.hierarchical=true", "fleet.topology={us = 2, eu = 1}",
+                      "data.partition=iid")
+    assert fleet.node_count(cfg) == 2
+    assert cfg.schedule_horizon(fleet.node_count(cfg)) == 5 * 4 * 2
+    assert fleet.node_count(tiny_config("workers=3")) == 3
 
 
 def test_with_fixed_shards_the_shard_schedule_is_the_worker_schedule(tmp_path):

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from fedlm import compression, wire
-from fedlm.config import COMPRESSIONS, ConfigError, NetworkConfig
+from fedlm.config import COMPRESSIONS, NetworkConfig
+from fedlm.errors import ConfigError
 from fedlm.network import Network
 
 

@@ -60,7 +60,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from fedlm import config as config_lib  # noqa: E402
+from fedlm import config_load  # noqa: E402
 from fedlm.deploy import FAST_TASK_POLL, LocalDeployment  # noqa: E402
 
 VARIANTS = {
@@ -238,7 +238,7 @@ def echo_round_trips(variant: dict, work: Path, floats: int, counts: list[int],
     (app / "echoapp.py").write_text(ECHO_APP)
     (app / "pyproject.toml").write_text(ECHO_PYPROJECT)
     out = work / "echo.json"
-    cfg = config_lib.load(None, ["model=tiny", "workers=1"])
+    cfg = config_load.load(None, ["model=tiny", "workers=1"])
     with LocalDeployment(home, 1, **variant) as dep:
         dep.start(cfg)
         proc = dep.run([], "", background=True, app=app, run_config=(
@@ -256,7 +256,7 @@ def one_run(name: str, variant: dict, workers: int, jobs: int, work: Path) -> di
     sets = ["model=tiny", f"workers={workers}", f"updates={workers * jobs}", "inner.steps=3",
             "inner.batch_size=4", "eval.every=1000", "eval.batches=1", "data.seq_len=64",
             "strategy=async-sgd", "clock=wall", "seed=0"]
-    cfg = config_lib.load(None, sets)
+    cfg = config_load.load(None, sets)
     tail = LogTail(home)
     t0 = time.time()
     with LocalDeployment(home, workers, **variant) as dep:

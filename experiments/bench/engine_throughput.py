@@ -26,7 +26,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from fedlm import config, fleet  # noqa: E402
+from fedlm import config_load, fleet  # noqa: E402
 from fedlm.engine import Engine, Reply  # noqa: E402
 from fedlm.store import RunWriter  # noqa: E402
 from strategies import registry  # noqa: E402
@@ -50,8 +50,8 @@ class NoOpTransport:
 
 def measure(workers: int, strategy: str, events: int, store: bool) -> dict:
     updates = events if strategy == "async-sgd" else max(1, events // workers)
-    cfg = config.load(None, [f"workers={workers}", f"strategy={strategy}", "profile=very",
-                             f"updates={updates}", "model=tiny", "eval.every=1000000000"])
+    cfg = config_load.load(None, [f"workers={workers}", f"strategy={strategy}", "profile=very",
+                                  f"updates={updates}", "model=tiny", "eval.every=1000000000"])
     t0 = time.perf_counter()
     profiles = fleet.profiles(cfg.fleet, workers)
     with tempfile.TemporaryDirectory() as tmp:

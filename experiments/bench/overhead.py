@@ -34,11 +34,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from fedlm import config, data, model as model_lib  # noqa: E402
+from fedlm import config_load, data, model as model_lib  # noqa: E402
 
 
 def plain(model: str, steps: int, batch: int, seq_len: int) -> dict:
-    cfg = config.load(None, [f"model={model}", f"data.seq_len={seq_len}"])
+    cfg = config_load.load(None, [f"model={model}", f"data.seq_len={seq_len}"])
     corpus = data.load_corpus(cfg.data)
     net = model_lib.build(model, seq_len, seed=0)
     opt = torch.optim.AdamW(net.parameters(), lr=cfg.inner.lr, weight_decay=0.1,

@@ -24,7 +24,7 @@ from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects  
 
 import torch  # noqa: E402
 
-from fedlm import config, model as model_lib  # noqa: E402
+from fedlm import config_load, model as model_lib  # noqa: E402
 from fedlm.params import num_bytes, snapshot  # noqa: E402
 
 
@@ -33,7 +33,7 @@ def wire_bytes(content: RecordDict) -> int:
 
 
 def main() -> None:
-    cfg_json = config.load().to_json()
+    cfg_json = config_load.load().to_json()
     rows = []
     for preset in model_lib.PRESETS:
         # Dense random values, as trained weights and outer gradients are: Flower

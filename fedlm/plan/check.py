@@ -18,7 +18,7 @@ from collections import OrderedDict
 
 import torch
 
-from fedlm import compression, config, fleet
+from fedlm import compression, config_load, fleet
 from fedlm.engine import Engine, Reply
 from fedlm.plan.inputs import from_config
 from fedlm.plan.model import predict
@@ -133,11 +133,11 @@ DAILY = ("daily bandwidth cycle 50%, step times 1-3 s, 3 regions, shared uplink"
 
 
 def case_config(overrides: list[str], strategy: str, updates: int):
-    return config.load(None, ["model=tiny", "workers=4", "inner.steps=5", f"strategy={strategy}",
-                              "fleet.jitter=0", "eval.every=1000000000",
-                              "reliability.checkpoint_every=0",
-                              "reliability.deadline_factor=1000", LINKS, f"updates={updates}",
-                              *overrides])
+    return config_load.load(None, ["model=tiny", "workers=4", "inner.steps=5",
+                                   f"strategy={strategy}", "fleet.jitter=0",
+                                   "eval.every=1000000000", "reliability.checkpoint_every=0",
+                                   "reliability.deadline_factor=1000", LINKS, f"updates={updates}",
+                                   *overrides])
 
 
 def validate_case(name: str, overrides: list[str], params: int, strategy: str,

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedlm.config import ConfigError
+from fedlm import fleet
+from fedlm.errors import ConfigError
 from fedlm.wire import BYTES_PER_VALUE, payload_bytes
 
 
@@ -162,8 +163,6 @@ def from_config(cfg, params: float, tensors: int = 1) -> PlanInput:
     """The plan of a fedlm run config (fleet, H, network), for a model of
     ``params`` fp32 values spread over ``tensors`` tensors: one data centre per
     node the engine schedules (a worker, or a hierarchical region's pod)."""
-    from fedlm import fleet
-
     net = cfg.network
     nodes = fleet.node_profiles(cfg)
     return PlanInput(

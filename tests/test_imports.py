@@ -1,0 +1,254 @@
+"""Our modules import on their own, in any order, and without cycles.
+
+Three checks:
+
+- static: the graph of module-level imports between our modules (``fedlm``,
+  ``strategies``, ``dashboard``; parsed with ``ast``; imports inside functions and
+  under ``if TYPE_CHECKING:`` do not count) has no cycle. A cycle here works only
+  while every caller happens to import the modules in the right order. Counting the
+  imports inside functions too, there is none either: those are for speed only;
+- dynamic: every module imports in a fresh interpreter (so none relies on another
+  having been imported first);
+- loading a config does not import torch (``fedlm config`` and config checks stay
+  fast: the schema, the loader, the presets and the strategy registry are torch-free).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("fedlm", "strategies", "dashboard")
+# Scripts: importing them runs them (the CLI; the Streamlit app). Their imports are in
+# the static graph; the CLI and dashboard tests run them for real.
+SCRIPTS = {"fedlm.__main__", "dashboard.app"}
+IMPORT_TIMEOUT = 180  # seconds for one cold import (torch on a busy machine takes a few)
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def our_modules() -> dict[str, Path]:
+    """Dotted name -> file, for every module of our packages."""
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if "__pycache__" not in path.parts:
+                found[_module_name(path)] = path
+    return found
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _module_level_imports(tree: ast.Module):
+    """Import statements that run when the module is imported: not inside a function,
+    not under ``if TYPE_CHECKING:`` (its ``else:`` does run)."""
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop(0)
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        elif isinstance(node, ast.If) and _is_type_checking(node.test):
+            todo.extend(node.orelse)
+        else:
+            todo.extend(child for child in ast.iter_child_nodes(node)
+                        if isinstance(child, ast.stmt))
+
+
+def _targets(module: str, is_package: bool, node: ast.Import | ast.ImportFrom,
+             known: set[str]) -> set[str]:
+    """Our modules that ``node``, in ``module``, imports."""
+    if isinstance(node, ast.Import):
+        return {alias.name for alias in node.names if alias.name in known}
+    if node.level:  # relative: from . import x, from ..a import b
+        base = module.split(".") if is_package else module.split(".")[:-1]
+        base = base[:len(base) - (node.level - 1)]
+        source = ".".join(base + ([node.module] if node.module else []))
+    else:
+        source = node.module or ""
+    out = set()
+    for alias in node.names:
+        sub = f"{source}.{alias.name}"
+        if sub in known:  # from package import submodule
+            out.add(sub)
+        elif source in known:  # from module import name
+            out.add(source)
+    return out
+
+
+def import_graph(deferred: bool = False) -> dict[str, set[str]]:
+    """Module -> our modules it imports at module level (``deferred``: anywhere,
+    imports inside functions too)."""
+    modules = our_modules()
+    known = set(modules)
+    graph = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        is_package = path.name == "__init__.py"
+        nodes = (n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))) \
+            if deferred else _module_level_imports(tree)
+        graph[name] = set()
+        for node in nodes:
+            graph[name] |= _targets(name, is_package, node, known)
+        graph[name].discard(name)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle through each strongly connected component of more than one module
+    (Tarjan's algorithm, iterative)."""
+    index, low, on_stack, stack, components = {}, {}, set(), [], []
+    counter = 0
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    components.append(sorted(component))
+    return [_one_cycle(graph, set(c)) for c in components]
+
+
+def _one_cycle(graph: dict[str, set[str]], members: set[str]) -> list[str]:
+    """A path a -> ... -> a inside one strongly connected component (for the message)."""
+    start = min(members)
+    parents, frontier = {start: None}, [start]
+    while frontier:
+        nxt = []
+        for node in frontier:
+            for child in sorted(graph[node] & members):
+                if child == start:
+                    path = [node]
+                    while parents[path[-1]] is not None:
+                        path.append(parents[path[-1]])
+                    return [*reversed(path), start]
+                if child not in parents:
+                    parents[child] = node
+                    nxt.append(child)
+        frontier = nxt
+    return sorted(members)
+
+
+def test_the_cycle_finder_finds_cycles_and_only_cycles():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    found = cycles({"a": {"b"}, "b": {"a"}, "c": {"d"}, "d": {"c"}, "e": {"a", "c"}})
+    assert sorted(found) == [["a", "b", "a"], ["c", "d", "c"]]
+
+
+def test_the_graph_reads_module_level_imports_only():
+    tree = ast.parse("import fedlm.fleet\nfrom fedlm import config, errors\n"
+                     "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                     "    from fedlm import model\nelse:\n    from fedlm import data\n"
+                     "try:\n    from strategies.registry import STRATEGIES\n"
+                     "except ImportError:\n    pass\n"
+                     "def f():\n    from fedlm import engine\n"
+                     "class C:\n    def g(self):\n        import fedlm.store\n")
+    known = {"fedlm", "fedlm.fleet", "fedlm.config", "fedlm.errors", "fedlm.model",
+             "fedlm.data", "fedlm.engine", "fedlm.store", "strategies.registry"}
+    found = set()
+    for node in _module_level_imports(tree):
+        found |= _targets("fedlm.x", False, node, known)
+    assert found == {"fedlm.fleet", "fedlm.config", "fedlm.errors", "fedlm.data",
+                     "strategies.registry"}
+    relative = ast.parse("from . import config\nfrom .errors import ConfigError\n")
+    found = set()
+    for node in _module_level_imports(relative):
+        found |= _targets("fedlm.x", False, node, known)
+    assert found == {"fedlm.config", "fedlm.errors"}
+
+
+def test_no_import_cycle_between_our_modules():
+    graph = import_graph()
+    assert {"fedlm.config", "fedlm.config_load", "strategies.registry"} <= set(graph)
+    assert {"fedlm.config", "strategies.registry"} <= graph["fedlm.config_load"]  # real edges
+    found = cycles(graph)
+    assert found == [], "import cycles: " + "; ".join(" -> ".join(c) for c in found)
+
+
+def test_no_import_inside_a_function_closes_a_cycle():
+    # Deferred imports are for speed (torch, Flower, datasets only where needed), never
+    # to dodge a cycle: counting them too, the graph still has none.
+    found = cycles(import_graph(deferred=True))
+    assert found == [], "cycles through deferred imports: " + "; ".join(
+        " -> ".join(c) for c in found)
+
+
+def test_the_schema_imports_only_the_standard_library_and_errors():
+    assert import_graph()["fedlm.config"] == {"fedlm.errors"}
+    assert import_graph()["fedlm.errors"] == set()
+
+
+def _import_alone(module: str) -> tuple[str, int, str]:
+    try:  # `python -c` in ROOT: this checkout comes first on sys.path
+        proc = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True,
+                              text=True, timeout=IMPORT_TIMEOUT, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return module, -1, f"timed out after {IMPORT_TIMEOUT} s"
+    lines = proc.stderr.strip().splitlines()
+    return module, proc.returncode, lines[-1] if lines else ""
+
+
+def test_every_module_imports_alone_in_a_fresh_interpreter():
+    modules = sorted(set(our_modules()) - SCRIPTS)
+    with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
+        results = list(pool.map(_import_alone, modules))
+    failed = [f"{m}: {err}" for m, rc, err in results if rc != 0]
+    assert failed == [], "\n".join(failed)
+
+
+@pytest.mark.parametrize("code", [
+    "from fedlm import config_load; config_load.load(None, [])",
+    "from fedlm import config_load; config_load.load(None, ['strategy=delayed-nesterov', "
+    "'model=150m', 'profile=geo', 'network.hierarchical=true'])",
+    "from strategies import registry; registry.build_strategy('fedbuff', {})",
+])
+def test_loading_a_config_does_not_import_torch(code):
+    proc = subprocess.run([sys.executable, "-c", f"{code}; import sys; "
+                           "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"],
+                          capture_output=True, text=True, timeout=IMPORT_TIMEOUT, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "[]\n"
