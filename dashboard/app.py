@@ -23,7 +23,7 @@ import pandas as pd
 import streamlit as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `streamlit run` from a checkout
-from dashboard import queries as q  # noqa: E402
+from fedlm.dashboard import queries as q  # noqa: E402
 from fedlm.store import StoreError  # noqa: E402
 
 REFRESH_SECONDS = 2

@@ -448,7 +448,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_strategies(args: argparse.Namespace) -> int:
-    from strategies.registry import describe
+    from fedlm.strategies.registry import describe
 
     for name, kind, line in describe():
         print(f"{name:<18} {kind:<12} {line}")
@@ -548,7 +548,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
-    import dashboard
+    from fedlm import dashboard
 
     from fedlm import store
 

@@ -29,7 +29,7 @@ from fedlm.config import (COMPRESSIONS, FAULT_KINDS, SCHEDULES, SECTIONS, SHARD_
                           SPELLING, Config)
 from fedlm.data import shakespeare_play_count
 from fedlm.errors import ConfigError
-from strategies import registry
+from fedlm.strategies import registry
 
 
 # ---------------------------------------------------------------------------

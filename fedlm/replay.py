@@ -42,7 +42,7 @@ from fedlm.store import operation_log, shown_status
 from fedlm import compression
 from fedlm.worker import JobSpec, job_update
 from fedlm.worker_state import MemoryStates
-from strategies import registry
+from fedlm.strategies import registry
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from fedlm.params import params_hash
 from fedlm.store import RunWriter, StoreError
 from fedlm.worker import shard_sizes
 from fedlm.worker_state import disk_folder
-from strategies import registry
+from fedlm.strategies import registry
 
 # connect(run_key) -> (transport, worker -> node id)
 Connect = Callable[[str], tuple[Transport, dict[int, str]]]

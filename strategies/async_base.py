@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from strategies import transforms as T
-from strategies.base import Strategy, Update
+from fedlm.strategies import transforms as T
+from fedlm.strategies.base import Strategy, Update
 
 
 def scale_tree(tree, factor: float):

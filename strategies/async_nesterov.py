@@ -8,7 +8,7 @@ as fast while the parameter step is amplified. Kept as the baseline it is.
 
 from __future__ import annotations
 
-from strategies.async_base import AsyncStrategy
+from fedlm.strategies.async_base import AsyncStrategy
 
 
 class AsyncNesterov(AsyncStrategy):

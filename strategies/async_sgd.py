@@ -6,7 +6,7 @@ With H = 1 local step this is classic parameter-server asynchronous SGD
 
 from __future__ import annotations
 
-from strategies.async_base import AsyncStrategy
+from fedlm.strategies.async_base import AsyncStrategy
 
 
 class AsyncSGD(AsyncStrategy):

@@ -18,7 +18,7 @@ The engine's loop, for sync and async alike::
             new = strategy.on_job_lost(w, job_id=j, reason=r, params=params)
             if new is not None: params = new; v += 1   # e.g. a sync round closes
 
-How many local steps a job gets is a separate policy (``strategies.local_steps``),
+How many local steps a job gets is a separate policy (``fedlm.strategies.local_steps``),
 so any strategy combines with any policy.
 
 State: whatever a strategy keeps between calls (momentum, buffers, counters)

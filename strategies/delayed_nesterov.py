@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from strategies import transforms as T
-from strategies.async_base import AsyncStrategy
+from fedlm.strategies import transforms as T
+from fedlm.strategies.async_base import AsyncStrategy
 
 
 class DelayedNesterov(AsyncStrategy):

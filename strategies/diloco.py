@@ -9,7 +9,7 @@ With lr 1.0 and momentum 0 it is exactly FedAvg (a unit test pins this).
 
 from __future__ import annotations
 
-from strategies.fedavg import FedAvg
+from fedlm.strategies.fedavg import FedAvg
 
 
 class DiLoCo(FedAvg):

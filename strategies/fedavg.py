@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from strategies import transforms as T
-from strategies.base import Strategy, Update
-from strategies.transforms import weighted_mean
+from fedlm.strategies import transforms as T
+from fedlm.strategies.base import Strategy, Update
+from fedlm.strategies.transforms import weighted_mean
 
 
 class FedAvg(Strategy):

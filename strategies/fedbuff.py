@@ -12,10 +12,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from strategies import transforms as T
-from strategies.async_base import AsyncStrategy, scale_tree
-from strategies.base import Update
-from strategies.transforms import weighted_mean
+from fedlm.strategies import transforms as T
+from fedlm.strategies.async_base import AsyncStrategy, scale_tree
+from fedlm.strategies.base import Update
+from fedlm.strategies.transforms import weighted_mean
 
 
 class FedBuff(AsyncStrategy):

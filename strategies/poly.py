@@ -8,7 +8,7 @@ DiLoCo. ``momentum=0`` gives the plain FedAsync-style polynomial SGD.
 
 from __future__ import annotations
 
-from strategies.async_base import AsyncStrategy
+from fedlm.strategies.async_base import AsyncStrategy
 
 
 class Poly(AsyncStrategy):

@@ -16,15 +16,15 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from fedlm.errors import ConfigError
-from strategies.async_nesterov import AsyncNesterov
-from strategies.async_sgd import AsyncSGD
-from strategies.base import Strategy
-from strategies.delayed_nesterov import DelayedNesterov
-from strategies.diloco import DiLoCo
-from strategies.fedavg import FedAvg
-from strategies.fedbuff import FedBuff
-from strategies.local_steps import DyLU, DyLUOnline, Fixed, LocalSteps
-from strategies.poly import Poly, PolyThres
+from fedlm.strategies.async_nesterov import AsyncNesterov
+from fedlm.strategies.async_sgd import AsyncSGD
+from fedlm.strategies.base import Strategy
+from fedlm.strategies.delayed_nesterov import DelayedNesterov
+from fedlm.strategies.diloco import DiLoCo
+from fedlm.strategies.fedavg import FedAvg
+from fedlm.strategies.fedbuff import FedBuff
+from fedlm.strategies.local_steps import DyLU, DyLUOnline, Fixed, LocalSteps
+from fedlm.strategies.poly import Poly, PolyThres
 
 STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (
     FedAvg, DiLoCo, AsyncSGD, AsyncNesterov, DelayedNesterov, Poly, PolyThres, FedBuff)}
@@ -62,7 +62,12 @@ def strategy_class(name: str) -> type[Strategy]:
         raise ConfigError(f"strategy: unknown strategy {name!r} (known: {', '.join(known)}; "
                           f"or package.module:Class)")
     if not (isinstance(cls, type) and issubclass(cls, Strategy)):
-        raise ConfigError(f"strategy: {name!r} is not a strategies.base.Strategy subclass")
+        old_path = isinstance(cls, type) and any(
+            c.__module__ == "strategies.base" for c in cls.__mro__)
+        hint = (" (it imports the old top-level `strategies` package: import from "
+                "fedlm.strategies instead)") if old_path else ""
+        raise ConfigError(f"strategy: {name!r} is not a fedlm.strategies.base.Strategy "
+                          f"subclass{hint}")
     return cls
 
 

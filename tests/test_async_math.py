@@ -6,14 +6,14 @@ from collections import OrderedDict
 import pytest
 import torch
 
-from strategies import transforms as T
-from strategies.async_nesterov import AsyncNesterov
-from strategies.async_sgd import AsyncSGD
-from strategies.base import Update
-from strategies.delayed_nesterov import DelayedNesterov
-from strategies.fedbuff import FedBuff
-from strategies.local_steps import DyLU, DyLUOnline
-from strategies.poly import Poly, PolyThres
+from fedlm.strategies import transforms as T
+from fedlm.strategies.async_nesterov import AsyncNesterov
+from fedlm.strategies.async_sgd import AsyncSGD
+from fedlm.strategies.base import Update
+from fedlm.strategies.delayed_nesterov import DelayedNesterov
+from fedlm.strategies.fedbuff import FedBuff
+from fedlm.strategies.local_steps import DyLU, DyLUOnline
+from fedlm.strategies.poly import Poly, PolyThres
 
 
 def tree(seed):

@@ -143,7 +143,7 @@ def test_writers_take_a_new_or_empty_db(no_work, good_db, kind):
 
 
 def test_dashboard_query_layer_refuses_bad_dbs(no_work, good_db):
-    from dashboard import queries
+    from fedlm.dashboard import queries
 
     assert len(queries.runs(good_db)) == 1
     for kind in BAD:

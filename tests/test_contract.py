@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from fedlm.params import params_hash
-from strategies import registry
-from strategies.base import Update
+from fedlm.strategies import registry
+from fedlm.strategies.base import Update
 from tests.conftest import tiny_config
 from tests.test_engine import run_engine
 

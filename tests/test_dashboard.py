@@ -125,7 +125,7 @@ def test_injected_faults_show_in_the_failures_table_and_timeline(monkeypatch, tm
     assert len(kinds) >= 3
     for kind in kinds:  # every injected kind is named in the failures table
         assert f"{kind} x" in shown
-    from dashboard import queries
+    from fedlm.dashboard import queries
 
     iv = queries.recent_intervals(db, 1, window=1e9)
     assert {"offline", "lost job"} <= set(iv["kind"])

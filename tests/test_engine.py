@@ -12,7 +12,7 @@ from fedlm.evaluate import Evaluator
 from fedlm.inprocess import InProcessTransport
 from fedlm.params import num_bytes, params_hash, snapshot
 from fedlm.store import RunWriter, summarize
-from strategies import registry
+from fedlm.strategies import registry
 from tests.conftest import tiny_config
 
 

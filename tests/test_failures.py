@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TINY = ["model=tiny", "workers=2", "updates=3", "inner.steps=2", "inner.batch_size=2",
         "eval.every=3", "eval.batches=1", "eval.batch_size=4", "data.seq_len=64"]
 BROKEN = '''
-from strategies.diloco import DiLoCo
+from fedlm.strategies.diloco import DiLoCo
 
 
 class Broken(DiLoCo):

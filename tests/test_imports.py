@@ -28,12 +28,14 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("fedlm", "strategies", "dashboard")
 # Scripts: importing them runs them (the CLI; the Streamlit app). Their imports are in
 # the static graph; the CLI and dashboard tests run them for real.
-SCRIPTS = {"fedlm.__main__", "dashboard.app"}
+SCRIPTS = {"fedlm.__main__", "fedlm.dashboard.app"}
 IMPORT_TIMEOUT = 180  # seconds for one cold import (torch on a busy machine takes a few)
 
 
 def _module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[0] != "fedlm":  # strategies/, dashboard/ install as fedlm.strategies, ...
+        parts.insert(0, "fedlm")
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
@@ -183,17 +185,17 @@ def test_the_graph_reads_module_level_imports_only():
     tree = ast.parse("import fedlm.fleet\nfrom fedlm import config, errors\n"
                      "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
                      "    from fedlm import model\nelse:\n    from fedlm import data\n"
-                     "try:\n    from strategies.registry import STRATEGIES\n"
+                     "try:\n    from fedlm.strategies.registry import STRATEGIES\n"
                      "except ImportError:\n    pass\n"
                      "def f():\n    from fedlm import engine\n"
                      "class C:\n    def g(self):\n        import fedlm.store\n")
     known = {"fedlm", "fedlm.fleet", "fedlm.config", "fedlm.errors", "fedlm.model",
-             "fedlm.data", "fedlm.engine", "fedlm.store", "strategies.registry"}
+             "fedlm.data", "fedlm.engine", "fedlm.store", "fedlm.strategies.registry"}
     found = set()
     for node in _module_level_imports(tree):
         found |= _targets("fedlm.x", False, node, known)
     assert found == {"fedlm.fleet", "fedlm.config", "fedlm.errors", "fedlm.data",
-                     "strategies.registry"}
+                     "fedlm.strategies.registry"}
     relative = ast.parse("from . import config\nfrom .errors import ConfigError\n")
     found = set()
     for node in _module_level_imports(relative):
@@ -203,8 +205,8 @@ def test_the_graph_reads_module_level_imports_only():
 
 def test_no_import_cycle_between_our_modules():
     graph = import_graph()
-    assert {"fedlm.config", "fedlm.config_load", "strategies.registry"} <= set(graph)
-    assert {"fedlm.config", "strategies.registry"} <= graph["fedlm.config_load"]  # real edges
+    assert {"fedlm.config", "fedlm.config_load", "fedlm.strategies.registry"} <= set(graph)
+    assert {"fedlm.config", "fedlm.strategies.registry"} <= graph["fedlm.config_load"]  # real edges
     found = cycles(graph)
     assert found == [], "import cycles: " + "; ".join(" -> ".join(c) for c in found)
 
@@ -244,7 +246,7 @@ def test_every_module_imports_alone_in_a_fresh_interpreter():
     "from fedlm import config_load; config_load.load(None, [])",
     "from fedlm import config_load; config_load.load(None, ['strategy=delayed-nesterov', "
     "'model=150m', 'profile=geo', 'network.hierarchical=true'])",
-    "from strategies import registry; registry.build_strategy('fedbuff', {})",
+    "from fedlm.strategies import registry; registry.build_strategy('fedbuff', {})",
 ])
 def test_loading_a_config_does_not_import_torch(code):
     proc = subprocess.run([sys.executable, "-c", f"{code}; import sys; "
@@ -252,3 +254,29 @@ def test_loading_a_config_does_not_import_torch(code):
                           capture_output=True, text=True, timeout=IMPORT_TIMEOUT, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "[]\n"
+
+
+def test_pyproject_installs_every_package_under_fedlm():
+    # strategies/ and dashboard/ install as fedlm.strategies / fedlm.dashboard (no generic
+    # top-level names in site-packages); a new subpackage of fedlm/ must be listed too.
+    import tomllib
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(tool["packages"])
+    wanted = {_module_name(p.parent) if p.parent.name != "fedlm" else "fedlm"
+              for package in PACKAGES for p in (ROOT / package).rglob("__init__.py")
+              if "__pycache__" not in p.parts}
+    assert listed == wanted
+    assert tool["package-dir"] == {"fedlm.strategies": "strategies",
+                                   "fedlm.dashboard": "dashboard"}
+
+
+def test_the_top_level_folders_import_under_fedlm_from_a_source_tree():
+    code = ("import fedlm.strategies.base as b, fedlm.dashboard as d, sys; "
+            "print(b.__file__); print(d.__file__); print('strategies' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=IMPORT_TIMEOUT, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    base, dash, old = proc.stdout.split()
+    assert Path(base) == ROOT / "strategies" / "base.py"
+    assert Path(dash) == ROOT / "dashboard" / "__init__.py"
+    assert old == "False"  # one copy of each module, under one name

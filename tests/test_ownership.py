@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from dashboard import queries
+from fedlm.dashboard import queries
 from fedlm import checkpoint, ownership, store
 from fedlm.runner import run_inprocess
 from tests.conftest import tiny_config

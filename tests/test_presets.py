@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from fedlm import fleet
-from strategies.registry import STRATEGIES
+from fedlm.strategies.registry import STRATEGIES
 from tests.conftest import tiny_config
 from tests.test_engine import run_engine
 

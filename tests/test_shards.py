@@ -228,7 +228,7 @@ def test_with_fixed_shards_the_shard_schedule_is_the_worker_schedule(tmp_path):
 
 
 def test_the_dashboard_shows_what_each_job_and_shard_trained(tmp_path):
-    from dashboard import queries
+    from fedlm.dashboard import queries
 
     db = tmp_path / "d.db"
     run_id = run_inprocess(tiny_config(*PAPER), str(db))

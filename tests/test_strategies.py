@@ -5,11 +5,11 @@ from collections import OrderedDict
 import pytest
 import torch
 
-from strategies import transforms as T
-from strategies.base import Update
-from strategies.diloco import DiLoCo
-from strategies.fedavg import FedAvg
-from strategies.registry import STRATEGIES
+from fedlm.strategies import transforms as T
+from fedlm.strategies.base import Update
+from fedlm.strategies.diloco import DiLoCo
+from fedlm.strategies.fedavg import FedAvg
+from fedlm.strategies.registry import STRATEGIES
 
 
 def params(seed: int = 0):

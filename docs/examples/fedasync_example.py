@@ -5,7 +5,7 @@
 
 from collections import OrderedDict
 
-from strategies.base import Strategy
+from fedlm.strategies.base import Strategy
 
 
 class FedAsync(Strategy):

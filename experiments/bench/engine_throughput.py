@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from fedlm import config_load, fleet  # noqa: E402
 from fedlm.engine import Engine, Reply  # noqa: E402
 from fedlm.store import RunWriter  # noqa: E402
-from strategies import registry  # noqa: E402
+from fedlm.strategies import registry  # noqa: E402
 
 
 class NoOpTransport:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from strategies.base import Strategy, Update
+from fedlm.strategies.base import Strategy, Update
 
 
 class Driver:

@@ -37,8 +37,8 @@ from fedlm.config import Config
 from fedlm.fleet import WorkerProfile
 from fedlm.params import BadUpdate, check_update, num_bytes
 from fedlm.store import IntervalKind, RunWriter
-from strategies.base import Strategy
-from strategies.local_steps import LocalSteps
+from fedlm.strategies.base import Strategy
+from fedlm.strategies.local_steps import LocalSteps
 
 from fedlm.engine.driver import Driver
 from fedlm.engine.events import VirtualEvents, WallEvents

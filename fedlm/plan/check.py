@@ -22,7 +22,7 @@ from fedlm import compression, config_load, fleet
 from fedlm.engine import Engine, Reply
 from fedlm.plan.inputs import from_config
 from fedlm.plan.model import predict
-from strategies import registry
+from fedlm.strategies import registry
 
 
 def simulate(cfg, params: int) -> dict[str, float]:

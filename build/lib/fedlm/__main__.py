@@ -1,0 +1,5 @@
+import sys
+
+from fedlm.cli import main
+
+sys.exit(main())

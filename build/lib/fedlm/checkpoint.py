@@ -1,0 +1,130 @@
+"""Atomic, verified checkpoints of a run, and finding the newest good one.
+
+A checkpoint holds the engine's ``state_dict`` (global weights, strategy and
+local-steps state, version, clock, RNG states, jobs in flight and the model
+versions they started from), how far each log table had got, and the run key
+that names the workers' saved optimizer states. With those, ``fedlm run
+--resume`` continues a killed run; on the virtual clock it ends bit-identical
+to a run that was never killed.
+
+File format: ``MAGIC``, the SHA-256 of the payload (64 hex characters), then
+the payload (``torch.save``). Written to a temporary file, fsynced, renamed
+over — so a crash leaves the old file or the new one, never half of one —
+and read back only if the digest matches: a corrupt or truncated newest
+checkpoint is skipped for the one before.
+
+A checkpoint names the run it belongs to (``identity``: the store's id and
+path, the run id and when the run was made), and ``latest`` refuses one that
+names another: a resume never continues from another run's weights. The
+folder is derived from the store's full path, so two stores side by side
+(``x.db`` and ``x.sqlite``) never share one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+MAGIC = b"FEDLM-CKPT-1\n"
+_DIGEST = 64
+
+
+class NoCheckpoint(RuntimeError):
+    pass
+
+
+class ForeignCheckpoint(RuntimeError):
+    """A checkpoint in the run's folder belongs to another run or store."""
+
+
+def folder_for(db: str | Path, run_id: int) -> Path:
+    """Where run ``run_id`` of database ``db`` keeps its checkpoints: beside the
+    database, named by its file name and a digest of its full path."""
+    db = Path(db).resolve()
+    tag = hashlib.sha256(str(db).encode()).hexdigest()[:12]
+    return db.parent / "checkpoints" / f"{db.name}-{tag}-run{run_id}"
+
+
+def identity(store_id: str, db: str | Path, run_id: int, created_at: float) -> dict[str, Any]:
+    """What a checkpoint says about whose it is (``save(..., payload={"run": ...})``)."""
+    return {"store_id": store_id, "db": str(Path(db).resolve()), "run_id": run_id,
+            "created_at": created_at}
+
+
+def weights_for(db: str | Path, run_id: int) -> Path:
+    """Where a finished run of ``db`` keeps its final weights (``init.from`` reads them)."""
+    db = Path(db).resolve()
+    tag = hashlib.sha256(str(db).encode()).hexdigest()[:12]
+    return db.parent / "weights" / f"{db.name}-{tag}-run{run_id}.pt"
+
+
+def write(path: Path, payload: dict[str, Any]) -> Path:
+    """Write ``payload`` to ``path`` in the checkpoint format, atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    data = buf.getvalue()
+    tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(MAGIC + hashlib.sha256(data).hexdigest().encode() + data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # disk full, say: a half-written file would keep it full
+        tmp.unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # the rename itself survives a power cut
+    finally:
+        os.close(dir_fd)
+    return path
+
+
+def save(folder: Path, version: int, payload: dict[str, Any], keep: int) -> Path:
+    path = write(folder / f"ckpt-v{version:09d}.pt", payload)
+    for old in sorted(folder.glob("ckpt-v*.pt"))[:-keep]:
+        old.unlink(missing_ok=True)
+    return path
+
+
+def read(path: Path) -> dict[str, Any]:
+    """A checkpoint's payload; ``ValueError`` if the file is not a whole, intact one."""
+    blob = path.read_bytes()
+    if not blob.startswith(MAGIC) or len(blob) < len(MAGIC) + _DIGEST:
+        raise ValueError("not a fedlm checkpoint (or truncated)")
+    digest = blob[len(MAGIC):len(MAGIC) + _DIGEST].decode(errors="replace")
+    data = blob[len(MAGIC) + _DIGEST:]
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise ValueError("checksum mismatch (corrupt or half-written)")
+    return torch.load(io.BytesIO(data), weights_only=False)
+
+
+def latest(folder: Path, expect: dict[str, Any]) -> tuple[dict[str, Any], Path, list[str]]:
+    """The newest intact checkpoint, its path, and why newer ones were skipped.
+
+    ``expect`` is the run's ``identity``: a checkpoint that names another store
+    or run raises ``ForeignCheckpoint`` (never loaded, nor skipped for an older
+    one: the folder is not this run's alone)."""
+    skipped = []
+    for path in sorted(folder.glob("ckpt-v*.pt"), reverse=True):
+        try:
+            payload = read(path)
+        except (OSError, ValueError, RuntimeError, EOFError) as exc:
+            skipped.append(f"{path.name}: {exc}")
+            continue
+        owner = payload.get("run") or {}
+        if any(owner.get(k) != expect[k] for k in ("store_id", "run_id", "created_at")):
+            whose = (f"run {owner['run_id']} of {owner['db']}" if "run_id" in owner
+                     else "no run (an older checkpoint format)")
+            raise ForeignCheckpoint(f"checkpoint {path} belongs to {whose}, not to run "
+                                    f"{expect['run_id']} of {expect['db']}; refusing to load it")
+        return payload, path, skipped
+    raise NoCheckpoint(f"no intact checkpoint in {folder}"
+                       + (f" ({'; '.join(skipped)})" if skipped else ""))

@@ -1,0 +1,202 @@
+"""``fedlm plan``: its arguments, the parsing of their text, and the command.
+
+The command line's side of the cost model (``fedlm.plan``): the flags, and the
+text they take turned into numbers — bandwidths in bits/s (``1e9``, ``10Gbit``)
+or bytes/s (``1.25GB/s``), parameter counts (``7B``), per-data-centre lists
+(``0.5,1,2``) — then a checked ``PlanInput``, refused in one line naming the
+flag. Imports nothing heavy until the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from fedlm.errors import ConfigError
+
+if TYPE_CHECKING:
+    from fedlm.plan import PlanInput
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of ``fedlm plan``."""
+    p.add_argument("--params", default="1e9", help="model parameters: 1e9, 7B, 70B, 100T "
+                   "(default 1e9)")
+    p.add_argument("--workers", type=int, default=8, help="workers in all (default 8)")
+    p.add_argument("--data-centres", "--data-centers", dest="data_centres", type=int,
+                   default=None, help="data centres the workers are spread over, evenly "
+                   "(default: one per worker); per-DC values below cycle over them")
+    p.add_argument("--step-time", default="0.5", help="seconds per inner step, or a list per "
+                   "data centre: 0.5,1,2 (default 0.5)")
+    p.add_argument("--H", "--local-steps", dest="H", type=int, default=100,
+                   help="inner steps per job (default 100)")
+    p.add_argument("--bandwidth", default="1e9", help="each data centre's link to the server, "
+                   "both ways: bits/s (1e9), or 10Gbit, 1.25GB/s; a list per DC (default 1e9)")
+    p.add_argument("--down-bandwidth", default=None, help="server -> worker, if not --bandwidth")
+    p.add_argument("--up-bandwidth", default=None, help="worker -> server, if not --bandwidth")
+    p.add_argument("--latency", default="0.05", help="one-way seconds per transfer, or a list "
+                   "per DC (default 0.05)")
+    p.add_argument("--regions", default=None, help="per-DC links from fedlm's regions, cycled: "
+                   "local,us,eu,asia (replaces --bandwidth and --latency)")
+    p.add_argument("--server-bandwidth", default="0", help="the server's own link, shared by all "
+                   "transfers each way (0: unlimited, the default)")
+    p.add_argument("--server-down", default=None, help="server egress, if not --server-bandwidth")
+    p.add_argument("--server-up", default=None, help="server ingress, if not --server-bandwidth")
+    p.add_argument("--compression", default="fp32", help="uploads as fp32, bf16, fp16, int8 or "
+                   "int4 (default fp32)")
+    p.add_argument("--down-compression", default="fp32", help="the global model sent down as "
+                   "(default fp32, as the simulator does)")
+    p.add_argument("--block-size", type=int, default=256, help="values per int8/int4 scale "
+                   "(0: one per tensor; default 256)")
+    p.add_argument("--hierarchical", action="store_true", help="a data centre's workers train "
+                   "as one data-parallel pod; only the pod talks to the server")
+    p.add_argument("--intra-bandwidth", default="100Gbit", help="inside a data centre, for the "
+                   "pod's all-reduce (default 100Gbit)")
+    p.add_argument("--jitter", type=float, default=0.05, help="sigma of the lognormal "
+                   "compute-time jitter (default 0.05, as fleet.jitter)")
+    p.add_argument("--daily-amplitude", type=float, default=0.0, help="bandwidth dips by this "
+                   "fraction once a day (default 0: off)")
+    p.add_argument("--plot", default=None, metavar="OUT_DIR", help="also write the scaling "
+                   "plots (vs model size, vs data centres) as PNG files there")
+    p.add_argument("--json", action="store_true", help="print the predictions as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the plan (a table, or JSON) and write its plots if asked."""
+    import json
+
+    from fedlm import plan
+
+    inp = input_from_args(args)
+    preds = plan.predict(inp)
+    if args.json:
+        print(json.dumps(plan.report_dict(inp, preds), indent=2))
+    else:
+        print(plan.table(inp, preds))
+    if args.plot:
+        from fedlm.plan import plots
+
+        for path in plots.scaling_plots(inp, Path(args.plot)):
+            print(f"wrote {path}")
+    return 0
+
+
+# ---------------------------------------------------------------------------
+# Argument text
+# ---------------------------------------------------------------------------
+
+_UNITS = {"bit": 1 / 8, "bps": 1 / 8, "b": 1 / 8, "byte": 1.0, "B": 1.0}
+_PREFIX = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
+
+
+def parse_bandwidth(text: str, what: str = "--bandwidth") -> float:
+    """A bandwidth in bytes/s from '1e9' (bits/s), '10Gbit', '10Gbps', '1.25GB' (bytes/s),
+    '0' (unlimited, where allowed); an optional trailing '/s'."""
+    m = re.fullmatch(r"\s*([0-9.eE+-]+)\s*([kKMGTP]?)(bit|bps|b|byte|B)?(/s)?\s*", text)
+    try:
+        value = float(m.group(1)) if m else math.nan
+    except ValueError:
+        value = math.nan
+    if not m or not math.isfinite(value) or value < 0:
+        raise ConfigError(f"{what}: expected a bandwidth like 1e9 (bit/s), 10Gbit or 1.25GB/s, "
+                          f"got {text!r}")
+    unit = m.group(3) or "bit"
+    return value * _PREFIX[m.group(2)] * _UNITS[unit]
+
+
+def parse_list(text: str, what: str, parse=float) -> tuple:
+    """'0.5' or '0.5,1,2' -> a tuple (per data centre, cycled)."""
+    items = [t for t in text.split(",")]
+    try:
+        values = tuple(parse(t) for t in items)
+    except ConfigError:
+        raise
+    except ValueError:
+        raise ConfigError(f"{what}: expected a number or a comma-separated list, "
+                          f"got {text!r}") from None
+    if not values:
+        raise ConfigError(f"{what}: expected at least one value, got {text!r}")
+    return values
+
+
+def input_from_args(args) -> PlanInput:
+    """A checked ``PlanInput`` from ``fedlm plan``'s arguments (bandwidths in bits/s)."""
+    from fedlm import fleet
+    from fedlm.plan import PlanInput
+    from fedlm.wire import BYTES_PER_VALUE
+
+    workers = args.workers
+    if workers < 1:
+        raise ConfigError(f"--workers: must be >= 1, got {workers}")
+    dcs = args.data_centres if args.data_centres is not None else workers
+    if dcs < 1:
+        raise ConfigError(f"--data-centres: must be >= 1, got {dcs}")
+    if workers % dcs:
+        raise ConfigError(f"--workers: {workers} workers do not spread evenly over {dcs} "
+                          f"data centres")
+    for flag, value in (("--compression", args.compression),
+                        ("--down-compression", args.down_compression)):
+        if value not in BYTES_PER_VALUE:
+            raise ConfigError(f"{flag}: must be one of {', '.join(BYTES_PER_VALUE)}, "
+                              f"got {value!r}")
+
+    def bw(text, what):
+        return parse_list(text, what, lambda t: parse_bandwidth(t, what))
+
+    if args.regions is not None:
+        names = parse_list(args.regions, "--regions", str)
+        for name in names:
+            if name.strip() not in fleet.REGIONS:
+                raise ConfigError(f"--regions: unknown region {name.strip()!r} "
+                                  f"(known: {', '.join(fleet.REGIONS)})")
+        regions = [fleet.REGIONS[n.strip()] for n in names]
+        latency = tuple(r.latency for r in regions)
+        down = tuple(r.down_bw for r in regions)
+        up = tuple(r.up_bw for r in regions)
+    else:
+        latency = parse_list(args.latency, "--latency")
+        down = bw(args.down_bandwidth or args.bandwidth, "--down-bandwidth"
+                  if args.down_bandwidth else "--bandwidth")
+        up = bw(args.up_bandwidth or args.bandwidth, "--up-bandwidth"
+                if args.up_bandwidth else "--bandwidth")
+    server_down = parse_bandwidth(args.server_down or args.server_bandwidth,
+                                  "--server-down" if args.server_down else "--server-bandwidth")
+    server_up = parse_bandwidth(args.server_up or args.server_bandwidth,
+                                "--server-up" if args.server_up else "--server-bandwidth")
+    inp = PlanInput(
+        params=parse_count(args.params), data_centres=dcs, workers_per_dc=workers // dcs,
+        step_time=parse_list(args.step_time, "--step-time"), H=args.H, latency=latency,
+        down_bw=down, up_bw=up, server_down=server_down, server_up=server_up,
+        compression=args.compression, down_compression=args.down_compression,
+        block_size=args.block_size, jitter=args.jitter, daily_amplitude=args.daily_amplitude,
+        hierarchical=args.hierarchical,
+        intra_bw=parse_bandwidth(args.intra_bandwidth, "--intra-bandwidth"))
+    try:
+        return inp.check()
+    except ConfigError as exc:  # name the flag, not the field
+        field_name, _, rest = str(exc).partition(":")
+        raise ConfigError(f"{_FLAGS.get(field_name, field_name)}:{rest}") from None
+
+
+_FLAGS = {"step_time": "--step-time", "H": "--H", "latency": "--latency",
+          "down_bw": "--down-bandwidth", "up_bw": "--up-bandwidth", "workers": "--workers",
+          "block_size": "--block-size", "jitter": "--jitter",
+          "daily_amplitude": "--daily-amplitude", "params": "--params",
+          "intra_bw": "--intra-bandwidth"}
+
+
+def parse_count(text: str, what: str = "--params") -> float:
+    """'1e9', '7B', '70b', '10M', '100T', '1.5k' -> a number."""
+    m = re.fullmatch(r"\s*([0-9.eE+-]+)\s*([kKmMbBgGtT]?)\s*", text)
+    scale = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+    try:
+        value = float(m.group(1)) * scale[m.group(2).lower()] if m else math.nan
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 1:
+        raise ConfigError(f"{what}: expected a number of parameters like 1e9 or 7B, "
+                          f"got {text!r}")
+    return value

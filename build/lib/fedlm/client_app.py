@@ -1,0 +1,80 @@
+"""fedlm's Flower ClientApp: one worker running jobs.
+
+``query``  answers which partition (worker index) this node holds.
+``train``  runs one job (``fedlm.worker.run_job``) on the global params it was
+           sent and replies with the outer gradient and metrics.
+
+The worker's AdamW states are kept in ``context.state``, which Flower persists
+per node across messages (in simulation as in deployment), or in node-local
+files; each job names the state it starts from (``fedlm.worker_state``).
+They are never sent. The run config travels inside each job message, so the
+same app works under ``fedlm run`` (whose run config is empty) and
+``flwr run``.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from fedlm.config import Config
+from fedlm.config_load import from_json
+from fedlm.worker import JobSpec, serve_job, warm_up
+from fedlm.worker_state import ContextStates, DiskStates, disk_folder
+
+app = ClientApp()
+
+
+@lru_cache(maxsize=4)
+def _config(text: str) -> Config:
+    return from_json(text)
+
+
+def _partition(context: Context) -> tuple[int, int]:
+    return int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    pid, n = _partition(context)
+    ask = msg.content["ask"] if "ask" in msg.content else {}
+    if "config" in ask:  # warm this process's caches while the run starts up
+        warm_up(_config(str(ask["config"])))
+    info = ConfigRecord({"partition-id": pid, "num-partitions": n})
+    return Message(RecordDict({"info": info}), reply_to=msg)
+
+
+def _states(context: Context, cfg: Config, run_key: str, worker: int):
+    """This worker's optimizer-state store (see fedlm.worker_state)."""
+    if cfg.state_store() == "disk":
+        # Node-local files: survive a crashed process (resume needs them), and keep
+        # memory flat with thousands of simulated nodes.
+        return DiskStates(disk_folder(run_key, worker))
+    return ContextStates(context.state)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    spec = msg.content["job"]
+    cfg = _config(str(spec["config"]))
+    job = JobSpec.from_message(spec)
+    pid, _ = _partition(context)
+    if job.worker != pid:
+        raise ValueError(f"job {job.job_id} is for worker {job.worker}, this node holds {pid}")
+    params = msg.content["arrays"].to_torch_state_dict()
+    step_time = context.node_config.get("step-time")
+    result = serve_job(params, _states(context, cfg, str(spec["run-key"]), job.worker), job,
+                       cfg, step_time=float(step_time) if step_time is not None else None)
+    metrics = MetricRecord({"steps": result.steps, "tokens": result.tokens,
+                            "train-loss": result.train_loss,
+                            "compute-seconds": result.compute_seconds,
+                            "num-examples": result.steps * cfg.inner.batch_size})
+    grad = {k: v.contiguous() for k, v in result.outer_grad.items()}
+    return Message(RecordDict({"arrays": ArrayRecord(torch_state_dict=grad), "metrics": metrics,
+                               "job": ConfigRecord({"job-id": job.job_id})}), reply_to=msg)
+
+
+torch.set_num_threads(1)  # a Ray actor shares the machine with others; jobs set their own

@@ -1,0 +1,1 @@
+"""The live Streamlit dashboard over the run store (read-only SQLite)."""

@@ -1,0 +1,310 @@
+"""fedlm's live dashboard.
+
+    fedlm dashboard [--db PATH]
+    streamlit run dashboard/app.py -- --db PATH
+
+Reads the run store read-only and re-reads it every two seconds (a Streamlit
+fragment with ``run_every``), redrawing only when the database changed. Shows,
+for the run in focus: headline numbers, a per-worker timeline of download /
+compute / upload / idle (offline spans and lost jobs marked), the straggler
+effect per worker, injected faults and failures, staleness; and for
+any set of runs: validation perplexity against virtual time, updates and tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `streamlit run` from a checkout
+from fedlm.dashboard import queries as q  # noqa: E402
+from fedlm.store import StoreError  # noqa: E402
+
+REFRESH_SECONDS = 2
+KIND_COLORS = {"compute": "#2ca02c", "download": "#1f77b4", "upload": "#9467bd",
+               "link wait": "#17becf", "idle": "#d62728"}
+TIMELINE_COLORS = {**KIND_COLORS, "in flight": "#bbbbbb", "offline": "#444444",
+                   "lost job": "#ff7f0e"}
+
+
+def db_from_argv() -> str:
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--db", default=os.environ.get("FEDLM_DB", "runs/fedlm.db"))
+    args, _ = parser.parse_known_args(sys.argv[1:])
+    return args.db
+
+
+# -- cached reads: keyed by the database's change marker -----------------------
+
+@st.cache_data(ttl=600, max_entries=64, show_spinner=False)
+def cached(name: str, db: str, marker: tuple, *args):
+    return getattr(q, name)(db, *args)
+
+
+def ema(values: pd.Series, alpha: float) -> pd.Series:
+    return values if alpha <= 0 else values.ewm(alpha=1 - alpha, adjust=False).mean()
+
+
+def run_label(row) -> str:
+    state = " (running)" if row["status"] == "running" else \
+        "" if row["status"] == "finished" else f" ({row['status']})"
+    name = row["name"] or row["strategy"]
+    return f"#{row['id']} {name}{state}"
+
+
+# -- page ------------------------------------------------------------------------
+
+def chart_options():
+    """Sidebar controls (outside the live fragment: fragments may not write there)."""
+    st.sidebar.header("Charts")
+    smoothing = st.sidebar.slider("smoothing", 0.0, 0.95, 0.0, 0.05, key="smoothing",
+                                  help="exponential moving average of perplexity")
+    log_scale = st.sidebar.checkbox("log-scale perplexity", value=True, key="log")
+    window = st.sidebar.number_input("timeline window (virtual s, 0 = whole run)",
+                                     min_value=0.0, value=0.0, step=100.0, key="window")
+    return smoothing, log_scale, window
+
+
+def run_pickers(runs: pd.DataFrame):
+    """Which run to focus on and which to compare; inside the fragment so new runs appear."""
+    labels = {int(r["id"]): run_label(r) for _, r in runs.iterrows()}
+    ids = list(labels)
+    left, right = st.columns([1, 2])
+    focus = left.selectbox("run in focus", ids, index=len(ids) - 1, format_func=labels.get,
+                           key="focus")
+    compare = right.multiselect("compare perplexity of", ids, default=ids[-4:],
+                                format_func=labels.get, key="compare")
+    return focus, compare, labels
+
+
+def _short(n: float, units: tuple[tuple[str, float], ...], below: str) -> str:
+    """Three significant digits and a unit ("591 MB", "2.46 M"): fits a metric tile."""
+    for unit, size in units:
+        if n >= size:
+            value = n / size
+            return f"{value:,.0f}{unit}" if value >= 100 else f"{value:.3g}{unit}"
+    return below
+
+
+def _bytes(n: float) -> str:
+    return _short(n, ((" GB", 1e9), (" MB", 1e6), (" kB", 1e3)), f"{n:,.0f} B")
+
+
+def _count(n: int) -> str:
+    return _short(n, ((" G", 1e9), (" M", 1e6)), f"{n:,}")
+
+
+def headline_row(h: dict) -> None:
+    # two rows of five: seven or more to a row cut the numbers off ("2,457…")
+    # at common window widths
+    cols = st.columns(5)
+    cols[0].metric("updates applied", f"{h['updates']:,}")
+    cols[1].metric("virtual time", f"{h['virtual_time']:,.0f} s")
+    cols[2].metric("tokens", _count(h["tokens"]), help=f"{h['tokens']:,} tokens trained on")
+    cols[3].metric("latest perplexity", "-" if h["perplexity"] is None
+                   else f"{h['perplexity']:.2f}")
+    cols[4].metric("best perplexity", "-" if h["best_perplexity"] is None
+                   else f"{h['best_perplexity']:.2f}")
+    cols = st.columns(5)
+    cols[0].metric("straggler idle time", f"{h['idle']:,.0f} s")
+    cols[1].metric("idle fraction", f"{100 * h['idle_fraction']:.1f}%")
+    cols[2].metric("sent up", _bytes(h["bytes_up"]),
+                   help="bytes of the workers' updates on the wire (as encoded)")
+    cols[3].metric("sent down", _bytes(h["bytes_down"]), help="bytes of the model sent out")
+    cols[4].metric("waiting for the link", f"{h['link_wait']:,.1f} s",
+                   help="transfer time beyond each worker's own link: the shared server link")
+
+
+def timeline_chart(iv: pd.DataFrame) -> alt.Chart:
+    iv = iv.assign(worker=iv["worker"].map(lambda w: f"worker {w}"))
+    return alt.Chart(iv).mark_bar().encode(
+        x=alt.X("t_start:Q", title="virtual time (s)"),
+        x2="t_end:Q",
+        y=alt.Y("worker:N", title=None),
+        color=alt.Color("kind:N", scale=alt.Scale(domain=list(TIMELINE_COLORS),
+                                                  range=list(TIMELINE_COLORS.values())),
+                        legend=alt.Legend(orient="top", title=None)),
+        tooltip=["worker", "kind", alt.Tooltip("t_start:Q", format=".1f"),
+                 alt.Tooltip("t_end:Q", format=".1f"), "version", "job_id",
+                 alt.Tooltip("shard:Q", title="data shard"),
+                 alt.Tooltip("cursor:Q", title="shard's steps before the job")],
+    ).properties(height=alt.Step(32))  # 32 px per worker row
+
+
+def worker_charts(wt: pd.DataFrame) -> None:
+    wt = wt.assign(label=wt["worker"].map(lambda w: f"worker {w}"))
+    left, mid, right = st.columns(3)
+    stacked = wt.melt(id_vars=["label"], value_vars=list(KIND_COLORS), var_name="kind",
+                      value_name="seconds")
+    left.markdown("**Time per worker** (virtual s)")
+    left.altair_chart(alt.Chart(stacked).mark_bar().encode(
+        y=alt.Y("label:N", title=None), x=alt.X("seconds:Q", title="virtual seconds"),
+        color=alt.Color("kind:N", scale=alt.Scale(domain=list(KIND_COLORS),
+                                                  range=list(KIND_COLORS.values())),
+                        legend=None),
+        tooltip=["label", "kind", alt.Tooltip("seconds:Q", format=".1f")]),
+        width="stretch")
+    mid.markdown("**Idle fraction per worker**")
+    bars = alt.Chart(wt).encode(y=alt.Y("label:N", title=None),
+                                x=alt.X("idle_fraction:Q", title="idle fraction",
+                                        axis=alt.Axis(format="%"),
+                                        scale=alt.Scale(domain=[0, 1])))
+    mid.altair_chart(bars.mark_bar(color=KIND_COLORS["idle"]) + bars.mark_text(
+        align="left", dx=3).encode(text=alt.Text("idle_fraction:Q", format=".0%")),
+        width="stretch")
+    right.markdown("**Updates applied per worker**")
+    right.altair_chart(alt.Chart(wt).mark_bar(color=KIND_COLORS["compute"]).encode(
+        y=alt.Y("label:N", title=None),
+        x=alt.X("updates:Q", title="updates", axis=alt.Axis(tickMinStep=1, format="d")),
+        tooltip=["label", "updates", "step_time", "region"]), width="stretch")
+
+
+def perplexity_charts(m: pd.DataFrame, labels: dict, smoothing: float, log_scale: bool):
+    if m.empty:
+        st.info("No evaluations yet.")
+        return
+    m = m.assign(run=m["run_id"].map(labels))
+    m["perplexity (smoothed)"] = m.groupby("run_id")["perplexity"].transform(
+        lambda s: ema(s, smoothing))
+    scale = alt.Scale(type="log") if log_scale else alt.Scale(zero=False)
+    tabs = st.tabs(["vs virtual time", "vs updates", "vs tokens"])
+    for tab, (col, title) in zip(tabs, [("virtual_time", "virtual time (s)"),
+                                        ("updates", "updates applied"), ("tokens", "tokens")]):
+        chart = alt.Chart(m).mark_line(point=True).encode(
+            x=alt.X(f"{col}:Q", title=title),
+            y=alt.Y("perplexity (smoothed):Q", title="validation perplexity", scale=scale),
+            color=alt.Color("run:N", scale=alt.Scale(scheme="category10"),
+                            legend=alt.Legend(orient="bottom", title=None, columns=2,
+                                              labelLimit=400)),
+            tooltip=["run", col, alt.Tooltip("perplexity:Q", format=".3f"),
+                     alt.Tooltip("bits_per_byte:Q", format=".3f")],
+        ).properties(height=320)
+        tab.altair_chart(chart, width="stretch")
+
+
+@st.fragment(run_every=REFRESH_SECONDS)
+def live(db: str, smoothing: float, log_scale: bool, window: float) -> None:
+    if not Path(db).exists():
+        st.info(f"No run database at `{db}` yet. Start a run with `fedlm run --db {db}`; "
+                "this page picks it up by itself.")
+        return
+    try:
+        marker = q.change_marker(db)
+    except StoreError as exc:  # not a run database, another schema version, locked
+        st.error(str(exc))
+        return
+    runs = cached("runs", db, marker)
+    if runs.empty:
+        st.info(f"`{db}` holds no runs yet; this page updates by itself.")
+        return
+    focus, compare, labels = run_pickers(runs)
+    run = runs.set_index("id").loc[focus]
+    live_note = ":green[**running** — refreshing every 2 s]" if run["status"] == "running" \
+        else run["status"]
+    st.subheader(f"{labels[focus]}")
+    st.caption(f"{run['strategy_summary'] or run['strategy']} · profile {run['profile']} · "
+               f"model {run['model']} ({(run['num_parameters'] or 0):,} parameters) · "
+               f"{run['workers']} workers · local steps {run['local_steps']} · {live_note}")
+    if run["status"] == "failed" and run["error"]:
+        st.error(run["error"])
+    if run["status"] == "crashed":
+        writer = (f"pid {int(run['owner_pid'])} on {run['owner_host']}"
+                  if pd.notna(run["owner_pid"]) else "not recorded")
+        st.warning(f"Crashed: the process writing this run ({writer}) is gone; last seen "
+                   f"{run['last_seen']}. "
+                   f"`fedlm run --resume {focus}` continues it from its newest checkpoint.")
+
+    headline_row(cached("headline", db, marker, focus))
+
+    st.markdown("#### Validation perplexity")
+    perplexity_charts(cached("metrics", db, marker, list(compare or [focus])), labels,
+                      smoothing, log_scale)
+
+    st.markdown("#### Per-worker timeline")
+    vt = cached("headline", db, marker, focus)["virtual_time"]
+    span = window if window > 0 else max(vt, 1.0)
+    iv = cached("recent_intervals", db, marker, focus, span)
+    if run["status"] == "running":
+        iv = pd.concat([iv, cached("in_flight", db, marker, focus)], ignore_index=True)
+    if iv.empty:
+        st.info("No intervals yet.")
+    else:
+        shown = f"last {span:,.0f} virtual s" if window > 0 else "whole run"
+        st.caption(f"{shown}; {len(iv):,} intervals drawn (at most 5,000, newest first)")
+        st.altair_chart(timeline_chart(iv), width="stretch")
+
+    st.markdown("#### The straggler effect")
+    wt = cached("worker_totals", db, marker, focus)
+    if not wt.empty:
+        worker_charts(wt)
+        table = pd.DataFrame({
+            "worker": wt["worker"].map(lambda w: f"worker {w}"),
+            "s/step": wt["step_time"].map("{:.2f}".format), "region": wt["region"],
+            "updates": wt["updates"], "compute s": wt["compute"].map("{:,.1f}".format),
+            "comm s": (wt["download"] + wt["upload"]).map("{:,.2f}".format),
+            "link wait s": wt["link wait"].map("{:,.2f}".format),
+            "sent up": wt["bytes_up"].map(_bytes),
+            "idle s": wt["idle"].map("{:,.1f}".format),
+            "idle %": (100 * wt["idle_fraction"]).map("{:.1f}%".format)})
+        st.table(table.set_index("worker"))
+
+    sh = cached("shards", db, marker, focus)
+    if not sh.empty:
+        st.markdown("#### Data shards")
+        st.caption("what each shard was trained for, by how many workers (data.shard_choice), "
+                   "and where its schedule stands (inner.schedule = shard follows it)")
+        st.table(pd.DataFrame({
+            "shard": sh["shard"].map(lambda k: f"shard {int(k)}"), "jobs": sh["jobs"],
+            "inner steps": sh["steps"], "workers": sh["workers"],
+            "schedule position": sh["cursor"]}).set_index("shard"))
+
+    st.markdown("#### Faults and failures")
+    fails = cached("failures", db, marker, focus)
+    if fails.empty:
+        st.caption("no injected faults, lost jobs, ignored replies or offline periods")
+    else:
+        st.table(fails.assign(worker=fails["worker"].map(lambda w: f"worker {w}"))
+                 .set_index("worker"))
+
+    left, right = st.columns(2)
+    with left:
+        st.markdown("#### Staleness of applied updates")
+        stl = cached("staleness", db, marker, focus)
+        if stl.empty or (stl["staleness"] == 0).all():
+            st.caption(f"all {int(stl['updates'].sum())} updates were fresh (staleness 0)"
+                       if not stl.empty else "no updates yet")
+        else:
+            st.altair_chart(alt.Chart(stl).mark_bar().encode(
+                x=alt.X("staleness:O", title="staleness (versions)",
+                        axis=alt.Axis(labelAngle=0)),
+                y=alt.Y("updates:Q", title="updates",
+                        axis=alt.Axis(tickMinStep=1, format="d"))).properties(height=200),
+                width="stretch")
+    with right:
+        st.markdown("#### Config and data")
+        m = cached("metrics", db, marker, [focus])
+        st.download_button("metrics as CSV", m.to_csv(index=False).encode(),
+                           file_name=f"run{focus}_metrics.csv", mime="text/csv",
+                           key=f"csv-{focus}")
+        with st.expander("config"):
+            st.json(cached("run_config", db, marker, focus))
+        ev = cached("events", db, marker, focus)
+        if not ev.empty:
+            with st.expander(f"events ({len(ev)})", expanded=not fails.empty):
+                st.dataframe(ev, hide_index=True)
+
+
+def main() -> None:
+    st.set_page_config(page_title="fedlm", layout="wide")
+    st.title("fedlm")
+    db = st.sidebar.text_input("run database", value=db_from_argv(), key="db")
+    live(db, *chart_options())
+
+
+main()

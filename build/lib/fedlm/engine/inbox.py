@@ -1,0 +1,74 @@
+"""Replies as they come in from the transport, until the engine takes them.
+
+Replies arrive in any order (Ray, real nodes); the event source decides when
+each is handed on (``wait_for`` a given job on the virtual clock, the first to
+arrive on the wall clock). A reply for a job the engine no longer waits for (it
+missed its deadline, or arrived twice) is logged and dropped; ``settled`` keeps
+the recently finished jobs to tell the two apart.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Mapping
+
+from fedlm.engine.runlog import RunLog
+from fedlm.engine.types import InFlight, Interrupted, Reply, Transport
+
+
+class Inbox:
+    def __init__(self, transport: Transport, flights: Mapping[int, InFlight], log: RunLog, *,
+                 now: Callable[[], float], version: Callable[[], int],
+                 should_stop: Callable[[], bool], reply_timeout: float,
+                 recent: int) -> None:
+        self.transport = transport
+        self.flights = flights  # the engine's jobs in flight (read only)
+        self.log = log
+        self.now, self.version, self.should_stop = now, version, should_stop
+        self.reply_timeout = reply_timeout
+        self.recent = recent  # finished jobs remembered, to classify late replies
+        self.arrived: dict[int, Reply] = {}  # in arrival order (dicts keep insertion order)
+        self.settled: dict[int, str] = {}  # recent finished job -> done | lost
+
+    def receive(self, timeout: float) -> None:
+        """Take what the transport has (waiting up to ``timeout`` s for something)."""
+        if self.should_stop():
+            raise Interrupted(f"interrupted at version {self.version()}")
+        for reply in self.transport.collect(timeout=timeout):
+            if reply.job_id in self.flights and reply.job_id not in self.arrived:
+                self.arrived[reply.job_id] = reply
+            else:
+                self.ignore(reply, "duplicate_reply" if reply.job_id in self.arrived
+                            or self.settled.get(reply.job_id) == "done" else "late_reply")
+
+    def wait_for(self, job_id: int) -> Reply:
+        """Block until the reply of ``job_id`` has arrived; keep the others for later."""
+        deadline = time.monotonic() + self.reply_timeout
+        while job_id not in self.arrived:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return Reply(job_id, None, error=f"no reply within {self.reply_timeout} s",
+                             wall_arrival=time.time())
+            self.receive(min(left, 1.0))
+        return self.arrived.pop(job_id)
+
+    def first(self) -> tuple[int, Reply] | None:
+        """The earliest arrival not yet handed on, if any."""
+        if not self.arrived:
+            return None
+        job_id = next(iter(self.arrived))
+        return job_id, self.arrived.pop(job_id)
+
+    def ignore(self, reply: Reply, kind: str) -> None:
+        self.log.ignored(reply, kind, self.now())
+
+    def settle(self, job_id: int, how: str) -> None:
+        self.settled[job_id] = how
+        if len(self.settled) > self.recent:  # only recent ones get late replies
+            del self.settled[next(iter(self.settled))]
+
+    def state_dict(self) -> dict:
+        return {"settled": dict(self.settled)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.settled = dict(state["settled"])

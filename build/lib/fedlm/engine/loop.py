@@ -1,0 +1,356 @@
+"""The engine: one loop for synchronous and asynchronous training.
+
+    until the run is done:
+        offer every free worker a job (the strategy says whether it gets one,
+            the local-steps policy how many inner steps; the job's data shard,
+            schedule position, fault and deadline are drawn here)
+        take the next event: a finished job (its result, its error or its missed
+            deadline), or a worker back online
+        a result is checked at the boundary (shapes, dtypes, NaN) and handed to the
+            strategy; a new global version may follow (evaluated every eval.every
+            versions, checkpointed every reliability.checkpoint_every)
+
+Who owns what: the ``Driver`` the global params, their version and the
+strategy (the same driver replays a run); the ``WorkerPool`` the workers'
+lifecycle (free, busy, offline, retired); the event source (``VirtualEvents``
+or ``WallEvents``) the order things happen in and the time; the ``Inbox`` the
+replies not yet handed on; the ``RunLog`` every store write; the ``JobMaker``
+what each new job is (its data, shard, fault, deadline). The loop owns the jobs
+in flight and the run's totals, and knows nothing of the algorithm.
+
+A dispatched job goes to a ``Transport`` (Flower's Grid in ``server_app``; an
+in-process trainer in tests, sweeps and replay) and computes while the loop
+goes on. Each job names the worker state it starts from (the worker's last
+*accepted* job), so a lost job leaves no trace on the worker either
+(``fedlm.worker_state``). Checkpoints are taken at the top of the loop, where
+the whole state is in ``state_dict``; ``run(..., resume=state)`` re-sends the
+jobs that were in flight.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from fedlm import compression, faults
+from fedlm.config import Config
+from fedlm.fleet import WorkerProfile
+from fedlm.params import BadUpdate, check_update, num_bytes
+from fedlm.store import IntervalKind, RunWriter
+from fedlm.strategies.base import Strategy
+from fedlm.strategies.local_steps import LocalSteps
+
+from fedlm.engine.driver import Driver
+from fedlm.engine.events import VirtualEvents, WallEvents
+from fedlm.engine.inbox import Inbox
+from fedlm.engine.jobs import JobMaker
+from fedlm.engine.runlog import RunLog
+from fedlm.engine.types import (BackOnline, EngineError, Event, InFlight, Progress, Reply,
+                                Transport)
+from fedlm.engine.workers import WorkerPool
+
+
+class Engine:
+    def __init__(self, cfg: Config, *, strategy: Strategy, local_steps: LocalSteps,
+                 transport: Transport, fleet: list[WorkerProfile], writer: RunWriter | None,
+                 evaluate: Callable | None = None,
+                 progress: Callable[[Progress], None] | None = None,
+                 order: str = "virtual",
+                 should_stop: Callable[[], bool] | None = None,
+                 checkpoint: Callable[[dict], None] | None = None,
+                 shard_sizes: list[int] | None = None) -> None:
+        if order not in ("virtual", "wall"):
+            raise ValueError(f"order: must be virtual or wall, got {order!r}")
+        self.cfg, self.fleet, self.policy, self.strategy = cfg, fleet, local_steps, strategy
+        self.evaluate, self.progress = evaluate, progress
+        self.checkpoint = checkpoint  # called with state_dict() every checkpoint_every versions
+        self.transport = (faults.DuplicatingTransport(transport) if cfg.faults.duplicate > 0
+                          else transport)
+        self.driver = Driver(strategy)
+        self.log = RunLog(writer)
+        self.pool = WorkerPool(cfg, len(fleet))
+        self.in_flight: dict[int, InFlight] = {}
+        self.inbox = Inbox(self.transport, self.in_flight, self.log, now=lambda: self.now,
+                           version=lambda: self.version,
+                           should_stop=should_stop or (lambda: False),
+                           reply_timeout=cfg.sim.reply_timeout, recent=4 * len(fleet) + 64)
+        self.events = (VirtualEvents(cfg, fleet, self.in_flight, self.inbox) if order == "virtual"
+                       else WallEvents(self.in_flight, self.inbox, self.pool))
+        self.jobs = JobMaker(cfg, fleet, shard_sizes)
+        self.base_params: dict[int, object] = {}  # versions in-flight jobs started from
+        self.tokens = self.steps_done = self.jobs_done = 0
+        self.last_perplexity: float | None = None
+        self._last_eval_version = -1
+        self._checkpoint_due = False
+        self._grace_from: float | None = None  # time of the batch's first job (grace)
+        self.wall_start = time.time()
+
+    @property
+    def now(self) -> float:
+        """Seconds since the start: virtual, or real on the wall clock."""
+        return self.events.now
+
+    @property
+    def version(self) -> int:
+        return self.driver.version
+
+    @property
+    def params(self):
+        return self.driver.params
+
+    @property
+    def retired(self) -> set[int]:
+        return self.pool.retired
+
+    def done(self) -> bool:
+        """Stop at ``updates`` versions, or when a local-step or time budget is spent."""
+        budget, limit = self.cfg.local_step_budget, self.cfg.time_budget
+        return (self.version >= self.cfg.updates or (budget > 0 and self.steps_done >= budget)
+                or (limit > 0 and self.now >= limit))
+
+    # -- the loop -------------------------------------------------------------
+    def run(self, params, resume: dict | None = None):
+        """Train until ``cfg.updates`` global versions exist (or the local-step
+        budget is spent; updates then held in a buffer are not applied); return
+        the final params. ``resume``: a ``state_dict()`` to continue from."""
+        self.driver.start(params, num_workers=len(self.fleet))
+        self.policy.start(steps=self.cfg.inner.steps,
+                          step_times=[p.step_time for p in self.fleet])
+        if resume is None:
+            self.model_bytes = num_bytes(params)
+            self.up_bytes = compression.encoded_bytes(params, self.cfg.network)
+            self.events.set_payload(self.model_bytes, self.up_bytes)
+            self.pool.start(now=0.0)
+            self._evaluate()
+        else:
+            self.load_state_dict(resume)
+            for job_id in sorted(self.in_flight):  # the jobs the dead process was waiting for
+                job = self.in_flight[job_id].job
+                self.transport.submit(job, self.base_params[job.base_version])
+        grace = self.cfg.grace if self.events.lookahead else 0.0
+        while True:
+            if self._checkpoint_due and self._grace_from is None:
+                self._write_checkpoint()
+            if self._grace_from is None:
+                if self.done():
+                    break
+                self._dispatch_free_workers()
+                if not self.in_flight and not self.pool.offline:
+                    raise EngineError(f"stalled at version {self.version}: no job in flight "
+                                      f"and strategy {self.strategy.name!r} gives none to "
+                                      f"the {len(self.pool.free_since)} free workers")
+                self._handle(self.events.next_event())
+                nxt = self.events.next_time()
+                if self.cfg.time_budget and nxt is not None and nxt > self.cfg.time_budget:
+                    break  # the next job would finish after the time budget
+                if grace > 0:
+                    # Grace period: jobs finishing within `grace` of this one are applied
+                    # right after it, so their workers restart from the same model.
+                    self._grace_from = self.now
+            else:
+                nxt = self.events.next_time()
+                if self.done() or nxt is None or nxt > self._grace_from + grace:
+                    self._grace_from = None
+                else:
+                    self._handle(self.events.next_event())
+        if self._last_eval_version != self.version:
+            self._evaluate()
+        self._close_timeline()
+        return self.params
+
+    def _dispatch_free_workers(self) -> None:
+        now, cap = self.now, self.cfg.concurrency
+        for w in self.pool.candidates(self.version, len(self.in_flight)):
+            if cap and len(self.in_flight) >= cap:
+                self.pool.blocked = True
+                break
+            if w in self.pool.retired or not self.strategy.wants_job(w, version=self.version):
+                continue
+            self._dispatch(w, now)
+
+    def _dispatch(self, w: int, now: float) -> None:
+        steps = self.policy.local_steps(w)
+        index, free_since = self.pool.take(w)
+        job = self.jobs.make(w, version=self.version, steps=steps, index=index,
+                             prev_job=self.pool.state_job[w], keep_from=self.pool.keep_from(w))
+        timing = self.events.timing(w, steps)
+        limit = now + self.jobs.time_allowed(job, timing)
+        expires = timing is not None and self.events.will_expire(timing, job.fault, limit)
+        flight = InFlight(job, now, timing, index, limit, expires)
+        self.log.intervals([(w, IntervalKind.IDLE, free_since, now, self.version, None)])
+        self.driver.dispatched(w, self.version)
+        self.in_flight[job.job_id] = flight
+        if self.checkpoint is not None:  # a checkpoint must be able to re-send it
+            self.base_params.setdefault(self.version, self.params)
+        self.events.dispatched(flight)
+        self.log.dispatched(job, now, down_bytes=self.model_bytes, up_bytes=self.up_bytes)
+        self.transport.submit(job, self.params)
+
+    def _handle(self, event: Event) -> None:
+        if isinstance(event, BackOnline):
+            since = self.pool.back_online(event.worker, self.now)
+            self.log.online(event.worker, self.now, since, self.version)
+        else:
+            self._finished(event.job_id, event.reply)
+
+    def _finished(self, job_id: int, reply: Reply) -> None:
+        flight = self.in_flight.pop(job_id)
+        job, w, now = flight.job, flight.job.worker, self.now
+        self.log.intervals(self._spans(flight, now, reply.compute_seconds))
+        error, reason = reply.error, "error"
+        if error is not None and error.startswith("deadline"):
+            reason = "deadline"
+        grad = None
+        if error is None:  # decode what came over the wire, then check it
+            try:
+                grad = compression.decode(reply.outer_grad, self.params, self.cfg.network)
+                check_update(grad, self.params)
+            except BadUpdate as exc:
+                error, reason = f"rejected update: {exc}", "rejected"
+        if error is not None:
+            self._lost(flight, error, reason)
+            return
+        self.pool.accepted(w, job_id)
+        self.inbox.settle(job_id, "done")
+        self._release(w, flight.index)
+        update = self.driver.update(worker=w, job_id=job_id, base_version=job.base_version,
+                                    outer_grad=grad, tokens=reply.tokens,
+                                    local_steps=reply.steps)
+        self.tokens += reply.tokens
+        self.steps_done += reply.steps
+        self.jobs_done += 1
+        self.log.updated({
+            "seq": self.driver.seq, "job_id": job_id, "worker": w,
+            "base_version": job.base_version, "received_version": self.version,
+            "staleness": update.staleness, "local_steps": reply.steps,
+            "data_seed": job.data_seed, "tokens": reply.tokens,
+            "train_loss": reply.train_loss, "t_dispatch": flight.t_dispatch, "t_done": now,
+            "wall_arrival": reply.wall_arrival, "compute_seconds": reply.compute_seconds},
+            grad)
+        compute = flight.timing.compute if flight.timing is not None else reply.compute_seconds
+        self.policy.observe(w, steps=reply.steps, seconds=compute)
+        new_params = self.driver.apply(update)
+        if new_params is not None:
+            self._new_version(new_params)
+        self.log.commit(force=False)
+        self._report()
+
+    def _lost(self, flight: InFlight, error: str, reason: str) -> None:
+        job, w = flight.job, flight.job.worker
+        if self.pool.failed(w):
+            reason = "retired"
+        self.inbox.settle(job.job_id, "lost")
+        self.log.lost(job, self.now, error=error, reason=reason,
+                      failures=self.pool.failures[w])
+        if self.pool.everyone_retired():
+            raise EngineError(f"every worker failed {self.cfg.reliability.max_failures} jobs "
+                              f"in a row; last error: {error}")
+        if w not in self.pool.retired:
+            self._release(w, flight.index)
+        new_params = self.driver.lose(w, job_id=job.job_id, reason=reason)
+        if new_params is not None:  # e.g. a sync round closed with the replies it had
+            self.log.round_closed(self.now, self.version + 1, len(self.driver.held))
+            self._new_version(new_params)
+        self.log.commit(force=False)
+        self._report()
+
+    def _release(self, w: int, index: int) -> None:
+        """A worker's job is over: it is free now, or goes offline for a while."""
+        until = self.pool.release(w, index, self.now)
+        if until is not None:
+            self.events.went_offline(w, until)
+            self.log.offline(w, self.now, self.cfg.faults.offline_seconds)
+
+    def _new_version(self, params) -> None:
+        seqs = self.driver.new_version(params)
+        if self.base_params:  # keep only versions that jobs still in flight started from
+            used = {f.job.base_version for f in self.in_flight.values()}
+            self.base_params = {v: p for v, p in self.base_params.items() if v in used}
+        self.log.applied(self.version, seqs)
+        if self.version % self.cfg.eval.every == 0:
+            self._evaluate()
+        every = self.cfg.reliability.checkpoint_every
+        if self.checkpoint is not None and every and self.version % every == 0:
+            self._checkpoint_due = True
+
+    # -- checkpoints ------------------------------------------------------------
+    def _write_checkpoint(self) -> None:
+        self._checkpoint_due = False
+        self.pool.pin(self.cfg.reliability.checkpoint_keep)
+        self.log.checkpoint(self.now, self.version)  # logged first: undone on resume
+        self.checkpoint(self.state_dict())
+
+    def state_dict(self) -> dict:
+        """Everything the loop needs to go on from here (at the top of the loop): each
+        part's own state, and the loop's jobs in flight and totals."""
+        return {
+            "driver": self.driver.state_dict(), "policy": self.policy.state_dict(),
+            "pool": self.pool.state_dict(), "events": self.events.state_dict(),
+            "inbox": self.inbox.state_dict(), "log": self.log.state_dict(),
+            "jobs": self.jobs.state_dict(), "in_flight": dict(self.in_flight), "base_params": dict(self.base_params),
+            "model_bytes": self.model_bytes, "up_bytes": self.up_bytes,
+            "tokens": self.tokens,
+            "steps_done": self.steps_done, "jobs_done": self.jobs_done,
+            "last_perplexity": self.last_perplexity,
+            "last_eval_version": self._last_eval_version,
+            "position": position(self),
+        }
+
+    def load_state_dict(self, st: dict) -> None:
+        self.driver.load_state_dict(st["driver"])
+        self.policy.load_state_dict(st["policy"])
+        self.pool.load_state_dict(st["pool"])
+        self.events.load_state_dict(st["events"])
+        self.inbox.load_state_dict(st["inbox"])
+        self.log.load_state_dict(st["log"])
+        self.jobs.load_state_dict(st["jobs"])
+        self.in_flight.clear()  # the inbox and the events hold this very dict
+        self.in_flight.update(st["in_flight"])
+        self.base_params = dict(st["base_params"])
+        self.model_bytes, self.up_bytes = st["model_bytes"], st["up_bytes"]
+        self.events.set_payload(self.model_bytes, self.up_bytes)
+        self.tokens = st["tokens"]
+        self.steps_done, self.jobs_done = st["steps_done"], st["jobs_done"]
+        self.last_perplexity = st["last_perplexity"]
+        self._last_eval_version = st["last_eval_version"]
+
+    # -- bookkeeping ----------------------------------------------------------
+    def _spans(self, f: InFlight, end: float, compute_seconds: float) -> list:
+        """Interval rows of a job's download / compute / upload, cut at ``end``."""
+        return [(f.job.worker, kind, min(a, end), min(max(a, b), end), f.job.base_version,
+                 f.job.job_id) for kind, a, b in self.events.spans(f, end, compute_seconds)]
+
+    def _close_timeline(self) -> None:
+        """At the end: free workers were idle until now, offline ones offline;
+        jobs in flight are cut at now."""
+        end = self.now
+        rows = self.pool.closing_rows(end, self.version)
+        for _, f in sorted(self.in_flight.items()):
+            rows += self._spans(f, end, compute_seconds=0.0)
+        self.log.intervals(rows)
+        self.log.commit()
+
+    def _evaluate(self) -> None:
+        self._last_eval_version = self.version
+        if self.evaluate is None:
+            return
+        ev = self.evaluate(self.params)
+        self.last_perplexity = ev.perplexity
+        self.log.metric(version=self.version, virtual_time=self.now,
+                        wall_time=time.time() - self.wall_start, tokens=self.tokens,
+                        jobs=self.jobs_done, loss=ev.loss, perplexity=ev.perplexity,
+                        bits_per_byte=ev.bits_per_byte)
+        self._report()
+
+    def _report(self) -> None:
+        if self.progress:
+            self.progress(Progress(self.version, self.cfg.updates, self.now,
+                                   self.jobs_done, self.tokens, self.last_perplexity,
+                                   self.steps_done, self.cfg.local_step_budget))
+
+
+def position(engine: Engine) -> dict:
+    """Where a checkpointed run stands, for the store to be cut back to it on resume."""
+    return {"version": engine.version, "op": engine.log.op, "seq": engine.driver.seq,
+            "next_job_id": engine.jobs.next_job_id, "in_flight": sorted(engine.in_flight),
+            "now": engine.now}

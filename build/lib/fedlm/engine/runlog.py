@@ -1,0 +1,107 @@
+"""The run log: every row the engine writes to the run store goes through here.
+
+It also numbers the operations (``op``): each dispatch, each update handed to
+the strategy and each lost job gets the next number, which is the order
+``fedlm replay`` walks. With no writer (tests, benchmarks) it only counts.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from fedlm.params import params_hash
+from fedlm.store import IntervalKind, RunWriter
+from fedlm.worker import JobSpec
+
+from fedlm.engine.types import Reply
+
+# (worker, kind, start, end, model version, job id or None)
+IntervalRow = tuple[int, IntervalKind, float, float, int, int | None]
+
+
+class RunLog:
+    def __init__(self, writer: RunWriter | None) -> None:
+        self.writer = writer
+        self.op = 0  # the next operation's number
+
+    def _next_op(self) -> int:
+        self.op += 1
+        return self.op - 1
+
+    def _event(self, kind: str, now: float, **fields) -> None:
+        if self.writer:
+            self.writer.add_event(kind=kind, virtual_time=now, **fields)
+
+    def intervals(self, rows: Iterable[IntervalRow]) -> None:
+        if self.writer:
+            self.writer.add_intervals(rows)
+
+    # -- jobs ---------------------------------------------------------------
+    def dispatched(self, job: JobSpec, now: float, *, down_bytes: int, up_bytes: int) -> None:
+        op = self._next_op()
+        if self.writer:
+            self.writer.add_job(job, op=op, t_dispatch=now, down_bytes=down_bytes,
+                                up_bytes=up_bytes)
+        if job.fault:
+            self._event("fault_injected", now, worker=job.worker, job_id=job.job_id,
+                        detail=job.fault)
+
+    def updated(self, row: dict, outer_grad) -> None:
+        """A finished job's update, handed to the strategy (``row``: the updates
+        table's columns but ``op`` and the update's hash)."""
+        op = self._next_op()
+        if self.writer:
+            self.writer.add_update({**row, "op": op, "update_hash": params_hash(outer_grad)})
+            self.writer.end_job(row["job_id"], status="done", op=op)
+
+    def lost(self, job: JobSpec, now: float, *, error: str, reason: str,
+             failures: int) -> None:
+        self._event("job_failed", now, worker=job.worker, job_id=job.job_id, detail=error)
+        op = self._next_op()
+        if self.writer:
+            self.writer.end_job(job.job_id, status="lost", op=op, computed=False,
+                                reason=reason)
+        if reason == "retired":
+            self._event("worker_retired", now, worker=job.worker,
+                        detail=f"{failures} failures in a row")
+
+    def ignored(self, reply: Reply, kind: str, now: float) -> None:
+        """A reply for a job no longer waited for (``late_reply``, ``duplicate_reply``)."""
+        self._event(kind, now, job_id=reply.job_id,
+                    detail="ignored" + (f" ({reply.error})" if reply.error else ""))
+
+    # -- versions -------------------------------------------------------------
+    def round_closed(self, now: float, version: int, updates: int) -> None:
+        self._event("round_closed", now,
+                    detail=f"version {version} from {updates} updates after a lost job")
+
+    def applied(self, version: int, seqs: list[int]) -> None:
+        if self.writer:
+            self.writer.mark_applied(version, seqs)
+
+    def metric(self, **row) -> None:
+        if self.writer:
+            self.writer.add_metric(**row)
+            self.writer.commit()
+
+    def checkpoint(self, now: float, version: int) -> None:
+        self._event("checkpoint", now, detail=f"version {version}, op {self.op}")
+
+    # -- workers --------------------------------------------------------------
+    def offline(self, worker: int, now: float, seconds: float) -> None:
+        self._event("worker_offline", now, worker=worker, detail=f"for {seconds:g} s")
+
+    def online(self, worker: int, now: float, since: float, version: int) -> None:
+        self.intervals([(worker, IntervalKind.OFFLINE, since, now, version, None)])
+        self._event("worker_online", now, worker=worker,
+                    detail=f"after {now - since:.1f} s offline")
+
+    def commit(self, force: bool = True) -> None:
+        if self.writer:
+            self.writer.commit(force=force)
+
+    def state_dict(self) -> dict:
+        return {"op": self.op}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.op = state["op"]

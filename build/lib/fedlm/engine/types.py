@@ -1,0 +1,95 @@
+"""What flows through the engine: replies, events, jobs in flight, progress.
+
+Events are typed: the loop handles a ``JobDone`` (a job to hand on: its result,
+its error, or the deadline it missed) or a ``BackOnline`` (an offline worker may
+work again). Whatever produces them (``fedlm.engine.events``) decides the order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from fedlm.fleet import JobTiming
+from fedlm.worker import JobSpec
+
+
+class EngineError(RuntimeError):
+    """The run cannot go on (the message says why)."""
+
+
+class Interrupted(EngineError):
+    """The user asked the run to stop (Ctrl-C, SIGTERM)."""
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A job's reply as the transport delivers it: a result or an error."""
+
+    job_id: int
+    outer_grad: object | None  # OrderedDict[str, Tensor], None on error
+    steps: int = 0
+    tokens: int = 0
+    train_loss: float = float("nan")
+    compute_seconds: float = 0.0
+    error: str | None = None
+    wall_arrival: float = 0.0
+
+
+class Transport(Protocol):
+    """Runs jobs somewhere and hands back their replies in any order."""
+
+    def submit(self, job: JobSpec, params) -> None: ...
+
+    def collect(self, timeout: float) -> list[Reply]:
+        """Replies that have arrived; waits up to ``timeout`` seconds for at least one."""
+        ...
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """A dispatched job the engine waits for."""
+
+    job: JobSpec
+    t_dispatch: float
+    timing: JobTiming | None  # virtual durations; None on the wall clock
+    index: int  # the worker's how-many-th job (seeds its data and faults)
+    deadline: float  # the job is lost if it has not finished by then
+    expires: bool = False  # virtual clock: it will miss its deadline (its event is the deadline)
+
+
+@dataclass(frozen=True)
+class JobDone:
+    """A job to hand on: ``reply`` is its result, or an error (its own, or a missed
+    deadline: ``Reply.error`` starting with "deadline")."""
+
+    job_id: int
+    reply: Reply
+
+
+@dataclass(frozen=True)
+class BackOnline:
+    """Worker ``worker``'s offline period is over."""
+
+    worker: int
+
+
+Event = JobDone | BackOnline
+
+
+@dataclass(frozen=True)
+class Progress:
+    version: int
+    target: int
+    virtual_time: float
+    jobs: int
+    tokens: int
+    perplexity: float | None
+    local_steps: int  # inner steps of all updates received
+    budget: int  # local_step_budget (0: none)
+
+
+def missed_deadline(job_id: int, flight: InFlight, wall_arrival: float) -> Reply:
+    """The reply the engine acts on for a job that missed its deadline."""
+    return Reply(job_id, None, wall_arrival=wall_arrival,
+                 error=f"deadline: no reply within {flight.deadline - flight.t_dispatch:.1f} s")

@@ -1,0 +1,131 @@
+"""The worker pool: who is free, busy, offline or retired, and since when.
+
+It also keeps, per worker, the job count (which seeds each job's data and
+faults), the run of failures that retires a worker, and the last job whose
+update was accepted: the optimizer state its next job starts from
+(``fedlm.worker_state``). Checkpoints pin those states so that resume finds them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedlm import faults
+from fedlm.config import Config
+from fedlm.store import IntervalKind
+from fedlm.worker_state import FRESH
+
+
+class WorkerPool:
+    def __init__(self, cfg: Config, num_workers: int) -> None:
+        self.cfg = cfg
+        self.num_workers = num_workers
+        self.free_since: dict[int, float] = {}  # free worker -> time it became free
+        self.offline: dict[int, tuple[float, float]] = {}  # worker -> (since, until)
+        self.retired: set[int] = set()
+        self.failures = [0] * num_workers  # failed jobs in a row
+        self.jobs_of = [0] * num_workers  # jobs dispatched so far
+        self.state_job = [FRESH] * num_workers  # last accepted job: its next start state
+        self.pins: list[list[int]] = []  # state_job at each kept checkpoint
+        # Offer jobs to a free worker when it becomes free and again whenever the
+        # global version changes (or a cap blocked someone): a sync barrier then
+        # costs one scan per round, not one per finished job.
+        self.newly_free: list[int] = []
+        self.scanned_version = -1
+        self.blocked = False
+        self.sampler = np.random.default_rng([cfg.seed, 15485863])
+
+    def start(self, now: float) -> None:
+        self.free_since = {w: now for w in range(self.num_workers)}
+
+    def candidates(self, version: int, in_flight: int) -> list[int]:
+        """Free workers to offer a job, in the order they are offered."""
+        if version != self.scanned_version or self.blocked:
+            pool = list(self.free_since)
+        else:
+            pool = [w for w in self.newly_free if w in self.free_since]
+        self.newly_free = []
+        self.scanned_version = version
+        self.blocked = False
+        cap = self.cfg.concurrency
+        if cap and len(pool) > cap - in_flight:
+            # More candidates than slots: sample uniformly among the available
+            # ones (seeded), as FedScale does, instead of favouring low indices.
+            return [pool[i] for i in self.sampler.permutation(len(pool))]
+        return sorted(pool)
+
+    def take(self, w: int) -> tuple[int, float]:
+        """``w`` gets a job: returns the job's index among ``w``'s jobs and since when
+        ``w`` was free."""
+        index = self.jobs_of[w]
+        self.jobs_of[w] += 1
+        return index, self.free_since.pop(w)
+
+    def keep_from(self, w: int) -> int:
+        """The oldest state of ``w`` still needed: by its next job or a kept checkpoint."""
+        return min([self.state_job[w], *(pin[w] for pin in self.pins)])
+
+    def accepted(self, w: int, job_id: int) -> None:
+        self.failures[w] = 0
+        self.state_job[w] = job_id
+
+    def failed(self, w: int) -> bool:
+        """Count a lost job of ``w``; True if that retires it."""
+        self.failures[w] += 1
+        self.blocked = True  # the strategy may now want jobs from anyone (a new round)
+        if self.failures[w] >= self.cfg.reliability.max_failures:
+            self.retired.add(w)
+            return True
+        return False
+
+    def everyone_retired(self) -> bool:
+        return len(self.retired) == self.num_workers
+
+    def release(self, w: int, index: int, now: float) -> float | None:
+        """``w``'s ``index``-th job is over: it is free now, or (an injected fault)
+        offline until the time returned."""
+        if faults.goes_offline(self.cfg, w, index):
+            until = now + self.cfg.faults.offline_seconds
+            self.offline[w] = (now, until)
+            return until
+        self.free_since[w] = now
+        self.newly_free.append(w)
+        return None
+
+    def back_online(self, w: int, now: float) -> float:
+        """``w`` is free again; returns since when it was offline."""
+        since, _ = self.offline.pop(w)
+        self.free_since[w] = now
+        self.newly_free.append(w)
+        return since
+
+    def due_online(self, now: float) -> list[int]:
+        return [w for w, (_, until) in self.offline.items() if until <= now]
+
+    def pin(self, keep: int) -> None:
+        """A checkpoint is written: keep the states it would resume from."""
+        self.pins = [*self.pins, list(self.state_job)][-keep:]
+
+    def closing_rows(self, end: float, version: int) -> list:
+        """At the end: free workers were idle until ``end``, offline ones offline."""
+        rows = [(w, IntervalKind.IDLE, t, end, version, None)
+                for w, t in sorted(self.free_since.items())]
+        return rows + [(w, IntervalKind.OFFLINE, since, end, version, None)
+                       for w, (since, _) in sorted(self.offline.items())]
+
+    def state_dict(self) -> dict:
+        return {"free_since": dict(self.free_since), "offline": dict(self.offline),
+                "retired": sorted(self.retired), "failures": list(self.failures),
+                "jobs_of": list(self.jobs_of), "state_job": list(self.state_job),
+                "pins": [list(p) for p in self.pins], "newly_free": list(self.newly_free),
+                "scanned_version": self.scanned_version, "blocked": self.blocked,
+                "sampler": self.sampler.bit_generator.state}
+
+    def load_state_dict(self, st: dict) -> None:
+        self.free_since, self.offline = dict(st["free_since"]), dict(st["offline"])
+        self.retired, self.failures = set(st["retired"]), list(st["failures"])
+        self.jobs_of, self.state_job = list(st["jobs_of"]), list(st["state_job"])
+        self.pins = [list(p) for p in st["pins"]]
+        self.newly_free, self.scanned_version = list(st["newly_free"]), st["scanned_version"]
+        self.blocked = st["blocked"]
+        self.sampler.bit_generator.state = st["sampler"]

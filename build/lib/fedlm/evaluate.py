@@ -1,0 +1,53 @@
+"""Validation of the global model on the held-out split.
+
+The same fixed validation sequences every time (the first ``batches ×
+batch_size`` of the split, which no worker trains on), so evaluations of a run,
+and of different runs, compare like with like.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fedlm import data, model as model_lib
+from fedlm.config import Config
+from fedlm.params import load_into
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    loss: float  # mean cross-entropy per token, nats
+    perplexity: float  # exp(loss)
+    bits_per_byte: float  # loss / ln 2: exact, one token is one byte
+    tokens: int  # validation tokens scored
+
+
+class Evaluator:
+    """Holds a scratch model and the validation batches; ``__call__`` scores params."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.device = model_lib.resolve_device(cfg.device)
+        self.net = model_lib.build(cfg.model, cfg.data.seq_len, seed=0, device=self.device)
+        val = data.load_corpus(cfg.data).val
+        n = min(len(val), cfg.eval.batches * cfg.eval.batch_size)
+        self.val = torch.from_numpy(val[:n].astype(np.int64))  # (n, T+1)
+
+    @torch.no_grad()
+    def __call__(self, params) -> Evaluation:
+        torch.set_num_threads(self.cfg.inner.threads)
+        load_into(self.net, params)
+        self.net.eval()
+        total, count = 0.0, 0
+        for chunk in self.val.split(self.cfg.eval.batch_size):
+            seqs = chunk.to(self.device)
+            _, loss = self.net(seqs[:, :-1], seqs[:, 1:])
+            n = seqs[:, 1:].numel()
+            total += loss.item() * n
+            count += n
+        mean = total / count
+        return Evaluation(mean, math.exp(mean), mean / math.log(2), count)

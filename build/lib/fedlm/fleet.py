@@ -1,0 +1,170 @@
+"""Hardware and network profiles of the workers, and the durations they imply.
+
+A worker has a compute speed (seconds per inner step), a seeded lognormal
+jitter on each job's compute time, and a region whose link to the server has a
+latency and separate down/up bandwidths. From these the engine knows, at
+dispatch, exactly how long a job will take in virtual time:
+
+    download = latency + model_bytes / down_bw
+    compute  = steps × step_time × jitter      (jitter ~ LogNormal(0, σ), mean-free in log)
+    upload   = latency + update_bytes / up_bw
+
+Profiles are addressed by partition id (worker index): Flower's simulation
+engine gives a node nothing but ``partition-id`` and ``num-partitions``. In
+hierarchical mode (``network.hierarchical``) a node is a region's pod: its
+workers train data-parallel (all-reduce every step over ``network.intra_bw``)
+and only the pod talks to the server (``groups``, ``node_profiles``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedlm.config import Config, FleetConfig
+
+
+@dataclass(frozen=True)
+class Region:
+    name: str
+    latency: float  # one-way latency to the server, seconds
+    down_bw: float  # server -> worker bandwidth, bytes per second
+    up_bw: float  # worker -> server bandwidth, bytes per second
+
+
+_GBIT = 1e9 / 8  # bytes per second in one Gbit/s
+
+# The server sits in us-east. Latencies are one-way, round numbers of public
+# inter-region measurements; WAN bandwidths are per-flow figures a training job
+# could expect, not the data centres' aggregate capacity.
+REGIONS: dict[str, Region] = {
+    "local": Region("local", 0.0005, 10 * _GBIT, 10 * _GBIT),  # same data centre
+    "us": Region("us", 0.010, 2 * _GBIT, 1 * _GBIT),  # us-west <-> us-east
+    "eu": Region("eu", 0.040, 1 * _GBIT, 0.5 * _GBIT),  # europe <-> us-east
+    "asia": Region("asia", 0.090, 0.5 * _GBIT, 0.2 * _GBIT),  # asia <-> us-east
+}
+
+
+@dataclass(frozen=True)
+class WorkerProfile:
+    worker: int
+    step_time: float  # nominal virtual seconds per inner step
+    jitter: float  # sigma of the lognormal compute-time multiplier
+    region: Region
+    members: int = 1  # hierarchical: workers of the region training as one pod
+
+
+@dataclass(frozen=True)
+class JobTiming:
+    download: float
+    compute: float
+    upload: float
+
+    @property
+    def total(self) -> float:
+        return self.download + self.compute + self.upload
+
+
+# Heterogeneity levels: worker speeds spread geometrically from 1× to R× the
+# base step time (R below), the slowest being R times slower than the fastest.
+_SPREAD = {"homogeneous": 1.0, "slight": 1.5, "moderate": 3.0, "very": 10.0}
+# The authors' public toy example: seconds per step of four workers.
+_PAPER_TOY = [0.58, 0.75, 1.51, 3.33]
+PRESETS = ("homogeneous", "slight", "moderate", "very", "paper-toy", "geo")
+
+
+def _preset_step_times(cfg: FleetConfig, n: int) -> list[float]:
+    if cfg.preset == "paper-toy":
+        return [_PAPER_TOY[w % len(_PAPER_TOY)] for w in range(n)]
+    spread = _SPREAD.get(cfg.preset, 1.0)  # geo: homogeneous compute, varied links
+    if n == 1:
+        return [cfg.base_step_time]
+    return [cfg.base_step_time * spread ** (w / (n - 1)) for w in range(n)]
+
+
+def _preset_regions(cfg: FleetConfig, n: int) -> list[str]:
+    if cfg.preset == "geo":
+        return [("us", "eu", "asia")[w % 3] for w in range(n)]
+    return ["local"] * n
+
+
+def regions_of(cfg: FleetConfig) -> dict[str, Region]:
+    """The built-in regions plus the config's own (``fleet.links``)."""
+    return {**REGIONS, **{name: Region(name, float(v["latency"]), float(v["down_bw"]),
+                                       float(v["up_bw"])) for name, v in cfg.links.items()}}
+
+
+def profiles(cfg: FleetConfig, num_workers: int) -> list[WorkerProfile]:
+    """Each worker's profile: the preset, with explicit lists taking precedence
+    (``topology`` places workers in regions in order: {us = 4, eu = 2} -> 0-3 us, 4-5 eu)."""
+    step_times = _preset_step_times(cfg, num_workers)
+    regions = _preset_regions(cfg, num_workers)
+    for w in range(min(num_workers, len(cfg.step_times))):
+        step_times[w] = cfg.step_times[w]
+    for w in range(min(num_workers, len(cfg.regions))):
+        regions[w] = cfg.regions[w]
+    if cfg.topology:
+        regions = [name for name, count in cfg.topology.items() for _ in range(count)]
+    known = regions_of(cfg)
+    return [WorkerProfile(w, step_times[w], cfg.jitter, known[regions[w]])
+            for w in range(num_workers)]
+
+
+def groups(cfg: Config) -> list[list[int]]:
+    """The workers behind each engine-level node: themselves, or (hierarchical)
+    the workers of each region, regions in order of their first worker."""
+    per_worker = profiles(cfg.fleet, cfg.workers)
+    if not cfg.network.hierarchical:
+        return [[p.worker] for p in per_worker]
+    by_region: dict[str, list[int]] = {}
+    for p in per_worker:
+        by_region.setdefault(p.region.name, []).append(p.worker)
+    return list(by_region.values())
+
+
+def node_count(cfg: Config) -> int:
+    """Workers as the engine and Flower see them: one per region if hierarchical."""
+    if not cfg.network.hierarchical:
+        return cfg.workers
+    return len(groups(cfg))
+
+
+def node_profiles(cfg: Config) -> list[WorkerProfile]:
+    """The profiles the engine schedules: one per worker, or one per region pod
+    (as slow as its slowest member, its members' batches all-reduced every step)."""
+    per_worker = profiles(cfg.fleet, cfg.workers)
+    if not cfg.network.hierarchical:
+        return per_worker
+    return [WorkerProfile(n, max(per_worker[w].step_time for w in members), cfg.fleet.jitter,
+                          per_worker[members[0]].region, members=len(members))
+            for n, members in enumerate(groups(cfg))]
+
+
+class JobTimer:
+    """Virtual durations of jobs; one seeded RNG per worker, so a worker's
+    jitter sequence does not depend on the order jobs of others were dispatched."""
+
+    def __init__(self, fleet: list[WorkerProfile], seed: int, intra_bw: float = 12.5e9) -> None:
+        self.fleet = fleet
+        self.intra_bw = intra_bw
+        self._rngs = [np.random.default_rng([seed, 7919, p.worker]) for p in fleet]
+
+    def timing(self, worker: int, steps: int, down_bytes: int, up_bytes: int) -> JobTiming:
+        p = self.fleet[worker]
+        jitter = float(self._rngs[worker].lognormal(0.0, p.jitter)) if p.jitter > 0 else 1.0
+        # A pod of k workers all-reduces its gradients every step: a ring moves
+        # 2(k-1)/k of the model through each member's local link.
+        allreduce = 2 * (p.members - 1) / p.members * down_bytes / self.intra_bw
+        return JobTiming(
+            download=p.region.latency + down_bytes / p.region.down_bw,
+            compute=steps * (p.step_time * jitter + allreduce),
+            upload=p.region.latency + up_bytes / p.region.up_bw,
+        )
+
+    def state_dict(self) -> dict:
+        return {"rngs": [r.bit_generator.state for r in self._rngs]}
+
+    def load_state_dict(self, state: dict) -> None:
+        for r, s in zip(self._rngs, state["rngs"]):
+            r.bit_generator.state = s

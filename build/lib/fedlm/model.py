@@ -1,0 +1,127 @@
+"""A compact decoder-only transformer (GPT) for the workers' local replicas.
+
+Pre-norm blocks, causal self-attention through ``F.scaled_dot_product_attention``,
+learned positions, tied input/output embeddings. Read top to bottom, nanoGPT style.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from fedlm.errors import ConfigError
+from fedlm.presets import PRESETS  # name -> (n_layer, d_model, n_head, head_dim)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    n_layer: int  # transformer blocks
+    d_model: int  # residual stream width
+    n_head: int  # attention heads
+    head_dim: int  # key/value size per head (the paper uses 64)
+    vocab_size: int = 256  # byte-level tokenizer
+    block_size: int = 128  # maximum context length
+
+
+def model_config(preset: str, block_size: int, vocab_size: int = 256) -> ModelConfig:
+    n_layer, d_model, n_head, head_dim = PRESETS[preset]
+    return ModelConfig(n_layer, d_model, n_head, head_dim, vocab_size, block_size)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_head, self.head_dim = cfg.n_head, cfg.head_dim
+        inner = cfg.n_head * cfg.head_dim
+        self.qkv = nn.Linear(cfg.d_model, 3 * inner, bias=False)
+        self.proj = nn.Linear(inner, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        q, k, v = self.qkv(x).split(self.n_head * self.head_dim, dim=2)  # 3 x (B, T, H*D)
+        q, k, v = (t.view(B, T, self.n_head, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, D)
+        y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)  # (B, T, H*D)
+        return self.proj(y)  # (B, T, C)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.up = nn.Linear(cfg.d_model, 4 * cfg.d_model, bias=False)
+        self.down = nn.Linear(4 * cfg.d_model, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.gelu(self.up(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.d_model)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln2 = nn.LayerNorm(cfg.d_model)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))  # pre-norm residual
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.block_size, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.head.weight = self.tok_emb.weight  # tied embeddings
+        self.apply(self._init)
+        for name, p in self.named_parameters():  # GPT-2: scale residual projections by depth
+            if name.endswith(("proj.weight", "down.weight")):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
+
+    @staticmethod
+    def _init(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        B, T = idx.shape
+        pos = torch.arange(T, device=idx.device)
+        x = self.tok_emb(idx) + self.pos_emb(pos)  # (B, T, C)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.ln_f(x))  # (B, T, V)
+        if targets is None:
+            return logits, None
+        loss = F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T))
+        return logits, loss
+
+
+def build(preset: str, block_size: int, seed: int, device: str = "cpu") -> GPT:
+    """A freshly initialised model; the same seed gives the same weights."""
+    gen_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    model = GPT(model_config(preset, block_size))
+    torch.random.set_rng_state(gen_state)  # leave the caller's RNG untouched
+    return model.to(device)
+
+
+def num_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def resolve_device(choice: str) -> str:
+    """``auto`` picks CUDA when present, CPU otherwise."""
+    if choice == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device: 'cuda' asked for but torch sees no CUDA device")
+    return choice

@@ -1,0 +1,165 @@
+"""Replay a run from its operation log, in one process.
+
+The log (tables ``jobs`` and ``updates``, ordered by op number) says which job
+was dispatched to which worker from which model version with which data seed
+and how many local steps, which jobs were lost, and in which order finished
+jobs reached the strategy. Replay walks it:
+
+    dispatch op  -> strategy.on_dispatch(worker, version)
+    lost op      -> strategy.on_job_lost(worker, job, reason); a version if it
+                    returns one (a sync round closing with what it had)
+    update op    -> run the job again (worker.run_job) from the model version it
+                    started from, with the worker state it started from (the
+                    job records which: ``prev_job``), on the data shard and at
+                    the schedule position it was given (``shard``,
+                    ``schedule_step``), and hand it to the strategy with the
+                    recorded staleness
+
+It drives the strategy through the engine's own ``Driver`` (``fedlm.engine.driver``),
+so a run and its replay hand updates, lost jobs and new versions to the strategy
+the same way. It starts from the run's recorded start: the seeded model, ``init.from``'s
+weights and pretraining, recomputed (``fedlm.start``) and checked against the
+hashes in the ``runs`` row; it ends with the final weights' hash, to compare
+with the recorded one. The
+order came from the log, so it does not matter whether the run's order came
+from a virtual clock or from real arrival times. Only the model versions that
+some job still to be replayed starts from are kept in memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from fedlm import fleet, start
+from fedlm.config import Config
+from fedlm.config_load import from_json
+from fedlm.engine.driver import Driver
+from fedlm.errors import ConfigError
+from fedlm.params import params_hash
+from fedlm.store import operation_log, shown_status
+from fedlm import compression
+from fedlm.worker import JobSpec, job_update
+from fedlm.worker_state import MemoryStates
+from fedlm.strategies import registry
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    run_id: int
+    recorded_hash: str | None
+    replayed_hash: str
+    versions: int
+    updates: int
+    mismatched_updates: int  # updates whose outer-gradient hash differed from the log
+    max_versions_held: int
+
+    @property
+    def identical(self) -> bool:
+        return self.recorded_hash == self.replayed_hash
+
+
+class ReplayError(RuntimeError):
+    pass
+
+
+def replay(db: str | Path, run_id: int,
+           progress: Callable[[int, int], None] | None = None) -> ReplayResult:
+    run, jobs, updates = operation_log(db, run_id)
+    cfg = from_json(run["config_json"])
+    if run["status"] != "finished":
+        raise ReplayError(f"run {run_id} is {shown_status(run)}; only finished runs replay")
+    if any(j["prev_job"] is None for j in jobs.values()):
+        raise ReplayError(f"run {run_id} was recorded by an older fedlm (store schema 2, "
+                          f"without worker-state pointers); it cannot be replayed")
+
+    ops: list[tuple[int, str, object]] = []
+    for j in jobs.values():
+        ops.append((j["dispatch_op"], "dispatch", j))
+        if j["status"] == "lost":
+            ops.append((j["end_op"], "lost", j))
+    ops += [(u["op"], "update", u) for u in updates]
+    ops.sort(key=lambda o: o[0])
+
+    # The last op that needs each version as a job's starting point.
+    last_use: dict[int, int] = {}
+    for op, kind, row in ops:
+        if kind == "update":
+            last_use[row["base_version"]] = max(last_use.get(row["base_version"], -1), op)
+
+    if run["initial_hash"] and params_hash(start.initial(cfg)) != run["initial_hash"]:
+        raise ReplayError("the initial model differs from the recorded one "
+                          "(different torch version or model code?)")
+    try:  # init.from and pretraining again, never from the pretraining cache
+        params = start.starting_point(cfg, db, use_cache=False).params
+    except ConfigError as exc:
+        raise ReplayError(f"cannot rebuild the run's start: {exc}") from None
+    if run["start_hash"] and params_hash(params) != run["start_hash"]:
+        raise ReplayError("the start of the federated phase differs from the recorded one "
+                          "(init.from's weights changed, or the pretraining code did)")
+    driver = Driver(registry.build_strategy(cfg.strategy, cfg.outer))
+    driver.start(params, num_workers=fleet.node_count(cfg))
+    versions = {0: params}
+    held, mismatched = 1, 0
+    states = [MemoryStates() for _ in range(fleet.node_count(cfg))]
+
+    def new_version(params) -> None:
+        driver.new_version(params)
+        versions[driver.version] = params
+
+    for n, (op, kind, row) in enumerate(ops):
+        if kind == "dispatch":
+            driver.dispatched(row["worker"], row["base_version"])
+        elif kind == "lost":
+            new = driver.lose(row["worker"], job_id=row["job_id"], reason=row["reason"] or "error")
+            if new is not None:
+                new_version(new)
+        else:
+            base = row["base_version"]
+            if base not in versions:
+                raise ReplayError(f"update {row['seq']} starts from version {base}, "
+                                  f"which the log never produced")
+            job = jobs[row["job_id"]]
+            job = JobSpec(row["job_id"], row["worker"], base, row["local_steps"],
+                          row["data_seed"], prev_job=job["prev_job"],
+                          **{k: job[k] for k in ("shard", "cursor", "schedule_step")
+                             if job[k] is not None})  # schema 4 and older: none
+            worker_states = states[job.worker]
+            result = job_update(versions[base], worker_states.load(job.prev_job), job, cfg)
+            worker_states.save(job.job_id, result.opt_state)
+            worker_states.prune(job.prev_job)
+            grad = compression.decode(result.outer_grad, versions[base], cfg.network)
+            if params_hash(grad) != row["update_hash"]:
+                mismatched += 1
+            update = driver.update(worker=job.worker, job_id=job.job_id, base_version=base,
+                                   outer_grad=grad, tokens=result.tokens,
+                                   local_steps=result.steps)
+            if update.staleness != row["staleness"]:
+                raise ReplayError(f"update {row['seq']}: staleness {update.staleness}, "
+                                  f"log says {row['staleness']}")
+            new = driver.apply(update)
+            if new is not None:
+                new_version(new)
+        # forget versions no later job starts from (always keep the current one)
+        for v in [v for v in versions if v != driver.version and last_use.get(v, -1) <= op]:
+            del versions[v]
+        held = max(held, len(versions))
+        if progress:
+            progress(n + 1, len(ops))
+
+    return ReplayResult(run_id, run["final_hash"], params_hash(driver.params), driver.version,
+                        len(updates), mismatched, held)
+
+
+def describe(result: ReplayResult) -> str:
+    verdict = "identical" if result.identical else "DIFFERENT"
+    lines = [f"run {result.run_id}: replayed {result.updates} updates -> {result.versions} "
+             f"versions (at most {result.max_versions_held} held in memory)",
+             f"  recorded final weights {result.recorded_hash}",
+             f"  replayed final weights {result.replayed_hash}",
+             f"  {verdict}"]
+    if result.mismatched_updates:
+        lines.append(f"  {result.mismatched_updates} updates differed from the log's hashes")
+    return "\n".join(lines)
+

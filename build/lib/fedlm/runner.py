@@ -1,0 +1,160 @@
+"""One run, start to finish, over any transport: store, fleet, model, engine.
+
+``server_app.run_on_grid`` calls it with Flower's Grid behind the transport;
+``fedlm run --backend inprocess`` with the in-process trainer (one process, no
+Ray: for debugging, sweeps and machines without spare cores). ``resume``
+continues a run whose process died, from its newest intact checkpoint.
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from typing import Callable
+
+from fedlm import checkpoint as ckpt_lib, fleet as fleet_lib, start as start_lib
+from fedlm.config import Config
+from fedlm.engine import Engine, Interrupted, Progress, Transport
+from fedlm.evaluate import Evaluator
+from fedlm.inprocess import InProcessTransport
+from fedlm.params import params_hash
+from fedlm.store import RunWriter, StoreError
+from fedlm.worker import shard_sizes
+from fedlm.worker_state import disk_folder
+from fedlm.strategies import registry
+
+# connect(run_key) -> (transport, worker -> node id)
+Connect = Callable[[str], tuple[Transport, dict[int, str]]]
+
+
+def execute(cfg: Config, db_path: str, connect: Connect,
+            progress: Callable[[Progress], None] | None = None,
+            on_start: Callable[[int], None] | None = None,
+            should_stop: Callable[[], bool] | None = None,
+            resume: int | None = None,
+            pretrain_progress: Callable[[int, int], None] | None = None) -> int:
+    """Run ``cfg`` (or continue run ``resume``); everything lands in the run store
+    at ``db_path``. Returns the run id.
+
+    ``connect`` gets the run key (which names the workers' saved states) and
+    returns the transport and, per worker, the id of the node that holds it.
+    """
+    strategy = registry.build_strategy(cfg.strategy, cfg.outer)
+    state, notes, origin = None, [], None
+    if resume is None:
+        origin = start_lib.resolve(cfg, db_path)  # a bad init.from: refused before it is stored
+        writer = RunWriter(db_path, name=cfg.name or f"{cfg.strategy}-{cfg.fleet.preset}",
+                           strategy=cfg.strategy, local_steps=cfg.local_steps,
+                           profile=cfg.fleet.preset, model=cfg.model, workers=cfg.workers,
+                           seed=cfg.seed, mode=cfg.clock, config_json=cfg.to_json(),
+                           strategy_summary=strategy.summary())
+        run_key = uuid.uuid4().hex
+    else:
+        writer = RunWriter.reopen(db_path, resume)  # refuses a run whose writer is alive
+        try:
+            state, run_key, notes = _rewind(writer, ckpt_lib.folder_for(db_path, resume))
+        except BaseException:
+            writer.close()
+            raise
+    folder = ckpt_lib.folder_for(db_path, writer.run_id)
+    whose = ckpt_lib.identity(writer.store_id, db_path, writer.run_id, writer.created_at)
+    if on_start:
+        on_start(writer.run_id)
+    engine = None
+    try:
+        transport, node_of = connect(run_key)
+        fleet = fleet_lib.node_profiles(cfg)
+        sizes = shard_sizes(cfg)
+        writer.add_workers({"worker": p.worker, "node_id": str(node_of[p.worker]),
+                            "step_time": p.step_time, "jitter": p.jitter,
+                            "region": p.region.name, "latency": p.region.latency,
+                            "down_bw": p.region.down_bw, "up_bw": p.region.up_bw,
+                            # its own shard; 0: it draws shards (data.shard_choice = paper)
+                            "shard_sequences": sizes[p.worker] if cfg.data.shard_choice
+                            == "fixed" else 0} for p in fleet)
+        if state is None:  # a new run (or a resume that starts over): where it starts
+            begin = start_lib.starting_point(cfg, db_path, resolved=origin,
+                                             progress=pretrain_progress)
+            params = begin.params
+            writer.set_model_info(sum(p.numel() for p in params.values()),
+                                  begin.initial_hash, params_hash(params))
+            notes = [*notes, *begin.notes]
+        else:
+            params = start_lib.initial(cfg)  # shapes for the strategy; the state has the rest
+
+        def save_checkpoint(engine_state: dict) -> None:
+            writer.commit()
+            ckpt_lib.save(folder, engine_state["position"]["version"],
+                          {"engine": engine_state, "db": writer.positions(), "run_key": run_key,
+                           "run": whose},
+                          keep=cfg.reliability.checkpoint_keep)
+
+        engine = Engine(cfg, strategy=strategy,
+                        local_steps=registry.build_local_steps(cfg.local_steps),
+                        transport=transport, fleet=fleet, writer=writer,
+                        evaluate=Evaluator(cfg), progress=progress, order=cfg.clock,
+                        should_stop=should_stop,
+                        checkpoint=save_checkpoint if cfg.reliability.checkpoint_every else None,
+                        shard_sizes=sizes)
+        for kind, detail in notes:
+            writer.add_event(kind=kind, virtual_time=state["position"]["now"] if state else 0.0,
+                             detail=detail)
+        final = engine.run(params, resume=state)
+        if cfg.reliability.keep_weights:  # what init.from = RUN_ID starts from
+            ckpt_lib.write(ckpt_lib.weights_for(db_path, writer.run_id),
+                           {"params": final, "run": whose})
+        writer.finish(status="finished", virtual_time=engine.now, updates=engine.version,
+                      final_hash=params_hash(final))
+        # Finished: the checkpoints and the workers' saved states (where they are on
+        # this machine) are of no further use.
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(disk_folder(run_key, 0).parent, ignore_errors=True)
+    except BaseException as exc:
+        writer.finish(status="interrupted" if isinstance(exc, Interrupted) else "failed",
+                      virtual_time=engine.now if engine else 0.0,
+                      updates=engine.version if engine else 0, final_hash=None,
+                      error=failure_reason(exc))
+        raise
+    finally:
+        writer.close()
+    return writer.run_id
+
+
+def failure_reason(exc: BaseException) -> str:
+    """One line saying why a run stopped, for the store and the command's error."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _rewind(writer: RunWriter, folder) -> tuple[dict | None, str, list[tuple[str, str]]]:
+    """Load the newest intact checkpoint of the run and cut its log back to it.
+
+    Returns the engine state (None: no checkpoint, the run starts over), the run
+    key, and events to log about it. A checkpoint of another run is refused
+    (``StoreError``) before anything changes."""
+    notes = []
+    expect = ckpt_lib.identity(writer.store_id, writer.path, writer.run_id, writer.created_at)
+    try:
+        payload, path, skipped = ckpt_lib.latest(folder, expect)
+    except ckpt_lib.ForeignCheckpoint as exc:
+        raise StoreError(f"--resume: {exc}") from None
+    except ckpt_lib.NoCheckpoint as exc:
+        writer.rewind({"intervals": 0, "metrics": 0, "events": 0}, next_job_id=0, seq=0,
+                      version=-1, in_flight=[])
+        return None, uuid.uuid4().hex, [("resumed", f"from the start ({exc})")]
+    notes += [("checkpoint_skipped", s) for s in skipped]
+    st = payload["engine"]
+    at = st["position"]
+    writer.rewind(payload["db"], next_job_id=at["next_job_id"], seq=at["seq"],
+                  version=at["version"], in_flight=at["in_flight"])
+    notes.append(("resumed", f"from {path.name}: version {at['version']}, op {at['op']}, "
+                             f"{len(at['in_flight'])} jobs in flight re-sent"))
+    return st, payload["run_key"], notes
+
+
+def run_inprocess(cfg: Config, db_path: str, **kwargs) -> int:
+    """``execute`` with every job run in this process (no Flower, no Ray)."""
+    nodes = fleet_lib.node_count(cfg)
+    return execute(cfg, db_path, lambda run_key: (InProcessTransport(cfg, run_key=run_key),
+                                                  {w: "in-process" for w in range(nodes)}),
+                   **kwargs)

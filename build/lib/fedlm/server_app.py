@@ -1,0 +1,214 @@
+"""fedlm's Flower ServerApp: the engine driving Flower's Grid.
+
+Jobs travel as Flower messages: ``push_messages`` sends one TRAIN message per
+job (at most one in flight per worker), ``pull_messages`` collects whatever
+replies are ready, matched back to jobs by ``reply_to_message_id`` since they
+come in any order. Error replies (expired TTL, unreachable node, crashed
+ClientApp) become failed jobs, not crashes.
+
+``app`` is what ``flwr run .`` loads (config from the run config);
+``make_server_app`` is what ``fedlm run`` uses (config handed in directly,
+since ``run_simulation`` passes an empty run config).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import Callable
+
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.serverapp import Grid, ServerApp
+from flwr.superlink.grid.inmemory_grid import InMemoryGrid
+
+from fedlm import config_load, fleet
+from fedlm.config import Config
+from fedlm.engine import EngineError, Progress, Reply
+from fedlm.runner import execute
+from fedlm.worker import JobSpec
+
+log = logging.getLogger("fedlm")
+
+NODE_WAIT_SECONDS = 180.0  # how long to wait for all SuperNodes to register
+POLL_SECONDS = 0.05  # pause between empty pulls (Flower itself polls at 0.1 s)
+PULLS_PER_SECOND = 20.0  # deployment: pull requests per second, all pending messages together
+
+
+class FlowerTransport:
+    """The engine's transport over a Flower ``Grid``."""
+
+    def __init__(self, grid: Grid, cfg: Config, run_key: str) -> None:
+        self.grid = grid
+        self.cfg = cfg
+        self.cfg_json = cfg.to_json()
+        self.run_key = run_key  # names this run's worker-state files on the nodes
+        self.node_of: dict[int, int] = {}  # worker (partition id) -> Flower node id
+        self.pending: dict[str, int] = {}  # message id -> job id
+        # Deployment: every pending message is pulled by a thread of its own. A
+        # reply whose SuperNode died while uploading it blocks Grid.pull_messages
+        # until Flower gives up on its objects (OBJECT_PUSH_SESSION_TTL_SECONDS,
+        # 180 s in 1.41); pulled together with the others, it would hold every
+        # other reply back that long. (Simulation: one pull for all, no threads.)
+        self.per_message = not isinstance(grid, InMemoryGrid)
+        self._pulled: queue.SimpleQueue = queue.SimpleQueue()  # Messages or exceptions
+        self._pullers: set[str] = set()  # message ids with a puller thread
+
+    def connect(self) -> dict[int, int]:
+        """Wait for the SuperNodes and learn which node holds which partition."""
+        deadline = time.monotonic() + NODE_WAIT_SECONDS
+        want = fleet.node_count(self.cfg)
+        while True:
+            nodes = sorted(self.grid.get_node_ids())
+            if len(nodes) >= want:
+                break
+            if time.monotonic() > deadline:
+                raise EngineError(f"workers: expected {want} SuperNodes, only {len(nodes)} "
+                                  f"registered within {NODE_WAIT_SECONDS:.0f} s")
+            time.sleep(0.5)
+        msgs = [Message(RecordDict({"ask": ConfigRecord({"what": "partition-id",
+                                                         "config": self.cfg_json})}),
+                        dst_node_id=n, message_type=MessageType.QUERY, ttl=self.cfg.sim.ttl)
+                for n in nodes]
+        replies = self.grid.send_and_receive(msgs, timeout=NODE_WAIT_SECONDS)
+        for reply in replies:
+            if reply.has_error():
+                raise EngineError(f"node {reply.metadata.src_node_id} did not answer the "
+                                  f"partition query: {reply.error.reason}")
+            info = reply.content["info"]
+            pid, n = int(info["partition-id"]), int(info["num-partitions"])
+            if n != want:
+                raise EngineError(f"workers: config asks for {want}, but nodes were started "
+                                  f"with num-partitions={n}")
+            self.node_of[pid] = reply.metadata.src_node_id
+        missing = sorted(set(range(want)) - set(self.node_of))
+        if missing:
+            raise EngineError(f"workers: no node holds partition(s) {missing}")
+        return dict(self.node_of)
+
+    def submit(self, job: JobSpec, params) -> None:
+        content = RecordDict({
+            "arrays": ArrayRecord(torch_state_dict=params),
+            "job": ConfigRecord({**job.to_message(), "config": self.cfg_json,
+                                 "run-key": self.run_key}),
+        })
+        msg = Message(content, dst_node_id=self.node_of[job.worker],
+                      message_type=MessageType.TRAIN, ttl=self.cfg.sim.ttl,
+                      group_id=str(job.base_version))
+        (msg_id,) = list(self.grid.push_messages([msg]))
+        self.pending[msg_id] = job.job_id
+
+    def collect(self, timeout: float) -> list[Reply]:
+        if self.per_message:
+            return self._collect_per_message(timeout)
+        deadline = time.monotonic() + timeout
+        while True:
+            out = []
+            if self.pending:
+                for reply in self.grid.pull_messages(list(self.pending)):
+                    job_id = self.pending.pop(reply.metadata.reply_to_message_id, None)
+                    if job_id is not None:
+                        out.append(self._to_reply(job_id, reply))
+            if out or time.monotonic() >= deadline:
+                return out
+            time.sleep(POLL_SECONDS)
+
+    def _collect_per_message(self, timeout: float) -> list[Reply]:
+        self._pullers &= self.pending.keys()  # one puller per message, ever
+        for msg_id in list(self.pending):
+            if msg_id not in self._pullers:
+                self._pullers.add(msg_id)
+                threading.Thread(target=self._pull, args=(msg_id,), daemon=True,
+                                 name=f"fedlm-pull-{msg_id[:8]}").start()
+        out = []
+        try:
+            item = self._pulled.get(timeout=max(timeout, 0.0))
+            while True:
+                if isinstance(item, BaseException):
+                    raise item
+                job_id = self.pending.pop(item.metadata.reply_to_message_id, None)
+                if job_id is not None:
+                    out.append(self._to_reply(job_id, item))
+                item = self._pulled.get_nowait()
+        except queue.Empty:
+            return out
+
+    def _pull(self, msg_id: str) -> None:
+        """Pull one message's reply until it is there (a puller thread)."""
+        try:
+            while msg_id in self.pending:
+                replies = list(self.grid.pull_messages([msg_id]))
+                if replies:
+                    for reply in replies:
+                        self._pulled.put(reply)
+                    return
+                time.sleep(max(POLL_SECONDS, len(self.pending) / PULLS_PER_SECOND))
+        except BaseException as exc:  # handed to the engine's thread, raised there
+            self._pulled.put(exc)
+
+    @staticmethod
+    def _to_reply(job_id: int, reply: Message) -> Reply:
+        now = time.time()
+        if reply.has_error():
+            return Reply(job_id, None, error=f"flower error {reply.error.code}: "
+                         f"{reply.error.reason}", wall_arrival=now)
+        m = reply.content["metrics"]
+        grad = reply.content["arrays"].to_torch_state_dict()
+        return Reply(job_id, grad, steps=int(m["steps"]), tokens=int(m["tokens"]),
+                     train_loss=float(m["train-loss"]),
+                     compute_seconds=float(m["compute-seconds"]), wall_arrival=now)
+
+
+def run_on_grid(grid: Grid, cfg: Config, db_path: str,
+                progress: Callable[[Progress], None] | None = None,
+                on_start: Callable[[int], None] | None = None,
+                should_stop: Callable[[], bool] | None = None, resume: int | None = None,
+                pretrain_progress: Callable[[int, int], None] | None = None) -> int:
+    """Run ``cfg`` (or continue run ``resume``) on ``grid``'s nodes; everything lands in
+    the run store. Returns the run id."""
+    def connect(run_key: str):
+        transport = FlowerTransport(grid, cfg, run_key)
+        return transport, transport.connect()
+
+    return execute(cfg, db_path, connect, progress, on_start, should_stop, resume=resume,
+                   pretrain_progress=pretrain_progress)
+
+
+def make_server_app(cfg: Config, db_path: str,
+                    progress: Callable[[Progress], None] | None = None,
+                    on_start: Callable[[int], None] | None = None,
+                    should_stop: Callable[[], bool] | None = None,
+                    resume: int | None = None,
+                    pretrain_progress: Callable[[int, int], None] | None = None) -> ServerApp:
+    """A ServerApp bound to ``cfg`` (for ``run_simulation``, whose run config is empty)."""
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        run_on_grid(grid, cfg, db_path, progress, on_start, should_stop, resume,
+                    pretrain_progress)
+
+    return app
+
+
+# -- for `flwr run .`: config from [tool.flwr.app.config] / --run-config -------------
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    rc = context.run_config
+    path = str(rc.get("config", "")) or None
+    overrides = [s for s in str(rc.get("set", "")).split() if s]
+    cfg = config_load.load(path, overrides)
+    db = str(rc.get("db", "")) or cfg.db
+
+    def log_progress(p: Progress) -> None:
+        ppl = f"{p.perplexity:.2f}" if p.perplexity is not None else "-"
+        log.warning("fedlm: version %d/%d, %s %.1f s, perplexity %s", p.version, p.target,
+                    "virtual time" if cfg.clock == "virtual" else "wall clock",
+                    p.virtual_time, ppl)
+
+    run_id = run_on_grid(grid, cfg, db, log_progress)
+    log.warning("fedlm: run %d stored in %s", run_id, db)

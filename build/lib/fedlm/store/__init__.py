@@ -1,0 +1,41 @@
+"""The run store: SQLite in WAL mode, one file for many runs. All of fedlm's SQL is here.
+
+Any number of runs write one file at once (``fedlm sweep --jobs N``, several
+``fedlm run``), and any number of readers (CLI, dashboard, replay) read it
+while they do. A writer buffers its rows in memory and writes them in short
+``BEGIN IMMEDIATE`` transactions, retried with back-off while another writer
+holds the lock; WAL lets readers go on while a writer commits; readers open
+the file read-only. Each run records the process that writes it
+(``fedlm.ownership``): readers show a ``running`` run whose writer is gone as
+``crashed``.
+
+    schema.py      the tables, SCHEMA_VERSION, migrations of older versions, IntervalKind
+    connection.py  connect (writer), connect_readonly, retries and transactions,
+                   FEDLM_DB_TIMEOUT, the one-line StoreError (db_error), check_writable
+    writer.py      RunWriter (buffered rows, ownership heartbeat), mark_ended
+    readers.py     list_runs, summarize, troubles, config_of, shown_status, last_seen,
+                   run_row, operation_log (replay), metric_curve, uploaded_bytes
+    export.py      export: a run's rows as CSV or Parquet
+    dashboard.py   the dashboard's reads, as pandas frames (import it explicitly:
+                   ``from fedlm.store import dashboard``; it loads pandas)
+
+Callers import from the package (``from fedlm.store import RunWriter``), not from
+the modules, except for ``fedlm.store.dashboard``.
+"""
+
+from fedlm.store.connection import (StoreError, check_writable, connect, connect_readonly,
+                                    db_error, db_timeout, transaction, with_retries)
+from fedlm.store.export import export  # the function; the module is fedlm.store.export too
+from fedlm.store.readers import (OperationLog, RunSummary, Troubles, WorkerSummary, config_of,
+                                 last_seen, list_runs, metric_curve, operation_log, run_row,
+                                 shown_status, summarize, troubles, uploaded_bytes)
+from fedlm.store.schema import SCHEMA_VERSION, TABLES, IntervalKind, store_id
+from fedlm.store.writer import RunWriter, mark_ended
+
+__all__ = [
+    "SCHEMA_VERSION", "TABLES", "IntervalKind", "OperationLog", "RunSummary", "RunWriter",
+    "StoreError", "Troubles", "WorkerSummary", "check_writable", "config_of", "connect",
+    "connect_readonly", "db_error", "db_timeout", "export", "last_seen", "list_runs",
+    "mark_ended", "metric_curve", "operation_log", "run_row", "shown_status", "store_id",
+    "summarize", "transaction", "troubles", "uploaded_bytes", "with_retries",
+]

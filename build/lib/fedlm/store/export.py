@@ -1,0 +1,39 @@
+"""Exporting one run: each table's rows of the run as CSV or Parquet files.
+
+``fedlm export RUN_ID --out DIR [--format csv|parquet]`` writes one file per
+table (``run<ID>_<table>.<fmt>``), read through a read-only connection.
+pandas is imported only here, when a run is exported.
+"""
+
+from __future__ import annotations
+
+from contextlib import closing
+from pathlib import Path
+
+from fedlm.store.connection import connect_readonly
+from fedlm.store.schema import TABLES
+
+
+def export(path: str | Path, run_id: int, out_dir: str | Path, fmt: str = "csv") -> list[Path]:
+    """Write each table's rows of ``run_id`` to ``out_dir`` as CSV or Parquet."""
+    import pandas as pd
+
+    if fmt not in ("csv", "parquet"):
+        raise ValueError(f"format: must be csv or parquet, got {fmt!r}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    with closing(connect_readonly(path)) as conn:
+        if conn.execute("SELECT 1 FROM runs WHERE id=?", (run_id,)).fetchone() is None:
+            raise KeyError(f"no run {run_id} in {path}")
+        for table in TABLES:
+            key = "id" if table == "runs" else "run_id"
+            frame = pd.read_sql_query(f"SELECT * FROM {table} WHERE {key}=?", conn,
+                                      params=(run_id,))
+            target = out / f"run{run_id}_{table}.{fmt}"
+            if fmt == "csv":
+                frame.to_csv(target, index=False)
+            else:
+                frame.to_parquet(target, index=False)
+            written.append(target)
+    return written

@@ -1,0 +1,219 @@
+"""Reading runs: listings, summaries, troubles, configs, and the rows others need.
+
+Every function opens the run database read-only (``connect_readonly``), so a
+reader never blocks, nor is blocked by, the runs writing it. The status readers
+show is ``shown_status``: a ``running`` run whose writer is gone reads as
+``crashed`` (``fedlm.ownership``), without anyone writing that down.
+
+Who reads what: the CLI (``list_runs``, ``summarize``, ``troubles``,
+``run_row``), ``fedlm.replay`` (``operation_log``), ``fedlm.start``
+(``run_row``: a finished run's weights to start from), ``fedlm.sweep``
+(``metric_curve``) and ``experiments/compare.py`` (``uploaded_bytes``). The
+dashboard's queries are in ``fedlm.store.dashboard``.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from fedlm import ownership
+from fedlm.store.connection import connect_readonly
+
+
+@dataclass(frozen=True)
+class WorkerSummary:
+    worker: int
+    step_time: float
+    region: str
+    jobs: int
+    compute: float
+    communication: float  # download + upload + waiting for the shared link
+    idle: float
+    idle_fraction: float
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    run_id: int
+    name: str
+    status: str
+    strategy: str
+    profile: str
+    model: str
+    mode: str  # virtual | wall
+    workers: list[WorkerSummary]
+    updates: int
+    jobs: int
+    tokens: int
+    local_steps: int
+    virtual_time: float
+    wall_time: float
+    first_perplexity: float | None
+    final_perplexity: float | None
+    best_perplexity: float | None
+    final_hash: str | None
+
+    @property
+    def idle_fraction(self) -> float:
+        total = sum(w.compute + w.communication + w.idle for w in self.workers)
+        return sum(w.idle for w in self.workers) / total if total else 0.0
+
+
+def shown_status(run: sqlite3.Row | dict) -> str:
+    """A run's status as readers show it: ``crashed`` for a ``running`` run whose
+    writer is gone (``fedlm.ownership.judge``), else the stored status."""
+    if run["status"] != "running":
+        return run["status"]
+    alive = ownership.judge(run["owner_host"], run["owner_pid"], run["owner_started"],
+                            run["heartbeat_at"])
+    return "running" if alive.alive else "crashed"
+
+
+def last_seen(run: sqlite3.Row | dict) -> str:
+    """When a crashed run's writer was last heard of, for messages."""
+    seen = run["heartbeat_at"] or run["created_at"]
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seen)) if seen else "never"
+
+
+def list_runs(path: str | Path) -> list[dict[str, Any]]:
+    """Every run, oldest first, with ``last_perplexity`` and the status readers show
+    (``shown_status``: ``crashed`` where the writer is gone)."""
+    with closing(connect_readonly(path)) as conn:
+        rows = conn.execute(
+            "SELECT r.*, (SELECT perplexity FROM metrics m WHERE m.run_id = r.id"
+            " ORDER BY m.id DESC LIMIT 1) AS last_perplexity FROM runs r ORDER BY r.id"
+        ).fetchall()
+    return [{**dict(r), "status": shown_status(r)} for r in rows]
+
+
+def summarize(path: str | Path, run_id: int) -> RunSummary:
+    with closing(connect_readonly(path)) as conn:
+        run = conn.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
+        if run is None:
+            raise KeyError(f"no run {run_id} in {path}")
+        metrics = conn.execute("SELECT * FROM metrics WHERE run_id=? ORDER BY id",
+                               (run_id,)).fetchall()
+        end = run["virtual_time"]
+        if end is None:
+            end = conn.execute("SELECT COALESCE(MAX(t_end), 0) FROM intervals WHERE run_id=?",
+                               (run_id,)).fetchone()[0]
+        workers = []
+        for w in conn.execute("SELECT * FROM workers WHERE run_id=? ORDER BY worker", (run_id,)):
+            spans = dict(conn.execute(
+                "SELECT kind, SUM(t_end - t_start) FROM intervals WHERE run_id=? AND worker=?"
+                " GROUP BY kind", (run_id, w["worker"])).fetchall())
+            jobs = conn.execute("SELECT COUNT(*) FROM updates WHERE run_id=? AND worker=?",
+                                (run_id, w["worker"])).fetchone()[0]
+            idle = spans.get("idle", 0.0)
+            workers.append(WorkerSummary(
+                w["worker"], w["step_time"], w["region"], jobs, spans.get("compute", 0.0),
+                spans.get("download", 0.0) + spans.get("upload", 0.0)
+                + spans.get("link wait", 0.0), idle,
+                idle / end if end else 0.0))
+        tokens, jobs, steps = conn.execute(
+            "SELECT COALESCE(SUM(tokens), 0), COUNT(*), COALESCE(SUM(local_steps), 0)"
+            " FROM updates WHERE run_id=?", (run_id,)).fetchone()
+    ppl = [m["perplexity"] for m in metrics]
+    return RunSummary(
+        run_id, run["name"], shown_status(run), run["strategy"], run["profile"], run["model"],
+        run["mode"], workers, run["updates"] or (metrics[-1]["version"] if metrics else 0), jobs, tokens,
+        steps, end, ((run["finished_at"] or time.time()) - run["created_at"]),
+        ppl[0] if ppl else None, ppl[-1] if ppl else None, min(ppl) if ppl else None,
+        run["final_hash"])
+
+
+@dataclass(frozen=True)
+class Troubles:
+    """What went wrong in a run and was handled: for ``fedlm show``."""
+
+    faults: dict[str, int]  # injected faults by kind (faults.*)
+    lost: dict[str, int]  # lost jobs by reason: error | rejected | deadline | retired
+    retired: list[tuple[int, str]]  # (worker, why), in the order they were retired
+    ignored: dict[str, int]  # replies ignored: late_reply | duplicate_reply
+    rounds_closed: int  # sync rounds closed at their deadline without every reply
+    offline: dict[int, int]  # worker -> offline periods
+
+    def __bool__(self) -> bool:
+        return any((self.faults, self.lost, self.retired, self.ignored, self.rounds_closed,
+                    self.offline))
+
+
+def troubles(path: str | Path, run_id: int) -> Troubles:
+    """Faults, lost jobs, retired workers and the like of run ``run_id``."""
+    with closing(connect_readonly(path)) as conn:
+        def counts(sql: str) -> dict:
+            return {k: n for k, n in conn.execute(sql, (run_id,)).fetchall()}
+
+        faults = counts("SELECT detail, COUNT(*) FROM events WHERE run_id=? AND"
+                        " kind='fault_injected' GROUP BY detail ORDER BY detail")
+        lost = counts("SELECT COALESCE(reason, 'unknown'), COUNT(*) FROM jobs WHERE run_id=?"
+                      " AND status='lost' GROUP BY 1 ORDER BY 1")
+        retired = [(w, d) for w, d in conn.execute(
+            "SELECT worker, detail FROM events WHERE run_id=? AND kind='worker_retired'"
+            " ORDER BY id", (run_id,))]
+        ignored = counts("SELECT kind, COUNT(*) FROM events WHERE run_id=? AND kind IN"
+                         " ('late_reply', 'duplicate_reply') GROUP BY kind ORDER BY kind")
+        closed = conn.execute("SELECT COUNT(*) FROM events WHERE run_id=? AND"
+                              " kind='round_closed'", (run_id,)).fetchone()[0]
+        offline = counts("SELECT worker, COUNT(*) FROM events WHERE run_id=? AND"
+                         " kind='worker_offline' GROUP BY worker ORDER BY worker")
+    return Troubles(faults, lost, retired, ignored, closed, offline)
+
+
+def config_of(path: str | Path, run_id: int) -> dict[str, Any]:
+    """Run ``run_id``'s config, as the dict it was stored from (``KeyError`` if none)."""
+    with closing(connect_readonly(path)) as conn:
+        row = conn.execute("SELECT config_json FROM runs WHERE id=?", (run_id,)).fetchone()
+    if row is None:
+        raise KeyError(f"no run {run_id} in {path}")
+    return json.loads(row[0])
+
+
+def run_row(path: str | Path, run_id: int) -> sqlite3.Row | None:
+    """Run ``run_id``'s row of ``runs`` (every column, as stored), or None."""
+    with closing(connect_readonly(path)) as conn:
+        return conn.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
+
+
+class OperationLog(NamedTuple):
+    """What ``fedlm.replay`` re-executes: a run's row, its jobs by id, and its
+    updates in the order the engine handed them to the strategy (by op)."""
+
+    run: sqlite3.Row
+    jobs: dict[int, sqlite3.Row]
+    updates: list[sqlite3.Row]
+
+
+def operation_log(path: str | Path, run_id: int) -> OperationLog:
+    """Run ``run_id``'s row, jobs and updates (``KeyError`` if there is no such run)."""
+    with closing(connect_readonly(path)) as conn:
+        run = conn.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
+        if run is None:
+            raise KeyError(f"no run {run_id} in {path}")
+        jobs = {r["job_id"]: r for r in conn.execute(
+            "SELECT * FROM jobs WHERE run_id=? ORDER BY job_id", (run_id,))}
+        updates = conn.execute("SELECT * FROM updates WHERE run_id=? ORDER BY op",
+                               (run_id,)).fetchall()
+    return OperationLog(run, jobs, updates)
+
+
+def metric_curve(path: str | Path, run_id: int) -> list[tuple[float, int, float]]:
+    """Run ``run_id``'s evaluations in order: (virtual time, version, perplexity)."""
+    with closing(connect_readonly(path)) as conn:
+        return [tuple(r) for r in conn.execute("SELECT virtual_time, version, perplexity"
+                                               " FROM metrics WHERE run_id=? ORDER BY id",
+                                               (run_id,)).fetchall()]
+
+
+def uploaded_bytes(path: str | Path, run_id: int) -> float:
+    """Bytes the workers' finished jobs of run ``run_id`` sent up, as encoded on the wire."""
+    with closing(connect_readonly(path)) as conn:
+        row = conn.execute("SELECT COALESCE(SUM(up_bytes), 0) FROM jobs WHERE run_id=?"
+                           " AND status='done'", (run_id,)).fetchone()
+    return float(row[0])

@@ -1,0 +1,189 @@
+"""The run store's tables, their version, and the upgrades from older versions.
+
+One SQLite file holds many runs. Tables:
+
+    meta       schema version, and the store's id (checkpoints name it)
+    runs       one row per run: config, seed, status, final numbers, its writer
+    workers    each worker's profile (speed, jitter, region link)
+    intervals  every download / compute / upload / idle span, virtual time
+    jobs       every dispatched job: worker, base version, local steps, data
+               seed, and its place (op) in the operation log
+    updates    every finished job in the order the engine handed it to the
+               strategy, with its base version, staleness and a hash of it.
+               jobs + updates (+ lost jobs) ordered by op are the operation
+               log: enough to replay the run exactly (fedlm.replay)
+    metrics    validation evaluations of the global model
+    events     anything else worth seeing (rejected updates, lost messages)
+
+An older schema is upgraded in place, a version at a time (``MIGRATIONS``),
+inside the transaction that opens the file (``fedlm.store.connection.connect``).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import uuid
+from enum import Enum
+
+SCHEMA_VERSION = 5
+# Older schemas this version upgrades in place, a version at a time:
+# version -> the statements that make it the next one.
+MIGRATIONS = {
+    2: ["ALTER TABLE jobs ADD COLUMN prev_job INTEGER",
+        "ALTER TABLE jobs ADD COLUMN fault TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE jobs ADD COLUMN reason TEXT",
+        "ALTER TABLE jobs ADD COLUMN down_bytes INTEGER",
+        "ALTER TABLE jobs ADD COLUMN up_bytes INTEGER"],
+    3: ["ALTER TABLE runs ADD COLUMN owner_host TEXT",
+        "ALTER TABLE runs ADD COLUMN owner_pid INTEGER",
+        "ALTER TABLE runs ADD COLUMN owner_started REAL",
+        "ALTER TABLE runs ADD COLUMN heartbeat_at REAL"],
+    4: ["ALTER TABLE runs ADD COLUMN start_hash TEXT",
+        "ALTER TABLE jobs ADD COLUMN shard INTEGER",
+        "ALTER TABLE jobs ADD COLUMN cursor INTEGER",
+        "ALTER TABLE jobs ADD COLUMN schedule_step INTEGER"],
+}
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    name TEXT NOT NULL, status TEXT NOT NULL,
+    strategy TEXT NOT NULL, local_steps TEXT NOT NULL, profile TEXT NOT NULL,
+    model TEXT NOT NULL, workers INTEGER NOT NULL, seed INTEGER NOT NULL,
+    mode TEXT NOT NULL,                 -- virtual (simulation) | wall (arrival order)
+    config_json TEXT NOT NULL, strategy_summary TEXT NOT NULL DEFAULT '',
+    num_parameters INTEGER, initial_hash TEXT,
+    created_at REAL NOT NULL, finished_at REAL,
+    virtual_time REAL, updates INTEGER, final_hash TEXT, error TEXT,
+    owner_host TEXT, owner_pid INTEGER,  -- the process writing it (fedlm.ownership)
+    owner_started REAL, heartbeat_at REAL,
+    start_hash TEXT                     -- weights the federated phase started from (fedlm.start)
+);
+CREATE TABLE IF NOT EXISTS workers (
+    run_id INTEGER NOT NULL, worker INTEGER NOT NULL, node_id TEXT,
+    step_time REAL NOT NULL, jitter REAL NOT NULL, region TEXT NOT NULL,
+    latency REAL NOT NULL, down_bw REAL NOT NULL, up_bw REAL NOT NULL,
+    shard_sequences INTEGER NOT NULL,
+    PRIMARY KEY (run_id, worker)
+);
+CREATE TABLE IF NOT EXISTS intervals (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id INTEGER NOT NULL, worker INTEGER NOT NULL, kind TEXT NOT NULL,
+    t_start REAL NOT NULL, t_end REAL NOT NULL, version INTEGER, job_id INTEGER
+);
+CREATE INDEX IF NOT EXISTS intervals_run ON intervals (run_id, t_end);
+CREATE TABLE IF NOT EXISTS jobs (
+    run_id INTEGER NOT NULL, job_id INTEGER NOT NULL, worker INTEGER NOT NULL,
+    base_version INTEGER NOT NULL, local_steps INTEGER NOT NULL, data_seed INTEGER NOT NULL,
+    dispatch_op INTEGER NOT NULL,       -- position in the operation log
+    t_dispatch REAL NOT NULL,
+    status TEXT NOT NULL,               -- running | done | lost
+    end_op INTEGER,                     -- op of its update, or of its loss
+    computed INTEGER,                   -- schema 2 only: lost but computed (rejected)
+    prev_job INTEGER,                   -- the worker state it started from (-1: fresh)
+    fault TEXT NOT NULL DEFAULT '',     -- injected fault (fedlm.faults), '' = none
+    reason TEXT,                        -- lost: error | rejected | deadline | retired
+    down_bytes INTEGER,                 -- bytes sent to the worker (the model)
+    up_bytes INTEGER,                   -- bytes of its update on the wire (encoded)
+    shard INTEGER,                      -- the data shard it trained (fedlm.shards)
+    cursor INTEGER,                     -- inner steps handed out from that shard before it
+    schedule_step INTEGER,              -- its inner-schedule start (-1: the worker's own)
+    PRIMARY KEY (run_id, job_id)
+);
+CREATE TABLE IF NOT EXISTS updates (
+    run_id INTEGER NOT NULL, seq INTEGER NOT NULL, op INTEGER NOT NULL, job_id INTEGER NOT NULL,
+    worker INTEGER NOT NULL, base_version INTEGER NOT NULL,
+    received_version INTEGER NOT NULL,  -- global version when the strategy took it
+    applied_version INTEGER,            -- first version that includes it (NULL: held)
+    staleness INTEGER NOT NULL, local_steps INTEGER NOT NULL, data_seed INTEGER NOT NULL,
+    tokens INTEGER NOT NULL, train_loss REAL NOT NULL,
+    t_dispatch REAL NOT NULL, t_done REAL NOT NULL,
+    wall_arrival REAL NOT NULL, compute_seconds REAL NOT NULL,
+    update_hash TEXT NOT NULL,
+    PRIMARY KEY (run_id, seq)
+);
+CREATE TABLE IF NOT EXISTS metrics (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id INTEGER NOT NULL, version INTEGER NOT NULL, virtual_time REAL NOT NULL,
+    wall_time REAL NOT NULL, tokens INTEGER NOT NULL, jobs INTEGER NOT NULL,
+    loss REAL NOT NULL, perplexity REAL NOT NULL, bits_per_byte REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS metrics_run ON metrics (run_id, version);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id INTEGER NOT NULL, virtual_time REAL NOT NULL, wall_time REAL NOT NULL,
+    kind TEXT NOT NULL, worker INTEGER, job_id INTEGER, detail TEXT NOT NULL
+);
+"""
+
+# Every table that holds rows of a run, in the order ``export`` writes them.
+TABLES = ("runs", "workers", "jobs", "intervals", "updates", "metrics", "events")
+
+
+class IntervalKind(str, Enum):
+    """What a worker did during one span of ``intervals``."""
+
+    DOWNLOAD = "download"
+    COMPUTE = "compute"
+    UPLOAD = "upload"
+    IDLE = "idle"
+    OFFLINE = "offline"
+    LINK_WAIT = "link wait"  # a transfer waiting for its share of the server's link
+
+
+def schema_version(conn: sqlite3.Connection) -> object | None:
+    """The schema version the file records (as stored: normally a string of digits),
+    or None where ``meta`` holds none; ``sqlite3.OperationalError`` (no such table)
+    where the file has no ``meta`` table."""
+    row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+    return row[0] if row else None
+
+
+def stored_version(conn: sqlite3.Connection) -> object | None:
+    """``schema_version``, or None where the file has no ``meta`` table (a new file)."""
+    has_meta = conn.execute("SELECT 1 FROM sqlite_master WHERE name='meta'").fetchone()
+    return schema_version(conn) if has_meta else None
+
+
+def table_names(conn: sqlite3.Connection) -> set[str]:
+    """The names of every table (and index) in the file."""
+    return {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+
+
+def can_migrate(version: object) -> bool:
+    """Whether ``version`` (as stored) is one this fedlm upgrades in place."""
+    return str(version).isdigit() and int(str(version)) in MIGRATIONS
+
+
+def create_or_migrate(conn: sqlite3.Connection) -> object | None:
+    """Make the schema in a new file, or upgrade an older one to ``SCHEMA_VERSION``;
+    give the store its id if it has none. Run inside one write transaction.
+
+    Returns None when done, or the version the file holds when it is one this fedlm
+    cannot write (nothing is recorded then; the caller refuses it and rolls back)."""
+    held = stored_version(conn)
+    if held is not None:
+        version = int(held) if str(held).isdigit() else held
+        while version in MIGRATIONS:
+            for statement in MIGRATIONS[version]:
+                conn.execute(statement)
+            version += 1
+        if version != SCHEMA_VERSION:
+            return held
+        conn.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(version),))
+    else:
+        for statement in SCHEMA.split(";\n"):
+            if statement.strip():
+                conn.execute(statement)
+        conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)",
+                     (str(SCHEMA_VERSION),))
+    conn.execute("INSERT OR IGNORE INTO meta VALUES ('store_id', ?)", (uuid.uuid4().hex,))
+    return None
+
+
+def store_id(conn: sqlite3.Connection) -> str:
+    """The store's own random id, made with it: a checkpoint names the store it
+    belongs to, so a store deleted and made again under the same path (whose run
+    ids start over at 1) never takes a checkpoint of the old one for its own."""
+    return conn.execute("SELECT value FROM meta WHERE key='store_id'").fetchone()[0]

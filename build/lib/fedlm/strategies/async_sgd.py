@@ -1,0 +1,24 @@
+"""Async SGD: outer SGD applied to every arriving outer gradient.
+
+With H = 1 local step this is classic parameter-server asynchronous SGD
+(Dean et al. 2012); with H > 1 it is asynchronous Local-SGD.
+"""
+
+from __future__ import annotations
+
+from fedlm.strategies.async_base import AsyncStrategy
+
+
+class AsyncSGD(AsyncStrategy):
+    """θ ← θ − ε·g/N for each arriving g.
+
+    Parameters
+    ----------
+    lr : float
+        Outer learning rate ε (1.0: N arrivals move as far as a FedAvg round).
+    """
+
+    name = "async-sgd"
+
+    def __init__(self, *, lr: float = 1.0) -> None:
+        super().__init__(lr=lr)

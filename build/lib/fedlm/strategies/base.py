@@ -1,0 +1,94 @@
+"""The Strategy interface: what the engine calls, and when.
+
+A strategy is pure server-side math. It never sees Flower, clocks or files:
+the engine hands it values and takes values back.
+
+The engine's loop, for sync and async alike::
+
+    strategy.start(params, num_workers=N)
+    repeat:
+        for each free worker w (in worker order):
+            if strategy.wants_job(w, version=v):       # sync: barrier; async: always
+                strategy.on_dispatch(w, version=v)
+                ... job runs with the current global model (version v) ...
+        next job to finish (virtual-completion order):
+            new = strategy.on_update(update, params)   # update.staleness is set
+            if new is not None: params = new; v += 1   # a new global version
+        a job lost (error reply, rejected update, missed deadline, worker retired):
+            new = strategy.on_job_lost(w, job_id=j, reason=r, params=params)
+            if new is not None: params = new; v += 1   # e.g. a sync round closes
+
+How many local steps a job gets is a separate policy (``fedlm.strategies.local_steps``),
+so any strategy combines with any policy.
+
+State: whatever a strategy keeps between calls (momentum, buffers, counters)
+lives on ``self`` and must round-trip through ``state_dict`` /
+``load_state_dict`` (tensors, numbers, strings, and dicts/lists/tuples of them).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+
+@dataclass(frozen=True)
+class Update:
+    """One worker's finished job, as the strategy sees it."""
+
+    worker: int  # worker index (partition id)
+    job_id: int  # engine-wide job number
+    base_version: int  # global model version the job started from
+    outer_grad: Any  # OrderedDict[str, Tensor]: θ_start − θ_end (fedlm.params)
+    tokens: int  # tokens the job trained on
+    local_steps: int  # inner steps the job ran
+    staleness: int  # global version now − base_version
+
+
+class Strategy(ABC):
+    """Base class of every aggregation strategy."""
+
+    name: ClassVar[str] = ""  # registry name, e.g. "diloco"
+    synchronous: ClassVar[bool] = False  # True: rounds with a barrier
+
+    @abstractmethod
+    def start(self, params, *, num_workers: int) -> None:
+        """Called once before the first job with the initial global model."""
+
+    @abstractmethod
+    def wants_job(self, worker: int, *, version: int) -> bool:
+        """Whether free ``worker`` gets a job now, from global ``version``."""
+
+    def on_dispatch(self, worker: int, *, version: int) -> None:
+        """``worker`` was given a job that starts from global ``version``."""
+
+    def on_job_lost(self, worker: int, *, job_id: int, reason: str, params) -> Any | None:
+        """A job of ``worker`` is lost; nothing arrives for it. ``reason``:
+
+        - ``"error"``: the worker's reply was an error (crash, unreachable node);
+        - ``"rejected"``: its update failed the boundary checks (NaN, shape, ...);
+        - ``"deadline"``: it missed its deadline (a hung or far too slow worker);
+        - ``"retired"``: the worker failed too often in a row and gets no more jobs.
+
+        The worker is free again unless retired (or offline for a while). Return
+        new global params to make a version now (a sync round closing with the
+        replies it has), else None."""
+        return None
+
+    @abstractmethod
+    def on_update(self, update: Update, params) -> Any | None:
+        """Take one finished job. Return the new global params, or None to hold
+        the update (e.g. until the round's barrier or a buffer fills)."""
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume: momentum, buffers, counters."""
+
+    @abstractmethod
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict`` returned."""
+
+    def summary(self) -> str:
+        """One line of settings, shown in logs and `fedlm runs`."""
+        return self.name

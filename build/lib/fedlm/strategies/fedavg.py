@@ -1,0 +1,126 @@
+"""Synchronous FedAvg / Local-SGD with a pluggable outer optimizer.
+
+McMahan et al., "Communication-Efficient Learning of Deep Networks from
+Decentralized Data", AISTATS 2017, https://arxiv.org/abs/1602.05629
+
+Each round every worker starts from the same global model; when the last one
+has reported (the barrier), the round's outer gradients are averaged —
+weighted by tokens, in worker order so the float sums are reproducible — and
+the outer optimizer takes one step. With SGD at lr 1.0 the new model is exactly
+the average of the workers' models.
+
+Lost jobs: a worker whose job failed (error reply, rejected update) is asked
+again in the same round. One that missed the round's deadline or was retired
+is dropped from the round; when no job of the round is outstanding any more,
+the round closes with the replies that arrived — if there are at least
+``min_replies`` of them. Otherwise the round starts over from the same model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fedlm.strategies import transforms as T
+from fedlm.strategies.base import Strategy, Update
+from fedlm.strategies.transforms import weighted_mean
+
+
+class FedAvg(Strategy):
+    """Synchronous rounds; outer SGD (optionally with Nesterov momentum).
+
+    Parameters
+    ----------
+    lr : float
+        Outer learning rate ε. 1.0 is plain model averaging.
+    momentum : float
+        Outer momentum β; 0 disables it.
+    nesterov : bool
+        Nesterov momentum (as in DiLoCo) rather than heavy ball.
+    weighting : {"tokens", "uniform"}
+        How the round's outer gradients are averaged.
+    min_replies : int
+        Fewest replies a round may close with after workers dropped out of it.
+    """
+
+    name = "fedavg"
+    synchronous = True
+
+    def __init__(self, *, lr: float = 1.0, momentum: float = 0.0, nesterov: bool = False,
+                 weighting: str = "tokens", min_replies: int = 1) -> None:
+        if lr <= 0:
+            raise ValueError(f"outer.lr: must be > 0, got {lr!r}")
+        if not 0 <= momentum < 1:
+            raise ValueError(f"outer.momentum: must be in [0, 1), got {momentum!r}")
+        if weighting not in ("tokens", "uniform"):
+            raise ValueError(f"outer.weighting: must be tokens or uniform, got {weighting!r}")
+        if not (isinstance(min_replies, int) and min_replies >= 1):
+            raise ValueError(f"outer.min_replies: must be an int >= 1, got {min_replies!r}")
+        self.lr, self.momentum, self.nesterov, self.weighting = lr, momentum, nesterov, weighting
+        self.min_replies = min_replies
+        self.failed_rounds = 0
+        self.optimizer = T.sgd(lr, momentum, nesterov)
+        self.opt_state: Any = None
+        self.round = 0
+        self.dispatched: set[int] = set()
+        self.results: dict[int, Update] = {}
+        self.dropped: set[int] = set()  # out of this round (missed its deadline, retired)
+
+    def start(self, params, *, num_workers: int) -> None:
+        self.opt_state = self.optimizer.init(params)
+
+    def wants_job(self, worker: int, *, version: int) -> bool:
+        # A worker takes part once per round; the next round opens at the barrier.
+        return worker not in self.dispatched and worker not in self.dropped
+
+    def on_dispatch(self, worker: int, *, version: int) -> None:
+        self.dispatched.add(worker)
+
+    def on_job_lost(self, worker: int, *, job_id: int, reason: str, params):
+        self.dispatched.discard(worker)
+        if reason in ("error", "rejected"):
+            return None  # the worker may take the round's job again
+        self.dropped.add(worker)
+        if len(self.results) < len(self.dispatched):
+            return None  # others still running
+        if len(self.results) >= self.min_replies:
+            return self._aggregate(params)
+        self.failed_rounds += 1  # too few replies: the round starts over
+        self.dispatched.clear()
+        self.results.clear()
+        self.dropped.clear()
+        return None
+
+    def on_update(self, update: Update, params):
+        self.results[update.worker] = update
+        if len(self.results) < len(self.dispatched):
+            return None  # barrier: wait for the round's slowest worker
+        return self._aggregate(params)
+
+    def _aggregate(self, params):
+        ordered = [self.results[w] for w in sorted(self.results)]
+        weights = [float(u.tokens) if self.weighting == "tokens" else 1.0 for u in ordered]
+        mean = weighted_mean([u.outer_grad for u in ordered], weights)
+        step, self.opt_state = self.optimizer.update(mean, self.opt_state)
+        self.round += 1
+        self.dispatched.clear()
+        self.results.clear()
+        self.dropped.clear()
+        return T.descend(params, step)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"opt_state": self.opt_state, "round": self.round,
+                "dispatched": sorted(self.dispatched), "results": dict(self.results),
+                "dropped": sorted(self.dropped), "failed_rounds": self.failed_rounds}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.opt_state = state["opt_state"]
+        self.round = state["round"]
+        self.dispatched = set(state["dispatched"])
+        self.results = dict(state["results"])
+        self.dropped = set(state["dropped"])
+        self.failed_rounds = state["failed_rounds"]
+
+    def summary(self) -> str:
+        mom = f", momentum {self.momentum}{' nesterov' if self.nesterov else ''}" \
+            if self.momentum else ""
+        return f"{self.name}: sync rounds, outer SGD lr {self.lr}{mom}, weighting {self.weighting}"

@@ -1,0 +1,96 @@
+"""Local-steps policies: how many inner steps a worker's next job gets.
+
+Chosen independently of the strategy (config key ``local_steps``). A policy
+sees the worker's profile-derived speed and the configured H and returns an
+int >= 1.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import statistics
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+
+class LocalSteps(ABC):
+    name: ClassVar[str] = ""
+
+    def start(self, *, steps: int, step_times: list[float]) -> None:
+        """``steps`` = configured H; ``step_times`` = nominal seconds per step per worker."""
+        self.steps = steps
+        self.step_times = list(step_times)
+
+    @abstractmethod
+    def local_steps(self, worker: int) -> int:
+        """Inner steps for ``worker``'s next job."""
+
+    def observe(self, worker: int, *, steps: int, seconds: float) -> None:
+        """A job of ``steps`` steps took ``seconds`` of compute (for online estimates)."""
+
+    def state_dict(self) -> dict:
+        """What the policy has learnt so far (for checkpoints): its attributes."""
+        return copy.deepcopy(vars(self))
+
+    def load_state_dict(self, state: dict) -> None:
+        vars(self).update(copy.deepcopy(state))
+
+
+class Fixed(LocalSteps):
+    """Every job runs the configured H steps."""
+
+    name = "fixed"
+
+    def local_steps(self, worker: int) -> int:
+        return self.steps
+
+
+class DyLU(LocalSteps):
+    """Dynamic Local Updates: slower workers get fewer steps (speeds from profiles).
+
+    From Liu et al. 2024, https://arxiv.org/abs/2401.09135: every worker's job
+    then takes about the same time.
+
+        H_w = max(1, floor(v_w / max_w' v_w' · H)),   v = steps per second
+
+    Speeds come from the workers' profiles (nominal seconds per step).
+    """
+
+    name = "dylu"
+
+    def speeds(self) -> list[float]:
+        return [1.0 / t for t in self.step_times]
+
+    def local_steps(self, worker: int) -> int:
+        v = self.speeds()
+        return max(1, math.floor(v[worker] / max(v) * self.steps + 1e-9))
+
+
+class DyLUOnline(DyLU):
+    """DyLU with speeds estimated from observed compute times.
+
+    Each worker's seconds per step is the median of its last ``window``
+    observations, so one slow job (a hiccup) does not shrink its H, and one
+    slow worker's hiccup does not shrink everyone else's (the max speed is a
+    median too). A worker not yet observed is assumed as fast as the fastest
+    observed one, so it starts with the full H.
+    """
+
+    name = "dylu-online"
+    window = 5
+
+    def start(self, *, steps: int, step_times: list[float]) -> None:
+        super().start(steps=steps, step_times=step_times)
+        self.observed: list[list[float]] = [[] for _ in step_times]
+
+    def observe(self, worker: int, *, steps: int, seconds: float) -> None:
+        if steps > 0 and seconds > 0:
+            hist = self.observed[worker]
+            hist.append(seconds / steps)
+            del hist[:-self.window]
+
+    def speeds(self) -> list[float]:
+        known = [1.0 / statistics.median(h) for h in self.observed if h]
+        fastest = max(known) if known else 1.0
+        return [1.0 / statistics.median(h) if h else fastest for h in self.observed]

@@ -1,0 +1,118 @@
+"""Resolve strategy and local-steps names from config.
+
+A name is, in this order:
+  1. a built-in (``fedavg``, ``diloco``, ``delayed-nesterov``, ...);
+  2. an entry point in the ``fedlm.strategies`` group of an installed package
+     (``[project.entry-points."fedlm.strategies"] fedasync = "mypkg.fedasync:FedAsync"``);
+  3. a dotted path ``package.module:ClassName`` importable from ``sys.path``.
+Third-party strategies need no change to fedlm/ or strategies/.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from importlib.metadata import entry_points
+from typing import Any
+
+from fedlm.errors import ConfigError
+from fedlm.strategies.async_nesterov import AsyncNesterov
+from fedlm.strategies.async_sgd import AsyncSGD
+from fedlm.strategies.base import Strategy
+from fedlm.strategies.delayed_nesterov import DelayedNesterov
+from fedlm.strategies.diloco import DiLoCo
+from fedlm.strategies.fedavg import FedAvg
+from fedlm.strategies.fedbuff import FedBuff
+from fedlm.strategies.local_steps import DyLU, DyLUOnline, Fixed, LocalSteps
+from fedlm.strategies.poly import Poly, PolyThres
+
+STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (
+    FedAvg, DiLoCo, AsyncSGD, AsyncNesterov, DelayedNesterov, Poly, PolyThres, FedBuff)}
+LOCAL_STEPS: dict[str, type[LocalSteps]] = {cls.name: cls for cls in (Fixed, DyLU, DyLUOnline)}
+ENTRY_POINT_GROUP = "fedlm.strategies"
+
+
+def plugin_strategies() -> dict[str, str]:
+    """Installed entry points: name -> "module:Class"."""
+    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def _load_dotted(path: str) -> Any:
+    module_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"strategy: cannot import {module_name!r} ({exc})") from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ConfigError(f"strategy: {module_name!r} has no {attr!r}") from None
+
+
+def strategy_class(name: str) -> type[Strategy]:
+    if name in STRATEGIES:
+        return STRATEGIES[name]
+    plugins = plugin_strategies()
+    if name in plugins:
+        cls = _load_dotted(plugins[name])
+    elif ":" in name:
+        cls = _load_dotted(name)
+    else:
+        known = sorted(STRATEGIES) + sorted(plugins)
+        raise ConfigError(f"strategy: unknown strategy {name!r} (known: {', '.join(known)}; "
+                          f"or package.module:Class)")
+    if not (isinstance(cls, type) and issubclass(cls, Strategy)):
+        raise ConfigError(f"strategy: {name!r} is not a strategies.base.Strategy subclass")
+    return cls
+
+
+def check_strategy(name: str, outer: dict[str, Any]) -> None:
+    """Refuse an unknown strategy or an ``outer.*`` key its constructor lacks."""
+    cls = strategy_class(name)
+    accepted = inspect.signature(cls.__init__).parameters
+    for key in outer:
+        if key not in accepted or key == "self":
+            known = ", ".join(k for k in accepted if k != "self") or "none"
+            raise ConfigError(f"outer.{key}: not a setting of {name!r} (known: {known})")
+    build_strategy(name, outer)  # range checks live in the constructor
+
+
+def build_strategy(name: str, outer: dict[str, Any]) -> Strategy:
+    cls = strategy_class(name)
+    try:
+        return cls(**outer)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc).splitlines()[0]) from None
+
+
+def check_local_steps(name: str) -> None:
+    if name not in LOCAL_STEPS:
+        raise ConfigError(f"local_steps: unknown policy {name!r} "
+                          f"(known: {', '.join(sorted(LOCAL_STEPS))})")
+
+
+def build_local_steps(name: str) -> LocalSteps:
+    check_local_steps(name)
+    return LOCAL_STEPS[name]()
+
+
+def describe() -> list[tuple[str, str, str]]:
+    """(name, kind, first docstring line) for every strategy and policy."""
+    rows = []
+    for name, cls in sorted(STRATEGIES.items()):
+        kind = "sync" if cls.synchronous else "async"
+        rows.append((name, kind, _first_line(cls)))
+    for name, target in sorted(plugin_strategies().items()):
+        try:
+            cls = strategy_class(name)
+            rows.append((name, "plugin", f"{_first_line(cls)} [{target}]"))
+        except Exception as exc:  # a broken plugin must not hide the others
+            rows.append((name, "plugin", f"cannot load {target}: {exc}"))
+    for name, cls in sorted(LOCAL_STEPS.items()):
+        rows.append((name, "local_steps", _first_line(cls)))
+    return rows
+
+
+def _first_line(cls: type) -> str:
+    doc = inspect.getdoc(cls) or ""
+    return doc.splitlines()[0] if doc else ""

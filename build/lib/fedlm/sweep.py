@@ -1,0 +1,391 @@
+"""Sweeps: strategies × heterogeneity profiles, one `fedlm run` each, one report.
+
+    fedlm sweep experiments/configs/paper.toml [--quick] [--backend flower|inprocess] [--jobs N]
+
+The spec (TOML) names a run database, a markdown report, shared ``base``
+overrides, the ``profiles`` to cross, and ``[[arm]]`` entries (``label``,
+``set``; one arm is the ``reference``, the synchronous baseline). ``[quick]``
+holds overrides for ``--quick`` (``base`` added to the shared ones,
+``profiles`` replacing them). ``[paper]`` maps arm labels to the paper's final
+perplexities per profile, shown beside ours. Finished runs are reused by name,
+so an interrupted sweep resumes where it stopped (``--rerun`` to start over).
+With the in-process backend ``--jobs N`` trains N runs at once into the one
+run store; the results are the same as one at a time (virtual clock, one seed
+per run), only sooner. A cell that fails is reported with its reason and the
+others go on (``--fail-fast`` stops the sweep at the first); the report shows
+it as failed. Stopping the sweep (Ctrl-C, SIGTERM) stops the runs it started:
+each is kept, marked interrupted.
+
+The report: final validation perplexity per arm × profile laid out like the
+paper's table, the virtual time each run needed, the virtual time to reach the
+reference's final perplexity, idle fractions, and PNG plots of perplexity
+against virtual time and against updates.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+import tomllib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fedlm import store
+
+
+@dataclass(frozen=True)
+class Cell:
+    arm: str
+    profile: str
+    run_id: int
+    summary: store.RunSummary
+
+
+@dataclass(frozen=True)
+class Failure:
+    arm: str
+    profile: str
+    reason: str  # one line: the run's own error
+
+
+@dataclass
+class SweepResult:
+    cells: list[Cell]  # the finished ones
+    failures: list[Failure] = field(default_factory=list)
+    stopped: bool = False  # --fail-fast or a signal ended it before every cell ran
+
+
+class SweepStopped(Exception):
+    """SIGTERM reached the sweep."""
+
+
+def _run_name(arm: str, profile: str) -> str:
+    return f"{arm} @ {profile}"
+
+
+def cells_of(spec: dict) -> list[tuple[str, str, dict]]:
+    """``(run name, profile, arm)`` of every cell: each arm on the spec's profiles,
+    or on the subset its own ``profiles`` names."""
+    return [(_run_name(arm["label"], profile), profile, arm)
+            for profile in spec["profiles"] for arm in spec["arm"]
+            if profile in arm.get("profiles", spec["profiles"])]
+
+
+def reference_of(spec: dict, arm: dict) -> str:
+    """The label of the arm ``arm`` is compared with: its ``against``, else the
+    spec's reference (``reference = true``)."""
+    if arm.get("against"):
+        return arm["against"]
+    if any(a.get("against") == arm["label"] for a in spec["arm"]):
+        return arm["label"]  # the reference of a group of its own
+    return next(a["label"] for a in spec["arm"] if a.get("reference"))
+
+
+def load_spec(path: str | Path, quick: bool) -> dict:
+    spec = tomllib.loads(Path(path).read_text())
+    for key in ("db", "out", "arm", "profiles"):
+        if key not in spec:
+            raise ValueError(f"sweep spec {path}: missing {key!r}")
+    if sum(bool(a.get("reference")) for a in spec["arm"]) != 1:
+        raise ValueError(f"sweep spec {path}: exactly one [[arm]] needs reference = true")
+    labels = [a["label"] for a in spec["arm"]]
+    for arm in spec["arm"]:
+        if arm.get("against", arm["label"]) not in labels:
+            raise ValueError(f"sweep spec {path}: arm {arm['label']!r}: against names no arm "
+                             f"({arm['against']!r})")
+    if quick:
+        q = spec.get("quick", {})
+        if "arms" in q:  # --quick runs only these arms
+            unknown = sorted(set(q["arms"]) - set(labels))
+            if unknown:
+                raise ValueError(f"sweep spec {path}: quick.arms: no arm {unknown[0]!r}")
+            spec["arm"] = [a for a in spec["arm"] if a["label"] in q["arms"]]
+        spec["base"] = [*spec.get("base", []), *q.get("base", [])]
+        spec["profiles"] = q.get("profiles", spec["profiles"])
+        spec["db"] = q.get("db", spec["db"])
+        spec["out"] = q.get("out", spec["out"])
+    return spec
+
+
+def check_jobs(jobs: int, backend: str) -> None:
+    """Refuse a ``jobs`` count that ``run_sweep`` cannot honour (ValueError)."""
+    if jobs < 1:
+        raise ValueError("--jobs: at least 1")
+    if jobs > 1 and backend != "inprocess":
+        raise ValueError("--jobs: more than 1 needs --backend inprocess (each Flower "
+                         "simulation starts a Ray instance of its own)")
+
+
+class _Children:
+    """The ``fedlm run`` processes a sweep has started; ``stop`` ends them (SIGTERM:
+    each marks its run interrupted; SIGKILL after ``grace`` seconds) and starts
+    no more."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._procs: set[subprocess.Popen] = set()
+        self.stopping = threading.Event()
+
+    def run(self, cmd: list[str]) -> tuple[int, str, str] | None:
+        """(exit status, stdout, stderr), or None if the sweep is stopping."""
+        with self._lock:
+            if self.stopping.is_set():
+                return None
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True)
+            self._procs.add(proc)
+        try:
+            out, err = proc.communicate()
+        finally:
+            with self._lock:
+                self._procs.discard(proc)
+        return proc.returncode, out, err
+
+    def stop(self, grace: float = 30.0) -> None:
+        with self._lock:
+            self.stopping.set()
+            procs = list(self._procs)
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _reason(stderr: str, status: int) -> str:
+    """The line of a failed ``fedlm run`` that says why (its one-line error)."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    said = [line for line in lines if line.startswith("fedlm: ")]
+    why = (said or lines or [f"exit status {status}"])[-1]
+    return why.removeprefix("fedlm: error: ").removeprefix("fedlm: ")
+
+
+def run_sweep(spec: dict, *, backend: str = "flower", rerun: bool = False, jobs: int = 1,
+              fail_fast: bool = False, log=print) -> SweepResult:
+    """Run every arm x profile not already finished in the spec's database.
+
+    ``jobs`` runs that many ``fedlm run`` processes at once (in-process backend
+    only: each Flower simulation starts a Ray instance of its own). A run's
+    result does not depend on what runs beside it: the clock is virtual and each
+    run has its own seed, so ``jobs`` only changes the wall-clock time. A failed
+    cell is logged with its reason and the sweep goes on, unless ``fail_fast``.
+    SIGTERM (in the main thread) or Ctrl-C stops every run it started.
+    """
+    check_jobs(jobs, backend)
+    db = spec["db"]
+    names = cells_of(spec)
+    total = len(names)
+    finished = {r["name"]: r["id"] for r in (store.list_runs(db) if Path(db).exists() else [])
+                if r["status"] == "finished"}  # the newest finished run of each name
+    todo = []
+    for k, (name, profile, arm) in enumerate(names, 1):
+        if name in finished and not rerun:
+            log(f"[{k}/{total}] {name}: reusing run {finished[name]}")
+        else:
+            todo.append((k, name, profile, arm))
+    children = _Children()
+    failures: list[Failure] = []
+    trained: set[str] = set()
+
+    def train(item) -> None:
+        k, name, profile, arm = item
+        cmd = [sys.executable, "-m", "fedlm", "run", "--quiet", "--backend", backend,
+               "--db", db]
+        for kv in [*spec.get("base", []), f"profile={profile}", *arm["set"], f"name={name}"]:
+            cmd += ["--set", kv]
+        if children.stopping.is_set():
+            return
+        log(f"[{k}/{total}] {name} ...")
+        t0 = time.time()
+        result = children.run(cmd)
+        if result is None or children.stopping.is_set() and result[0] != 0:
+            return  # stopped with the sweep: not a failure of the cell
+        status, _, err = result
+        if status != 0:
+            failures.append(Failure(arm["label"], profile, _reason(err, status)))
+            log(f"    [{k}/{total}] {name} FAILED: {failures[-1].reason}")
+            if fail_fast:
+                children.stop()
+            return
+        trained.add(name)
+        log(f"    [{k}/{total}] {name} done in {time.time() - t0:.0f} s")
+
+    def on_sigterm(signum, frame) -> None:
+        raise SweepStopped
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, on_sigterm) if main_thread else None
+    try:
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            futures = [pool.submit(train, item) for item in todo]
+            try:
+                for future in futures:
+                    future.result()
+            except BaseException:  # Ctrl-C or SIGTERM: stop what runs, start nothing more
+                children.stop()
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+    newest = {r["name"]: r["id"] for r in store.list_runs(db)} if trained else {}
+    cells = []
+    for name, profile, arm in names:
+        run_id = newest.get(name) if name in trained else finished.get(name)
+        if run_id is not None and (name in trained or not rerun):
+            cells.append(Cell(arm["label"], profile, run_id, store.summarize(db, run_id)))
+    return SweepResult(cells, failures, stopped=children.stopping.is_set())
+
+
+def _curve(db: str, run_id: int) -> list[tuple[float, int, float]]:
+    return store.metric_curve(db, run_id)
+
+
+def time_to_reach(db: str, run_id: int, target: float) -> float | None:
+    for vt, _, ppl in _curve(db, run_id):
+        if ppl <= target:
+            return vt
+    return None
+
+
+def value_at(db: str, run_id: int, t: float) -> float | None:
+    """The run's last evaluated perplexity at or before virtual time ``t``."""
+    best = None
+    for vt, _, ppl in _curve(db, run_id):
+        if vt <= t:
+            best = ppl
+    return best
+
+
+def plot(spec: dict, cells: list[Cell], out_prefix: Path) -> list[Path]:
+    import matplotlib
+    import matplotlib.ticker
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    profiles = spec["profiles"]
+    arms = [a["label"] for a in spec["arm"]]
+    written = []
+    for xname, xi, xlabel in [("time", 0, "virtual time (s)"), ("updates", 1, "updates applied")]:
+        fig, axes = plt.subplots(1, len(profiles), figsize=(4.2 * len(profiles), 3.8),
+                                 squeeze=False, sharey=True)
+        for ax, profile in zip(axes[0], profiles):
+            for k, arm in enumerate(arms):
+                cell = next((c for c in cells if c.arm == arm and c.profile == profile), None)
+                if cell is None:  # failed: no curve
+                    continue
+                pts = _curve(spec["db"], cell.run_id)[1:]  # skip the untrained start
+                ax.plot([p[xi] for p in pts], [p[2] for p in pts], marker=".", ms=3,
+                        label=arm, color=f"C{k}", lw=1.4)
+            ax.set_title(profile)
+            ax.set_xlabel(xlabel)
+            ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+            ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+            ax.grid(alpha=0.3, which="both")
+        axes[0][0].set_ylabel("validation perplexity")
+        axes[0][-1].legend(fontsize=7, loc="upper right")
+        fig.tight_layout()
+        path = out_prefix.parent / f"{out_prefix.name}_ppl_vs_{xname}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def report(spec: dict, cells: list[Cell], failures: list[Failure] = ()) -> str:
+    db, profiles = spec["db"], spec["profiles"]
+    arms = [a["label"] for a in spec["arm"]]
+    arm_of = {a["label"]: a for a in spec["arm"]}
+    ref = next(a["label"] for a in spec["arm"] if a.get("reference"))
+    paper = spec.get("paper", {})
+    paper_profiles = spec.get("paper_profiles", profiles)
+    get = {(c.arm, c.profile): c for c in cells}
+    planned = {(arm["label"], profile) for _, profile, arm in cells_of(spec)}
+    own_refs = any(a.get("against") for a in spec["arm"])
+
+    def table(title: str, fmt, with_paper: bool = False) -> list[str]:
+        head = "| arm | " + " | ".join(profiles) + " |"
+        if with_paper:
+            head += " paper: " + " / ".join(paper_profiles) + " |"
+        lines = [f"### {title}", "", head,
+                 "|---|" + "---|" * (len(profiles) + (1 if with_paper else 0))]
+        for arm in arms:
+            row = f"| {arm} | " + " | ".join(
+                fmt(get[(arm, p)]) if (arm, p) in get
+                else "failed" if (arm, p) in planned else "–" for p in profiles) + " |"
+            if with_paper:
+                nums = paper.get(arm)
+                row += (" " + " / ".join(f"{x:.2f}" for x in nums) if nums else " –") + " |"
+            lines.append(row)
+        return lines + [""]
+
+    def ref_cell(c: Cell) -> Cell | None:
+        return get.get((reference_of(spec, arm_of[c.arm]), c.profile))
+
+    def reach(c: Cell, as_ratio: bool = False) -> str:
+        """When ``c`` first reached its reference's final perplexity (virtual s,
+        or as a fraction of the time the reference itself needed)."""
+        r = ref_cell(c)
+        if r is None:
+            return "-"
+        t = time_to_reach(db, c.run_id, r.summary.final_perplexity)
+        if t is None:
+            return "not reached"
+        return f"{t / r.summary.virtual_time:.2f}" if as_ratio else f"{t:,.0f}"
+
+    def gap(c: Cell) -> str:
+        r = ref_cell(c)
+        if r is None:
+            return "-"
+        return f"{100 * (c.summary.final_perplexity / r.summary.final_perplexity - 1):+.1f}%"
+
+    whose = "its reference's" if own_refs else f"{ref}'s"
+    out = [f"# {spec.get('title', 'Sweep')}", "", spec.get("description", "").strip(), "",
+           f"Run store: `{db}` (run ids in the last table). Reference (sync): **{ref}**"
+           + (" (an arm with `against` is compared with the arm it names)." if own_refs
+              else "."), ""]
+    out += table("Final validation perplexity", lambda c: f"{c.summary.final_perplexity:.3f}",
+                 with_paper=bool(paper))
+    out += table(f"Per-update gap: final perplexity against {whose}, at equal inner steps", gap)
+    out += table("Virtual time the run needed (s)", lambda c: f"{c.summary.virtual_time:,.0f}")
+
+    def ref_at(c: Cell) -> str:
+        r = ref_cell(c)
+        if r is None:
+            return "-"
+        v = value_at(db, r.run_id, c.summary.virtual_time)
+        return "-" if v is None else f"{v:.3f}"
+
+    out += table(f"{whose[0].upper() + whose[1:]} perplexity at the same virtual time "
+                 f"(wall-clock view)", ref_at)
+    out += table(f"Virtual time to reach {whose} final perplexity (s)", reach)
+    out += table("... as a fraction of the reference's own time (below 1: sooner)",
+                 lambda c: reach(c, as_ratio=True))
+    out += table("Idle fraction (all workers)", lambda c: f"{100 * c.summary.idle_fraction:.1f}%")
+    out += table("Updates applied / local steps",
+                 lambda c: f"{c.summary.updates} / {c.summary.local_steps:,}")
+    out += table("Run id and real time (s)",
+                 lambda c: f"#{c.run_id}, {c.summary.wall_time:,.0f}")
+    out += ["### Arms", ""] + [
+        f"- **{a['label']}**: `{' '.join(a['set'])}`"
+        + (f" (against {a['against']})" if a.get("against") else "")
+        + (f" (only {', '.join(a['profiles'])})" if "profiles" in a else "")
+        for a in spec["arm"]]
+    out += ["", f"Shared: `{' '.join(spec.get('base', []))}`", ""]
+    if failures:
+        out += ["### Failed runs", ""] + [f"- **{f.arm} @ {f.profile}**: {f.reason}"
+                                          for f in failures] + [""]
+    if spec.get("discussion"):
+        out += ["## Reading", "", spec["discussion"].strip(), ""]
+    return "\n".join(out)

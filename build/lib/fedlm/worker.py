@@ -1,0 +1,256 @@
+"""The worker's job: H inner AdamW steps on a data shard, as a pure function.
+
+    run_job(θ, optimizer state, job) -> (outer gradient, new optimizer state, metrics)
+
+The ClientApp calls it inside Flower; replay and tests call it directly. What
+a job reads is fixed by its ``data_seed``, and the inner optimizer's state
+(AdamW moments, the schedule position) belongs to the worker, travels in and
+out of this function, and is never sent to the server.
+
+``serve_job`` is everything a worker does with a job message around that:
+load the state the job names, act out an injected fault, run, save the new
+state, emulate a slower device on the wall clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+from fedlm import compression, data, faults, fleet, model as model_lib
+from fedlm.config import Config, DataConfig, InnerConfig
+from fedlm.params import load_into, outer_gradient, snapshot
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What the server asks of one job (sent in the message's config)."""
+
+    job_id: int
+    worker: int
+    base_version: int
+    local_steps: int
+    data_seed: int
+    prev_job: int = -1  # the job whose optimizer state to start from (-1: fresh)
+    keep_from: int = -1  # the worker may delete its states of older jobs
+    fault: str = ""  # injected fault to act out (fedlm.faults); "" = none
+    shard: int = -1  # data shard it trains (data.shard_choice = paper); -1: the worker's own
+    cursor: int = 0  # inner steps handed out from that shard before this job
+    schedule_step: int = -1  # inner-schedule position of its first step; -1: the worker's own
+
+    def to_message(self) -> dict[str, int | str]:
+        """The job as the flat config a Flower message carries (``from_message`` reads it)."""
+        return {name.replace("_", "-"): getattr(self, name) for name in self.__dataclass_fields__}
+
+    @classmethod
+    def from_message(cls, spec) -> "JobSpec":
+        kwargs = {}
+        for name, f in cls.__dataclass_fields__.items():
+            key = name.replace("_", "-")
+            if key in spec:
+                kwargs[name] = str(spec[key]) if f.type == "str" else int(spec[key])
+        return cls(**kwargs)
+
+
+@dataclass(frozen=True)
+class JobResult:
+    outer_grad: "OrderedDict[str, torch.Tensor]"  # θ_start − θ_end
+    opt_state: dict  # the worker's new inner-optimizer state (stays on the worker)
+    steps: int
+    tokens: int
+    train_loss: float  # mean training loss over the job's steps
+    compute_seconds: float  # real seconds the inner loop took
+
+
+def inner_lr(step: int, cfg: InnerConfig, decay_steps: int) -> float:
+    """Linear warmup to ``cfg.lr``, then cosine decay to ``min_lr_ratio × lr``.
+
+    ``step`` is the schedule's position over the whole run (``inner.schedule``:
+    the worker's own inner steps, its shard's, or the run's), so the schedule
+    continues across jobs instead of restarting every job.
+    """
+    if cfg.warmup_steps and step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    span = max(1, decay_steps - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    floor = cfg.min_lr_ratio
+    return cfg.lr * (floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
+# -- per-process caches (read-only or scratch; never per-node state) ----------
+
+@lru_cache(maxsize=4)
+def data_shards(data_cfg: DataConfig, num_shards: int, seed: int) -> tuple[np.ndarray, ...]:
+    corpus = data.load_corpus(data_cfg)
+    return tuple(data.partition(corpus, data_cfg, num_shards, seed))
+
+
+def node_shard(cfg: Config, node: int) -> np.ndarray:
+    """The sequences a node trains on with ``data.shard_choice = fixed``: its
+    worker's shard, or (hierarchical) the shards of every worker in its region's pod."""
+    shards = data_shards(cfg.data, cfg.shard_count(), cfg.seed)
+    members = fleet.groups(cfg)[node] if cfg.network.hierarchical else [node]
+    return shards[members[0]] if len(members) == 1 else np.concatenate(
+        [shards[w] for w in members])
+
+
+def job_data(cfg: Config, job: JobSpec) -> np.ndarray:
+    """The sequences ``job`` samples its batches from."""
+    if cfg.data.shard_choice == "fixed" or job.shard < 0:
+        return node_shard(cfg, job.worker)
+    return data_shards(cfg.data, cfg.shard_count(), cfg.seed)[job.shard]
+
+
+def shard_sizes(cfg: Config) -> list[int]:
+    """Sequences in each shard the server hands out (``fedlm.shards``): one per node
+    with ``fixed``, ``data.shards`` with ``paper``."""
+    if cfg.data.shard_choice == "fixed":
+        return [len(node_shard(cfg, n)) for n in range(fleet.node_count(cfg))]
+    return [len(s) for s in data_shards(cfg.data, cfg.shard_count(), cfg.seed)]
+
+
+def pod_size(cfg: Config, node: int) -> int:
+    """Workers training as one data-parallel pod on ``node`` (1 unless hierarchical)."""
+    return len(fleet.groups(cfg)[node]) if cfg.network.hierarchical else 1
+
+
+@lru_cache(maxsize=2)
+def _scratch_model(preset: str, block_size: int, device: str) -> model_lib.GPT:
+    # Weights are overwritten by every job; only the structure is reused.
+    return model_lib.build(preset, block_size, seed=0, device=device)
+
+
+def warm_up(cfg: Config) -> None:
+    """Load the corpus, the shards and the scratch model into this process's caches,
+    so the first job does not pay for them (called on the partition query)."""
+    data_shards(cfg.data, cfg.shard_count(), cfg.seed)
+    _scratch_model(cfg.model, cfg.data.seq_len, model_lib.resolve_device(cfg.device))
+
+
+# -- optimizer state <-> flat tensor dict ----------------------------------------
+
+def _export_opt_state(opt: torch.optim.Optimizer, names: list[str]) -> dict[str, torch.Tensor]:
+    flat: dict[str, torch.Tensor] = {}
+    state = opt.state_dict()["state"]
+    for idx, name in enumerate(names):
+        for key, value in state.get(idx, {}).items():
+            flat[f"{name}/{key}"] = value.detach().to("cpu", copy=True)
+    return flat
+
+
+def _import_opt_state(opt: torch.optim.Optimizer, names: list[str],
+                      flat: dict[str, torch.Tensor], device: str) -> None:
+    if not flat:
+        return
+    sd = opt.state_dict()
+    sd["state"] = {}
+    for idx, name in enumerate(names):
+        entry = {k.split("/", 1)[1]: v for k, v in flat.items() if k.split("/", 1)[0] == name}
+        if entry:
+            sd["state"][idx] = {k: (v if k == "step" else v.to(device)) for k, v in entry.items()}
+    opt.load_state_dict(sd)
+
+
+def train_steps(net, opt: torch.optim.Optimizer, batches: np.ndarray, lr_at,
+                cfg: Config) -> list[float]:
+    """AdamW steps on ``net``, one per row of ``batches`` (sequence indices), step
+    s at learning rate ``lr_at(s)``; returns the training losses."""
+    corpus = data.load_corpus(cfg.data)
+    device = next(net.parameters()).device
+    net.train()
+    losses = []
+    for s, rows in enumerate(batches):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(s)
+        seqs = torch.from_numpy(corpus.train[rows].astype(np.int64)).to(device)  # (B, T+1)
+        _, loss = net(seqs[:, :-1], seqs[:, 1:])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.inner.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(net.parameters(), cfg.inner.grad_clip)
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def new_optimizer(net, cfg: Config) -> torch.optim.Optimizer:
+    i = cfg.inner
+    return torch.optim.AdamW(net.parameters(), lr=i.lr, betas=(i.beta1, i.beta2),
+                             weight_decay=i.weight_decay)
+
+
+def run_job(params, opt_state: dict, job: JobSpec, cfg: Config) -> JobResult:
+    """Run one job; pure in (params, opt_state, job, cfg) for a fixed thread count."""
+    import time
+
+    torch.set_num_threads(cfg.inner.threads)
+    device = model_lib.resolve_device(cfg.device)
+    net = _scratch_model(cfg.model, cfg.data.seq_len, device)
+    load_into(net, params)
+    names = [n for n, _ in net.named_parameters()]
+
+    opt = new_optimizer(net, cfg)
+    tensors = {k: v for k, v in opt_state.items() if k != "schedule_step"}
+    _import_opt_state(opt, names, tensors, device)
+    own_step = int(opt_state.get("schedule_step", 0))  # the worker's own inner steps so far
+    if job.schedule_step >= 0:  # the server placed the job on a shard's or the run's schedule
+        start, horizon = job.schedule_step, cfg.schedule_horizon(fleet.node_count(cfg))
+    else:
+        start, horizon = own_step, cfg.decay_steps()
+
+    # A pod of k workers trains data-parallel: one step on k workers' batches at once.
+    batch_size = cfg.inner.batch_size * pod_size(cfg, job.worker)
+    batches = data.job_batches(job_data(cfg, job), job.local_steps, batch_size, job.data_seed)
+    t0 = time.perf_counter()
+    losses = train_steps(net, opt, batches, lambda s: inner_lr(start + s, cfg.inner, horizon),
+                         cfg)
+    seconds = time.perf_counter() - t0
+
+    new_state = _export_opt_state(opt, names)
+    new_state["schedule_step"] = own_step + job.local_steps
+    grad = outer_gradient(params, snapshot(net))
+    return JobResult(grad, new_state, job.local_steps,
+                     job.local_steps * batch_size * cfg.data.seq_len,
+                     float(np.mean(losses)), seconds)
+
+
+def job_update(params, state: dict, job: JobSpec, cfg: Config) -> JobResult:
+    """``run_job`` plus encoding its outer gradient for the wire (``fedlm.compression``):
+    the result's ``outer_grad`` is the payload, its ``opt_state`` carries the
+    error-feedback tensors on. Replay calls this too."""
+    result = run_job(params, state, job, cfg)
+    payload, errors = compression.encode(result.outer_grad, state, cfg.network)
+    return JobResult(payload, {**result.opt_state, **errors}, result.steps, result.tokens,
+                     result.train_loss, result.compute_seconds)
+
+
+def serve_job(params, states, job: JobSpec, cfg: Config,
+              step_time: float | None = None) -> JobResult:
+    """A worker's whole handling of one job, the same under Flower and in process.
+
+    ``states`` is the worker's state store (``fedlm.worker_state``);
+    ``step_time`` its seconds per step if the node was told (deployment),
+    else the profile's.
+    """
+    import time
+
+    faults.before_job(job.fault, cfg)
+    result = job_update(params, states.load(job.prev_job), job, cfg)
+    states.save(job.job_id, result.opt_state)
+    states.prune(job.keep_from)
+    seconds = result.compute_seconds
+    if cfg.clock == "wall" and cfg.fleet.emulate_speed:
+        # Pad the compute so a worker configured k times slower than the fastest
+        # really takes k times as long (one machine can show real stragglers).
+        times = [p.step_time for p in fleet.node_profiles(cfg)]
+        mine = step_time if step_time is not None else times[job.worker]
+        padded = seconds * mine / min(times)
+        time.sleep(max(0.0, padded - seconds))
+        seconds = padded
+    return JobResult(faults.corrupt(result.outer_grad, job.fault), result.opt_state,
+                     result.steps, result.tokens, result.train_loss, seconds)

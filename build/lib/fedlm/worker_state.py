@@ -1,0 +1,131 @@
+"""A worker's inner-optimizer states, addressed by the job that produced them.
+
+Every job message names the state to start from (``prev_job``: the worker's
+last job whose update the server *accepted*; -1 for a fresh optimizer). The
+worker saves the state its job ends with under the job's own id. So the server,
+not the order messages happened to arrive in, decides what a worker builds on:
+
+- an update that was rejected, lost or came too late leaves no trace: the next
+  job starts again from the last accepted state;
+- replay and ``fedlm run --resume`` re-run a job from exactly the state it
+  first ran from.
+
+States older than the job message's ``keep_from`` are deleted (the server keeps
+that pointer at the oldest state a checkpoint may still need).
+
+Two stores, same interface: Flower's per-node ``context.state`` (memory; lost
+with the process) and node-local files (survive a crash; needed for resume).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord
+
+from fedlm.data import cache_dir
+
+FRESH = -1  # prev_job of a worker's first job: a new optimizer
+_SCHEDULE = "schedule_step"
+
+
+class MissingState(RuntimeError):
+    """The state a job should start from is not on this worker."""
+
+
+class MemoryStates:
+    """In a plain dict (the in-process transport)."""
+
+    def __init__(self) -> None:
+        self.states: dict[int, dict] = {}
+
+    def load(self, job_id: int) -> dict:
+        if job_id == FRESH:
+            return {}
+        if job_id not in self.states:
+            raise MissingState(f"no optimizer state of job {job_id} on this worker")
+        # A copy: the optimizer trains its moments in place, and a job whose update
+        # is then rejected must not have changed the state it started from.
+        return {k: v.clone() if isinstance(v, torch.Tensor) else v
+                for k, v in self.states[job_id].items()}
+
+    def save(self, job_id: int, state: dict) -> None:
+        self.states[job_id] = state
+
+    def prune(self, keep_from: int) -> None:
+        for j in [j for j in self.states if j < keep_from]:
+            del self.states[j]
+
+
+class ContextStates:
+    """In Flower's ``context.state`` (a RecordDict kept per node across messages)."""
+
+    PREFIX = "fedlm.opt."
+
+    def __init__(self, state) -> None:
+        self.state = state
+
+    def load(self, job_id: int) -> dict:
+        if job_id == FRESH:
+            return {}
+        key = f"{self.PREFIX}{job_id}"
+        if key not in self.state:
+            raise MissingState(f"no optimizer state of job {job_id} in this node's context")
+        out = dict(self.state[key].to_torch_state_dict())
+        out[_SCHEDULE] = int(self.state[f"{key}.meta"][_SCHEDULE])
+        return out
+
+    def save(self, job_id: int, state: dict) -> None:
+        key = f"{self.PREFIX}{job_id}"
+        self.state[key] = ArrayRecord(torch_state_dict={
+            k: v for k, v in state.items() if k != _SCHEDULE})
+        self.state[f"{key}.meta"] = ConfigRecord({_SCHEDULE: int(state[_SCHEDULE])})
+
+    def prune(self, keep_from: int) -> None:
+        pattern = re.compile(rf"^{re.escape(self.PREFIX)}(\d+)(\.meta)?$")
+        for key in list(self.state.keys()):
+            m = pattern.match(key)
+            if m and int(m.group(1)) < keep_from:
+                del self.state[key]
+
+
+class DiskStates:
+    """One file per state under ``folder`` (written atomically)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, job_id: int) -> Path:
+        return self.folder / f"job{job_id}.pt"
+
+    def load(self, job_id: int) -> dict:
+        if job_id == FRESH:
+            return {}
+        path = self._path(job_id)
+        if not path.exists():
+            raise MissingState(f"no optimizer state of job {job_id} in {self.folder}")
+        return torch.load(path, weights_only=True)
+
+    def save(self, job_id: int, state: dict) -> None:
+        path = self._path(job_id)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        try:
+            torch.save(state, tmp)
+            os.replace(tmp, path)
+        except BaseException:  # disk full, say: leave no half-written file to keep it full
+            tmp.unlink(missing_ok=True)
+            raise
+
+    def prune(self, keep_from: int) -> None:
+        for path in self.folder.glob("job*.pt"):
+            if int(path.stem[3:]) < keep_from:
+                path.unlink(missing_ok=True)
+
+
+def disk_folder(run_key: str, worker: int) -> Path:
+    """Where a worker of run ``run_key`` keeps its states on this node."""
+    return cache_dir() / "worker-state" / run_key / f"worker{worker}"
