@@ -82,7 +82,6 @@ class Engine:
         self.last_perplexity: float | None = None
         self._last_eval_version = -1
         self._checkpoint_due = False
-        self._grace_from: float | None = None  # time of the batch's first job (grace)
         self.wall_start = time.time()
 
     @property
@@ -129,30 +128,27 @@ class Engine:
                 self.transport.submit(job, self.base_params[job.base_version])
         grace = self.cfg.grace if self.events.lookahead else 0.0
         while True:
-            if self._checkpoint_due and self._grace_from is None:
+            if self._checkpoint_due:
                 self._write_checkpoint()
-            if self._grace_from is None:
-                if self.done():
+            if self.done():
+                break
+            self._dispatch_free_workers()
+            if not self.in_flight and not self.pool.offline:
+                raise EngineError(f"stalled at version {self.version}: no job in flight "
+                                  f"and strategy {self.strategy.name!r} gives none to "
+                                  f"the {len(self.pool.free_since)} free workers")
+            self._handle(self.events.next_event())
+            nxt = self.events.next_time()
+            if self.cfg.time_budget and nxt is not None and nxt > self.cfg.time_budget:
+                break  # the next job would finish after the time budget
+            # Grace period: jobs finishing within `grace` of this one are handled before
+            # any worker gets a new job, so their workers restart from the same model.
+            first = self.now
+            while grace > 0 and not self.done():
+                nxt = self.events.next_time()
+                if nxt is None or nxt > first + grace:
                     break
-                self._dispatch_free_workers()
-                if not self.in_flight and not self.pool.offline:
-                    raise EngineError(f"stalled at version {self.version}: no job in flight "
-                                      f"and strategy {self.strategy.name!r} gives none to "
-                                      f"the {len(self.pool.free_since)} free workers")
                 self._handle(self.events.next_event())
-                nxt = self.events.next_time()
-                if self.cfg.time_budget and nxt is not None and nxt > self.cfg.time_budget:
-                    break  # the next job would finish after the time budget
-                if grace > 0:
-                    # Grace period: jobs finishing within `grace` of this one are applied
-                    # right after it, so their workers restart from the same model.
-                    self._grace_from = self.now
-            else:
-                nxt = self.events.next_time()
-                if self.done() or nxt is None or nxt > self._grace_from + grace:
-                    self._grace_from = None
-                else:
-                    self._handle(self.events.next_event())
         if self._last_eval_version != self.version:
             self._evaluate()
         self._close_timeline()

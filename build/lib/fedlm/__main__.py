@@ -1,5 +1,0 @@
-import sys
-
-from fedlm.cli import main
-
-sys.exit(main())

@@ -1,1 +1,0 @@
-"""The live Streamlit dashboard over the run store (read-only SQLite)."""
