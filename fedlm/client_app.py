@@ -17,12 +17,13 @@ from __future__ import annotations
 from functools import lru_cache
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from fedlm.config import Config
+from fedlm import messages
 from fedlm.config_load import from_json
-from fedlm.worker import JobSpec, serve_job, warm_up
+from fedlm.worker import serve_job, warm_up
 from fedlm.worker_state import ContextStates, DiskStates, disk_folder
 
 app = ClientApp()
@@ -40,11 +41,10 @@ def _partition(context: Context) -> tuple[int, int]:
 @app.query()
 def query(msg: Message, context: Context) -> Message:
     pid, n = _partition(context)
-    ask = msg.content["ask"] if "ask" in msg.content else {}
-    if "config" in ask:  # warm this process's caches while the run starts up
-        warm_up(_config(str(ask["config"])))
-    info = ConfigRecord({"partition-id": pid, "num-partitions": n})
-    return Message(RecordDict({"info": info}), reply_to=msg)
+    cfg_json = messages.query_config(msg.content)
+    if cfg_json is not None:  # warm this process's caches while the run starts up
+        warm_up(_config(cfg_json))
+    return Message(messages.partition_answer(pid, n), reply_to=msg)
 
 
 def _states(context: Context, cfg: Config, run_key: str, worker: int):
@@ -58,23 +58,17 @@ def _states(context: Context, cfg: Config, run_key: str, worker: int):
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    spec = msg.content["job"]
-    cfg = _config(str(spec["config"]))
-    job = JobSpec.from_message(spec)
+    request = messages.read_train_request(msg.content)
+    cfg, job = _config(request.cfg_json), request.job
     pid, _ = _partition(context)
     if job.worker != pid:
         raise ValueError(f"job {job.job_id} is for worker {job.worker}, this node holds {pid}")
-    params = msg.content["arrays"].to_torch_state_dict()
     step_time = context.node_config.get("step-time")
-    result = serve_job(params, _states(context, cfg, str(spec["run-key"]), job.worker), job,
+    result = serve_job(request.params, _states(context, cfg, request.run_key, job.worker), job,
                        cfg, step_time=float(step_time) if step_time is not None else None)
-    metrics = MetricRecord({"steps": result.steps, "tokens": result.tokens,
-                            "train-loss": result.train_loss,
-                            "compute-seconds": result.compute_seconds,
-                            "num-examples": result.steps * cfg.inner.batch_size})
-    grad = {k: v.contiguous() for k, v in result.outer_grad.items()}
-    return Message(RecordDict({"arrays": ArrayRecord(torch_state_dict=grad), "metrics": metrics,
-                               "job": ConfigRecord({"job-id": job.job_id})}), reply_to=msg)
+    reply = messages.TrainReply(job.job_id, result.outer_grad, result.steps, result.tokens,
+                                result.train_loss, result.compute_seconds)
+    return Message(messages.train_reply(reply, cfg.inner.batch_size), reply_to=msg)
 
 
 torch.set_num_threads(1)  # a Ray actor shares the machine with others; jobs set their own

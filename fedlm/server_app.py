@@ -19,11 +19,11 @@ import threading
 import time
 from typing import Callable
 
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.app import Context, Message, MessageType
 from flwr.serverapp import Grid, ServerApp
 from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
-from fedlm import config_load, fleet
+from fedlm import config_load, fleet, messages
 from fedlm.config import Config
 from fedlm.engine import EngineError, Progress, Reply
 from fedlm.runner import execute
@@ -67,17 +67,14 @@ class FlowerTransport:
                 raise EngineError(f"workers: expected {want} SuperNodes, only {len(nodes)} "
                                   f"registered within {NODE_WAIT_SECONDS:.0f} s")
             time.sleep(0.5)
-        msgs = [Message(RecordDict({"ask": ConfigRecord({"what": "partition-id",
-                                                         "config": self.cfg_json})}),
-                        dst_node_id=n, message_type=MessageType.QUERY, ttl=self.cfg.sim.ttl)
+        msgs = [Message(messages.partition_query(self.cfg_json), dst_node_id=n, message_type=MessageType.QUERY, ttl=self.cfg.sim.ttl)
                 for n in nodes]
         replies = self.grid.send_and_receive(msgs, timeout=NODE_WAIT_SECONDS)
         for reply in replies:
             if reply.has_error():
                 raise EngineError(f"node {reply.metadata.src_node_id} did not answer the "
                                   f"partition query: {reply.error.reason}")
-            info = reply.content["info"]
-            pid, n = int(info["partition-id"]), int(info["num-partitions"])
+            pid, n = messages.read_partition_answer(reply.content)
             if n != want:
                 raise EngineError(f"workers: config asks for {want}, but nodes were started "
                                   f"with num-partitions={n}")
@@ -88,12 +85,8 @@ class FlowerTransport:
         return dict(self.node_of)
 
     def submit(self, job: JobSpec, params) -> None:
-        content = RecordDict({
-            "arrays": ArrayRecord(torch_state_dict=params),
-            "job": ConfigRecord({**job.to_message(), "config": self.cfg_json,
-                                 "run-key": self.run_key}),
-        })
-        msg = Message(content, dst_node_id=self.node_of[job.worker],
+        msg = Message(messages.train_request(job, params, self.cfg_json, self.run_key),
+                      dst_node_id=self.node_of[job.worker],
                       message_type=MessageType.TRAIN, ttl=self.cfg.sim.ttl,
                       group_id=str(job.base_version))
         (msg_id,) = list(self.grid.push_messages([msg]))
@@ -153,11 +146,10 @@ class FlowerTransport:
         if reply.has_error():
             return Reply(job_id, None, error=f"flower error {reply.error.code}: "
                          f"{reply.error.reason}", wall_arrival=now)
-        m = reply.content["metrics"]
-        grad = reply.content["arrays"].to_torch_state_dict()
-        return Reply(job_id, grad, steps=int(m["steps"]), tokens=int(m["tokens"]),
-                     train_loss=float(m["train-loss"]),
-                     compute_seconds=float(m["compute-seconds"]), wall_arrival=now)
+        r = messages.read_train_reply(reply.content, job_id)
+        return Reply(job_id, r.outer_grad, steps=r.steps, tokens=r.tokens,
+                     train_loss=r.train_loss, compute_seconds=r.compute_seconds,
+                     wall_arrival=now)
 
 
 def run_on_grid(grid: Grid, cfg: Config, db_path: str,
