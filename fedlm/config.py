@@ -39,7 +39,7 @@ class InnerConfig:
     warmup_steps: int = 20  # linear warmup, counted in the schedule's own steps
     decay_steps: int = 0  # cosine horizon in the schedule's steps; 0 = auto (see Config)
     min_lr_ratio: float = 0.1  # cosine floor as a fraction of lr
-    # Whose progress the warmup + cosine follows (docs/strategies.md, "Inner schedules"):
+    # Whose progress the warmup + cosine follows (docs/async_local_sgd.md):
     # worker (each worker's own inner steps) | shard (the steps trained on the job's data
     # shard, whichever worker trained them: the paper's) | global (all inner steps of the run).
     schedule: str = "worker"

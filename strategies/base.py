@@ -92,3 +92,16 @@ class Strategy(ABC):
     def summary(self) -> str:
         """One line of settings, shown in logs and `fedlm runs`."""
         return self.name
+
+
+def check_outer_sgd(lr: float, momentum: float) -> None:
+    """Range checks of an outer SGD's settings (``outer.lr``, ``outer.momentum``)."""
+    if lr <= 0:
+        raise ValueError(f"outer.lr: must be > 0, got {lr!r}")
+    if not 0 <= momentum < 1:
+        raise ValueError(f"outer.momentum: must be in [0, 1), got {momentum!r}")
+
+
+def momentum_text(momentum: float, nesterov: bool) -> str:
+    """The momentum part of a summary line: ", momentum 0.9 nesterov", or "" without."""
+    return f", momentum {momentum}{' nesterov' if nesterov else ''}" if momentum else ""

@@ -11,8 +11,6 @@ The formula lives in ``transforms.delayed_nesterov``.
 
 from __future__ import annotations
 
-from typing import Any
-
 from fedlm.strategies import transforms as T
 from fedlm.strategies.async_base import AsyncStrategy
 
@@ -48,19 +46,11 @@ class DelayedNesterov(AsyncStrategy):
     def n(self) -> int:
         return self.buffer_size or self.num_workers
 
-    def make_optimizer(self) -> T.Transform:
-        return T.chain(T.delayed_nesterov(self.momentum, self.n, self.c), T.scale(self.lr))
-
-    def on_update(self, update, params):
-        # DN's transform divides by N itself (g/N), so feed it the raw gradient.
-        g = update.outer_grad
-        step, self.opt_state = self.optimizer.update(g, self.opt_state)
-        self.applied += 1
-        return T.descend(params, step)
+    def chain_for(self, num_workers: int) -> T.Transform:
+        # No staleness weighting: DN's transform divides by N itself (g/N).
+        n = self.buffer_size or num_workers
+        return T.chain(T.delayed_nesterov(self.momentum, n, self.c), T.scale(self.lr))
 
     def summary(self) -> str:
         return (f"{self.name}: async, outer lr {self.lr}, momentum {self.momentum}, "
-                f"N {self.n}, c {self.c}")
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "buffer_size": self.buffer_size, "c": self.c}
+                f"N {self.n or 'workers'}, c {self.c}")

@@ -21,8 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from fedlm.strategies import transforms as T
-from fedlm.strategies.base import Strategy, Update
-from fedlm.strategies.transforms import weighted_mean
+from fedlm.strategies.base import Strategy, Update, check_outer_sgd, momentum_text
 
 
 class FedAvg(Strategy):
@@ -47,10 +46,7 @@ class FedAvg(Strategy):
 
     def __init__(self, *, lr: float = 1.0, momentum: float = 0.0, nesterov: bool = False,
                  weighting: str = "tokens", min_replies: int = 1) -> None:
-        if lr <= 0:
-            raise ValueError(f"outer.lr: must be > 0, got {lr!r}")
-        if not 0 <= momentum < 1:
-            raise ValueError(f"outer.momentum: must be in [0, 1), got {momentum!r}")
+        check_outer_sgd(lr, momentum)
         if weighting not in ("tokens", "uniform"):
             raise ValueError(f"outer.weighting: must be tokens or uniform, got {weighting!r}")
         if not (isinstance(min_replies, int) and min_replies >= 1):
@@ -99,8 +95,8 @@ class FedAvg(Strategy):
     def _aggregate(self, params):
         ordered = [self.results[w] for w in sorted(self.results)]
         weights = [float(u.tokens) if self.weighting == "tokens" else 1.0 for u in ordered]
-        mean = weighted_mean([u.outer_grad for u in ordered], weights)
-        step, self.opt_state = self.optimizer.update(mean, self.opt_state)
+        mean = T.weighted_mean([u.outer_grad for u in ordered], weights)
+        step, self.opt_state = self.optimizer.update(mean, self.opt_state, None)
         self.round += 1
         self.dispatched.clear()
         self.results.clear()
@@ -121,6 +117,5 @@ class FedAvg(Strategy):
         self.failed_rounds = state["failed_rounds"]
 
     def summary(self) -> str:
-        mom = f", momentum {self.momentum}{' nesterov' if self.nesterov else ''}" \
-            if self.momentum else ""
-        return f"{self.name}: sync rounds, outer SGD lr {self.lr}{mom}, weighting {self.weighting}"
+        return (f"{self.name}: sync rounds, outer SGD lr {self.lr}"
+                f"{momentum_text(self.momentum, self.nesterov)}, weighting {self.weighting}")

@@ -10,12 +10,9 @@ Buffer" baseline is this with a Nesterov outer step and K = N.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from fedlm.strategies import transforms as T
-from fedlm.strategies.async_base import AsyncStrategy, scale_tree
-from fedlm.strategies.base import Update
-from fedlm.strategies.transforms import weighted_mean
+from fedlm.strategies.async_base import AsyncStrategy
 
 
 class FedBuff(AsyncStrategy):
@@ -38,31 +35,24 @@ class FedBuff(AsyncStrategy):
         if buffer_size < 0:
             raise ValueError(f"outer.buffer_size: must be >= 0, got {buffer_size!r}")
         self.buffer_size = buffer_size
-        self.buffer: list[Any] = []
 
     @property
     def k(self) -> int:
         return self.buffer_size or self.num_workers
 
+    @property
+    def buffer(self) -> list:
+        """The scaled updates waiting for the next outer step, oldest first."""
+        return next(T.find(self.opt_state, "buffer"), [])
+
     def staleness_weight(self, staleness: int) -> float | None:
         return 1.0 / math.sqrt(1.0 + staleness)
 
-    def on_update(self, update: Update, params):
-        self.buffer.append(scale_tree(update.outer_grad, self.staleness_weight(update.staleness)))
-        if len(self.buffer) < self.k:
-            return None
-        mean = weighted_mean(self.buffer, [1.0] * len(self.buffer))  # FIFO order
-        self.buffer = []
-        step, self.opt_state = self.optimizer.update(mean, self.opt_state)
-        self.applied += 1
-        return T.descend(params, step)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "buffer": list(self.buffer)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.buffer = list(state["buffer"])
+    def chain_for(self, num_workers: int) -> T.Transform:
+        # The average over the buffer replaces the async scale 1/N.
+        return T.chain(T.weight_by_staleness(self.staleness_weight, divide_by=1),
+                       T.buffer(self.buffer_size or num_workers),
+                       T.sgd(self.lr, self.momentum, self.nesterov))
 
     def summary(self) -> str:
-        return f"{super().summary()}, buffer K {self.k}, weight 1/sqrt(1+s)"
+        return f"{super().summary()}, buffer K {self.k or 'workers'}, weight 1/sqrt(1+s)"

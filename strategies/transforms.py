@@ -2,23 +2,28 @@
 
 A ``Transform`` is a pair of pure functions:
 
-    init(params)            -> state
-    update(grads, state)    -> (step, new_state)
+    init(params)                  -> state
+    update(grads, state, info)    -> (step, new_state)
 
-``chain`` composes them left to right; the strategy then descends:
-θ ← θ − step. Tensors are dicts name -> tensor (see fedlm.params); states are
-small dicts of such dicts, so they save with ``torch.save``. Tensors are only
-touched through their own methods, so this module (and the strategies built on it)
-imports without torch.
+``info`` is the ``Update`` being applied (its staleness, worker, tokens, ...),
+or None for a synchronous round's aggregate. ``step`` None means "nothing to
+apply now": the transform holds the gradient (a buffer not yet full) or drops
+it (too stale). ``chain`` composes transforms left to right and stops at the
+first None; the strategy then descends: θ ← θ − step. Tensors are dicts
+name -> tensor (see fedlm.params); states are small dicts of such dicts, so
+they save with ``torch.save``. Tensors are only touched through their own
+methods, so this module (and the strategies built on it) imports without torch.
 
     FedAvg / Local-SGD  = chain(scale(1.0))
     DiLoCo              = chain(trace(0.9, nesterov=True), scale(0.7))
+    Poly (async)        = chain(weight_by_staleness(w, divide_by=N), sgd(0.7, 0.9, True))
+    FedBuff (async)     = chain(weight_by_staleness(w), buffer(K), sgd(0.7, 0.9, True))
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple
 
 if TYPE_CHECKING:
     import torch
@@ -28,10 +33,11 @@ Tensors = "OrderedDict[str, torch.Tensor]"
 
 class Transform(NamedTuple):
     init: Callable[[Any], Any]
-    update: Callable[[Any, Any], tuple[Any, Any]]
+    update: Callable[[Any, Any, Any], tuple[Any, Any]]
 
 
-def _map(fn, *trees):
+def tree_map(fn, *trees) -> "OrderedDict[str, torch.Tensor]":
+    """``fn`` applied name by name across tensor dicts, in the first one's order."""
     return OrderedDict((k, fn(*(t[k] for t in trees))) for k in trees[0])
 
 
@@ -58,8 +64,45 @@ def scale(factor: float) -> Transform:
     def init(params):
         return {}
 
-    def update(grads, state):
-        return _map(lambda g: g * factor, grads), state
+    def update(grads, state, info):
+        return tree_map(lambda g: g * factor, grads), state
+
+    return Transform(init, update)
+
+
+def weight_by_staleness(weight_fn: Callable[[int], float | None],
+                        divide_by: int = 1) -> Transform:
+    """g · (w(s) / divide_by), s = ``info.staleness``; w(s) None drops the update.
+
+    One multiply per tensor, ``g * (w / divide_by)``. Async strategies pass
+    divide_by = N (workers) so that N arrivals move about as far as one sync
+    round. The state counts the dropped updates.
+    """
+
+    def init(params):
+        return {"dropped": 0}
+
+    def update(grads, state, info):
+        w = weight_fn(info.staleness)
+        if w is None:
+            return None, {"dropped": state["dropped"] + 1}
+        factor = w / divide_by
+        return tree_map(lambda g: g * factor, grads), state
+
+    return Transform(init, update)
+
+
+def buffer(k: int) -> Transform:
+    """Hold gradients until ``k`` have arrived, then emit their plain mean (FIFO order)."""
+
+    def init(params):
+        return {"buffer": []}
+
+    def update(grads, state, info):
+        buf = [*state["buffer"], grads]
+        if len(buf) < k:
+            return None, {"buffer": buf}
+        return weighted_mean(buf, [1.0] * len(buf)), {"buffer": []}
 
     return Transform(init, update)
 
@@ -71,27 +114,33 @@ def trace(momentum: float, nesterov: bool = False) -> Transform:
     """
 
     def init(params):
-        return {"m": _map(_zeros, params)}
+        return {"m": tree_map(_zeros, params)}
 
-    def update(grads, state):
-        m = _map(lambda m, g: momentum * m + g, state["m"], grads)
-        step = _map(lambda m, g: momentum * m + g, m, grads) if nesterov else m
+    def update(grads, state, info):
+        m = tree_map(lambda m, g: momentum * m + g, state["m"], grads)
+        step = tree_map(lambda m, g: momentum * m + g, m, grads) if nesterov else m
         return step, {"m": m}
 
     return Transform(init, update)
 
 
 def chain(*transforms: Transform) -> Transform:
-    """Apply ``transforms`` left to right; the state is a tuple of their states."""
+    """Apply ``transforms`` left to right; the state is a tuple of their states.
+
+    A transform that returns step None stops the chain: the result is
+    (None, state) with the states of the transforms that ran updated and the
+    rest as they were.
+    """
 
     def init(params):
         return tuple(t.init(params) for t in transforms)
 
-    def update(grads, state):
-        new_state = []
-        for t, s in zip(transforms, state):
-            grads, s = t.update(grads, s)
-            new_state.append(s)
+    def update(grads, state, info):
+        new_state = list(state)
+        for i, t in enumerate(transforms):
+            grads, new_state[i] = t.update(grads, state[i], info)
+            if grads is None:
+                break
         return grads, tuple(new_state)
 
     return Transform(init, update)
@@ -106,7 +155,18 @@ def sgd(lr: float, momentum: float = 0.0, nesterov: bool = False) -> Transform:
 
 def descend(params, step) -> "OrderedDict[str, torch.Tensor]":
     """θ ← θ − step (the outer gradient points uphill, see fedlm.params)."""
-    return _map(lambda p, s: p - s, params, step)
+    return tree_map(lambda p, s: p - s, params, step)
+
+
+def find(state, key: str) -> Iterator[Any]:
+    """Every value stored under ``key`` in a (chained) state, left to right:
+    ``sum(find(state, "dropped"))`` counts the updates a chain dropped."""
+    if isinstance(state, dict):
+        if key in state:
+            yield state[key]
+    elif isinstance(state, tuple):
+        for s in state:
+            yield from find(s, key)
 
 
 def delayed_nesterov(momentum: float, buffer_size: int, c: float = 0.0) -> Transform:
@@ -129,19 +189,20 @@ def delayed_nesterov(momentum: float, buffer_size: int, c: float = 0.0) -> Trans
     n = buffer_size
 
     def init(params):
-        return {"m": _map(_zeros, params), "delta": _map(_zeros, params),
+        return {"m": tree_map(_zeros, params), "delta": tree_map(_zeros, params),
                 "t": 0}
 
-    def update(grads, state):
-        delta = _map(lambda d, g: d + g, state["delta"], grads)
+    def update(grads, state, info):
+        delta = tree_map(lambda d, g: d + g, state["delta"], grads)
         m = state["m"]
         if (state["t"] + 1) % n == 0:
-            m = _map(lambda m, d: momentum * m + d / n, m, delta)
+            m = tree_map(lambda m, d: momentum * m + d / n, m, delta)
             k = (1.0 - c * n + c) * momentum
-            step = _map(lambda m, g: k * m + g / n, m, grads)
-            delta = _map(_zeros, delta)
+            step = tree_map(lambda m, g: k * m + g / n, m, grads)
+            delta = tree_map(_zeros, delta)
         else:
-            step = _map(lambda m, g: c * momentum * m + g / n, m, grads)
+            step = tree_map(lambda m, g: c * momentum * m + g / n, m, grads)
         return step, {"m": m, "delta": delta, "t": state["t"] + 1}
 
     return Transform(init, update)
+

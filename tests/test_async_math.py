@@ -38,8 +38,8 @@ def test_dn_with_buffer_one_is_nesterov():
     g0 = tree(0)
     s1, s2 = dn.init(g0), nest.init(g0)
     for k in range(5):
-        a, s1 = dn.update(tree(k), s1)
-        b, s2 = nest.update(tree(k), s2)
+        a, s1 = dn.update(tree(k), s1, None)
+        b, s2 = nest.update(tree(k), s2, None)
         close(a, b)
 
 
@@ -57,7 +57,7 @@ def test_dn_c0_over_n_pushes_is_one_nesterov_step_on_the_mean(n):
         for g in grads:
             theta = dn.on_update(upd(g), theta)
         mean = OrderedDict((k, sum(g[k] for g in grads) / n) for k in theta0)
-        step, ref_state = ref.update(mean, ref_state)
+        step, ref_state = ref.update(mean, ref_state, None)
         ref_theta = T.descend(ref_theta, step)
         close(theta, ref_theta)
 
@@ -69,7 +69,7 @@ def test_dn_with_c_follows_algorithm_3():
     state = dn.init(g[0])
     steps = []
     for gi in g:
-        s, state = dn.update(gi, state)
+        s, state = dn.update(gi, state, None)
         steps.append(s)
     m = {k: torch.zeros_like(v) for k, v in g[0].items()}
     for k in g[0]:

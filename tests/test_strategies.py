@@ -40,8 +40,8 @@ def test_nesterov_transform_matches_the_papers_form():
     opt = T.sgd(lr, beta, nesterov=True)
     g1, g2 = params(1), params(2)
     state = opt.init(g1)
-    s1, state = opt.update(g1, state)
-    s2, state = opt.update(g2, state)
+    s1, state = opt.update(g1, state, None)
+    s2, state = opt.update(g2, state, None)
     m1 = g1["w"]
     m2 = beta * m1 + g2["w"]
     torch.testing.assert_close(s1["w"], lr * (beta * m1 + g1["w"]))

@@ -1,46 +1,36 @@
-"""FedAsync as a fedlm plug-in strategy (Xie et al. 2019, arXiv 1903.03934).
+"""FedAsync as a fedlm plug-in strategy, built as a chain (Xie et al. 2019,
+arXiv 1903.03934): each arriving outer gradient g is applied at once, weighted
+by the "hinge" staleness function, and one staler than ``max_staleness`` is dropped:
 
-    x ← (1 − α_s)·x + α_s·x_new,   α_s = α·(1 + s)^−a,   x_new = θ_base − g
+    θ ← θ − α·w(s)·g,   w(s) = 1 if s <= b else 1 / (a·(s − b) + 1)
 """
 
-from collections import OrderedDict
+from fedlm.strategies import transforms as T
+from fedlm.strategies.async_base import AsyncStrategy
 
-from fedlm.strategies.base import Strategy
 
-
-class FedAsync(Strategy):
-    """FedAsync: mix each worker's model into the global one, staleness-weighted."""
+class FedAsync(AsyncStrategy):
+    """FedAsync: apply each arriving outer gradient at once, hinge-weighted by staleness."""
 
     name = "fedasync"
 
-    def __init__(self, *, alpha: float = 0.6, a: float = 0.5, keep: int = 64) -> None:
+    def __init__(self, *, alpha: float = 0.6, a: float = 10.0, b: int = 4,
+                 max_staleness: int = 64) -> None:
         if not 0 < alpha <= 1:
             raise ValueError(f"outer.alpha: must be in (0, 1], got {alpha!r}")
-        self.alpha, self.a, self.keep = alpha, a, keep
-        self.versions: dict = {}  # version -> model a worker may have started from
-        self.version = 0
+        super().__init__(lr=alpha)
+        self.alpha, self.a, self.b, self.max_staleness = alpha, a, b, max_staleness
 
-    def start(self, params, *, num_workers: int) -> None:
-        self.versions = {0: params}
+    def staleness_weight(self, staleness: int) -> float | None:
+        if staleness > self.max_staleness:
+            return None  # too stale: dropped (counted in self.dropped)
+        return 1.0 if staleness <= self.b else 1.0 / (self.a * (staleness - self.b) + 1.0)
 
-    def wants_job(self, worker: int, *, version: int) -> bool:
-        return True  # asynchronous: a free worker always gets a job
-
-    def on_update(self, update, params):
-        base = self.versions.get(update.base_version, params)
-        alpha = self.alpha * (1 + update.staleness) ** -self.a
-        new = OrderedDict((k, (1 - alpha) * params[k] + alpha * (base[k] - update.outer_grad[k]))
-                          for k in params)
-        self.version += 1
-        self.versions[self.version] = new
-        self.versions.pop(self.version - self.keep, None)  # bounded memory
-        return new
-
-    def state_dict(self) -> dict:
-        return {"versions": dict(self.versions), "version": self.version}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.versions, self.version = dict(state["versions"]), state["version"]
+    def chain_for(self, num_workers: int) -> T.Transform:
+        # Mixing rate α per arrival, not the async default α/N.
+        return T.chain(T.weight_by_staleness(self.staleness_weight, divide_by=1),
+                       T.scale(self.alpha))
 
     def summary(self) -> str:
-        return f"fedasync: alpha {self.alpha}, weight (1+s)^-{self.a}"
+        return (f"fedasync: async, alpha {self.alpha}, hinge a {self.a} b {self.b}, "
+                f"drop s > {self.max_staleness}")
