@@ -29,7 +29,6 @@ import signal
 import sqlite3
 import sys
 import threading
-import tomllib
 from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
@@ -460,11 +459,8 @@ def cmd_strategies(args: argparse.Namespace) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from fedlm import sweep
 
-    try:
-        sweep.check_jobs(args.jobs, args.backend)  # before the spec is read or a run starts
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    spec = _sweep_spec(args.spec, args.quick)
+    sweep.check_jobs(args.jobs, args.backend)  # before the spec is read or a run starts
+    spec = sweep.load_spec(args.spec, args.quick)
     if args.db:
         spec["db"] = args.db
     if args.out:
@@ -479,14 +475,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return 130
     cells, failures = result.cells, result.failures
     if cells:
-        out = Path(spec["out"])
-        out.parent.mkdir(parents=True, exist_ok=True)
-        pngs = sweep.plot(spec, cells, out.with_suffix(""))
-        text = sweep.report(spec, cells, failures)
-        text += "\n## Plots\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in pngs) + "\n"
-        out.write_text(text)
+        text, written = sweep.write_report(spec, result)
         print(text)
-        print(f"wrote {out}, {', '.join(str(p) for p in pngs)}")
+        print(f"wrote {', '.join(str(p) for p in written)}")
     for f in failures:
         print(f"fedlm: error: sweep cell {f.arm} @ {f.profile} failed: {_one_line(f.reason)}",
               file=sys.stderr)
@@ -614,67 +605,6 @@ def _serve(cmd: list[str], grace: float = 10.0) -> int:
 def _refuse(message: object) -> int:
     print(f"fedlm: error: {_one_line(message)}", file=sys.stderr)
     return 2
-
-
-def _sweep_spec(path: str, quick: bool) -> dict:
-    """``sweep.load_spec``, after checking the spec's shape, then every run's config:
-    a bad spec fails in one line before the first run starts."""
-    from fedlm import config_load, sweep
-
-    where = f"sweep spec {path}"
-    p = Path(path)
-    if p.is_dir():
-        raise ConfigError(f"sweep spec: {path!r} is a directory, not a TOML file")
-    if not p.is_file():
-        raise ConfigError(f"sweep spec: no such file {path!r}")
-    try:
-        raw = tomllib.loads(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"{where}: cannot read it ({exc.strerror})") from None
-    except (ValueError, RecursionError) as exc:  # TOML, UTF-8, nesting, huge ints
-        raise ConfigError(f"{where}: not a TOML file ({_one_line(exc) or 'too deep'})") from None
-
-    def need(ok: bool, what: str) -> None:
-        if not ok:
-            raise ConfigError(f"{where}: {what}")
-
-    def strings(value: object) -> bool:
-        return isinstance(value, list) and all(isinstance(v, str) for v in value)
-
-    quick_part = raw.get("quick", {})
-    need(isinstance(quick_part, dict), "quick: must be a [quick] table")
-    for part, prefix in ((raw, ""), (quick_part, "quick.")):
-        for key in ("db", "out"):
-            need(isinstance(part.get(key, ""), str), f"{prefix}{key}: must be a string")
-            if key in part:
-                need(part[key].strip() != "", f"{prefix}{key}: must be a path, got {part[key]!r}")
-        need(strings(part.get("base", [])), f"{prefix}base: must be a list of key=value strings")
-        need(strings(part.get("profiles", [])), f"{prefix}profiles: must be a list of names")
-    arms = raw.get("arm", [])
-    need(isinstance(arms, list) and all(isinstance(a, dict) for a in arms),
-         "arm: must be [[arm]] tables")
-    for k, arm in enumerate(arms):
-        need(isinstance(arm.get("label"), str) and arm["label"] != "",
-             f"arm[{k}].label: must be a non-empty string")
-        need(strings(arm.get("set")), f"arm[{k}].set: must be a list of key=value strings")
-        need(isinstance(arm.get("reference", False), bool), f"arm[{k}].reference: must be "
-             f"true or false")
-        need(strings(arm.get("profiles", [])), f"arm[{k}].profiles: must be a list of names")
-        need(isinstance(arm.get("against", ""), str), f"arm[{k}].against: must be an arm's label")
-    need(strings(quick_part.get("arms", [])), "quick.arms: must be a list of arm labels")
-    labels = [a["label"] for a in arms]
-    need(len(set(labels)) == len(labels), "arm: labels must be unique")
-    try:
-        spec = sweep.load_spec(p, quick)
-    except ValueError as exc:  # its own one-line messages (a missing key, no reference)
-        raise ConfigError(_one_line(exc)) from None
-    need(bool(spec["profiles"]), "profiles: must name at least one profile")
-    for _, profile, arm in sweep.cells_of(spec):
-        try:
-            config_load.load(None, [*spec.get("base", []), f"profile={profile}", *arm["set"]])
-        except ConfigError as exc:
-            raise ConfigError(f"{where}: arm {arm['label']!r} @ {profile}: {exc}") from None
-    return spec
 
 
 COMMANDS = {"run": cmd_run, "dashboard": cmd_dashboard, "sweep": cmd_sweep, "deploy": cmd_deploy, "runs": cmd_runs, "show": cmd_show, "export": cmd_export,
