@@ -3,28 +3,56 @@
 ``server_app.run_on_grid`` calls it with Flower's Grid behind the transport;
 ``fedlm run --backend inprocess`` with the in-process trainer (one process, no
 Ray: for debugging, sweeps and machines without spare cores). ``resume``
-continues a run whose process died, from its newest intact checkpoint.
+continues a run whose process died, from its newest intact checkpoint
+(``resumable`` says first whether it can). ``prepare_data`` readies the data
+before a run is stored, whichever transport runs it.
 """
 
 from __future__ import annotations
 
 import shutil
 import uuid
+from pathlib import Path
 from typing import Callable
 
-from fedlm import checkpoint as ckpt_lib, fleet as fleet_lib, start as start_lib
+from fedlm import (checkpoint as ckpt_lib, config_load, fleet as fleet_lib, start as start_lib,
+                   store)
 from fedlm.config import Config
 from fedlm.engine import Engine, Interrupted, Progress, Transport
 from fedlm.evaluate import Evaluator
 from fedlm.inprocess import InProcessTransport
 from fedlm.params import params_hash
 from fedlm.store import RunWriter, StoreError
-from fedlm.worker import shard_sizes
+from fedlm.worker import data_shards, shard_sizes
 from fedlm.worker_state import disk_folder
 from fedlm.strategies import registry
 
 # connect(run_key) -> (transport, worker -> node id)
 Connect = Callable[[str], tuple[Transport, dict[int, str]]]
+
+
+def resumable(db_path: str, run_id: int) -> Config:
+    """The config of run ``run_id`` in ``db_path``, if it is a run that can be resumed
+    (``StoreError`` naming --resume if not): checked before anything loads, and again
+    when the run is taken over (``RunWriter.reopen``)."""
+    if not Path(db_path).exists():
+        raise StoreError(f"db: no run database at {db_path}")
+    row = store.run_row(db_path, run_id)
+    if row is None:
+        raise StoreError(f"--resume: no run {run_id} in {db_path}")
+    if row["status"] == "finished":
+        raise StoreError(f"--resume: run {run_id} in {db_path} has already finished")
+    if store.shown_status(row) == "running":
+        raise StoreError(f"--resume: run {run_id} in {db_path} is still running (pid "
+                         f"{row['owner_pid']} on {row['owner_host']}); two writers would "
+                         f"break its log")
+    return config_load.from_json(row["config_json"])
+
+
+def prepare_data(cfg: Config) -> None:
+    """Tokenize the corpus once, here, not in every Ray actor at once; and cut the
+    shards, so that bad data (e.g. too few documents) fails before the run is stored."""
+    data_shards(cfg.data, cfg.shard_count(), cfg.seed)
 
 
 def execute(cfg: Config, db_path: str, connect: Connect,

@@ -9,6 +9,8 @@ holds overrides for ``--quick`` (``base`` added to the shared ones,
 ``profiles`` replacing them). ``[paper]`` maps arm labels to the paper's final
 perplexities per profile, shown beside ours. Finished runs are reused by name,
 so an interrupted sweep resumes where it stopped (``--rerun`` to start over).
+``load_spec`` reads the spec once and checks it whole (its shape, then every
+run's config), so that a bad spec is refused in one line before the first run.
 With the in-process backend ``--jobs N`` trains N runs at once into the one
 run store; the results are the same as one at a time (virtual clock, one seed
 per run), only sooner. A cell that fails is reported with its reason and the
@@ -34,7 +36,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fedlm import store
+from fedlm import config_load, store
+from fedlm.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -86,37 +89,99 @@ def reference_of(spec: dict, arm: dict) -> str:
 
 
 def load_spec(path: str | Path, quick: bool) -> dict:
-    spec = tomllib.loads(Path(path).read_text())
+    """The sweep spec at ``path``, its ``[quick]`` version if ``quick``, checked: its
+    shape, then every run's config, so that a bad spec fails in one line
+    (``ConfigError``, naming the spec and the field) before the first run starts."""
+    where = f"sweep spec {path}"
+    spec = _read_toml(path, where)
+    _check_shape(spec, where)
     for key in ("db", "out", "arm", "profiles"):
         if key not in spec:
-            raise ValueError(f"sweep spec {path}: missing {key!r}")
+            raise ConfigError(f"{where}: missing {key!r}")
     if sum(bool(a.get("reference")) for a in spec["arm"]) != 1:
-        raise ValueError(f"sweep spec {path}: exactly one [[arm]] needs reference = true")
+        raise ConfigError(f"{where}: exactly one [[arm]] needs reference = true")
     labels = [a["label"] for a in spec["arm"]]
     for arm in spec["arm"]:
         if arm.get("against", arm["label"]) not in labels:
-            raise ValueError(f"sweep spec {path}: arm {arm['label']!r}: against names no arm "
-                             f"({arm['against']!r})")
+            raise ConfigError(f"{where}: arm {arm['label']!r}: against names no arm "
+                              f"({arm['against']!r})")
     if quick:
         q = spec.get("quick", {})
         if "arms" in q:  # --quick runs only these arms
             unknown = sorted(set(q["arms"]) - set(labels))
             if unknown:
-                raise ValueError(f"sweep spec {path}: quick.arms: no arm {unknown[0]!r}")
+                raise ConfigError(f"{where}: quick.arms: no arm {unknown[0]!r}")
             spec["arm"] = [a for a in spec["arm"] if a["label"] in q["arms"]]
         spec["base"] = [*spec.get("base", []), *q.get("base", [])]
         spec["profiles"] = q.get("profiles", spec["profiles"])
         spec["db"] = q.get("db", spec["db"])
         spec["out"] = q.get("out", spec["out"])
+    if not spec["profiles"]:
+        raise ConfigError(f"{where}: profiles: must name at least one profile")
+    for _, profile, arm in cells_of(spec):  # every run's config, as `fedlm run` loads it
+        try:
+            config_load.load(None, [*spec.get("base", []), f"profile={profile}", *arm["set"]])
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: arm {arm['label']!r} @ {profile}: {exc}") from None
     return spec
 
 
+def _read_toml(path: str | Path, where: str) -> dict:
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"sweep spec: {str(path)!r} is a directory, not a TOML file")
+    if not p.is_file():
+        raise ConfigError(f"sweep spec: no such file {str(path)!r}")
+    try:
+        return tomllib.loads(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read it ({exc.strerror})") from None
+    except (ValueError, RecursionError) as exc:  # TOML, UTF-8, nesting, huge ints
+        text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        raise ConfigError(f"{where}: not a TOML file ({text or 'too deep'})") from None
+
+
+def _check_shape(raw: dict, where: str) -> None:
+    """The types of what ``load_spec`` reads (tables, strings, lists of strings), so
+    that a wrong one is named rather than failing as a KeyError or TypeError later."""
+    def need(ok: bool, what: str) -> None:
+        if not ok:
+            raise ConfigError(f"{where}: {what}")
+
+    def strings(value: object) -> bool:
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+    quick_part = raw.get("quick", {})
+    need(isinstance(quick_part, dict), "quick: must be a [quick] table")
+    for part, prefix in ((raw, ""), (quick_part, "quick.")):
+        for key in ("db", "out"):
+            need(isinstance(part.get(key, ""), str), f"{prefix}{key}: must be a string")
+            if key in part:
+                need(part[key].strip() != "", f"{prefix}{key}: must be a path, got {part[key]!r}")
+        need(strings(part.get("base", [])), f"{prefix}base: must be a list of key=value strings")
+        need(strings(part.get("profiles", [])), f"{prefix}profiles: must be a list of names")
+    arms = raw.get("arm", [])
+    need(isinstance(arms, list) and all(isinstance(a, dict) for a in arms),
+         "arm: must be [[arm]] tables")
+    for k, arm in enumerate(arms):
+        need(isinstance(arm.get("label"), str) and arm["label"] != "",
+             f"arm[{k}].label: must be a non-empty string")
+        need(strings(arm.get("set")), f"arm[{k}].set: must be a list of key=value strings")
+        need(isinstance(arm.get("reference", False), bool), f"arm[{k}].reference: must be "
+             f"true or false")
+        need(strings(arm.get("profiles", [])), f"arm[{k}].profiles: must be a list of names")
+        need(isinstance(arm.get("against", ""), str), f"arm[{k}].against: must be an arm's label")
+    need(strings(quick_part.get("arms", [])), "quick.arms: must be a list of arm labels")
+    labels = [a["label"] for a in arms]
+    need(len(set(labels)) == len(labels), "arm: labels must be unique")
+
+
 def check_jobs(jobs: int, backend: str) -> None:
-    """Refuse a ``jobs`` count that ``run_sweep`` cannot honour (ValueError)."""
+    """Refuse a ``jobs`` count that ``run_sweep`` cannot honour (``ConfigError``)."""
     if jobs < 1:
-        raise ValueError("--jobs: at least 1")
+        raise ConfigError("--jobs: at least 1")
     if jobs > 1 and backend != "inprocess":
-        raise ValueError("--jobs: more than 1 needs --backend inprocess (each Flower "
+        raise ConfigError("--jobs: more than 1 needs --backend inprocess (each Flower "
                          "simulation starts a Ray instance of its own)")
 
 
@@ -301,6 +366,18 @@ def plot(spec: dict, cells: list[Cell], out_prefix: Path) -> list[Path]:
         plt.close(fig)
         written.append(path)
     return written
+
+
+def write_report(spec: dict, result: SweepResult) -> tuple[str, list[Path]]:
+    """Write the report of ``result``'s cells to the spec's ``out`` (markdown), its
+    plots beside it (PNG). Returns the report's text and the files written."""
+    out = Path(spec["out"])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pngs = plot(spec, result.cells, out.with_suffix(""))
+    text = report(spec, result.cells, result.failures)
+    text += "\n## Plots\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in pngs) + "\n"
+    out.write_text(text)
+    return text, [out, *pngs]
 
 
 def report(spec: dict, cells: list[Cell], failures: list[Failure] = ()) -> str:

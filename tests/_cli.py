@@ -25,15 +25,15 @@ def no_work_fixture(monkeypatch, tmp_path):
     The working directory is empty, so default paths (runs/fedlm.db) do not exist."""
     import subprocess as subprocess_module
 
-    from fedlm import deploy, replay, sweep
+    from fedlm import deploy, interrupts, replay, simulation, sweep
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(cli, "_quiet_libraries", _started)
+    monkeypatch.setattr(simulation, "quiet_libraries", _started)  # run and replay: first step
     monkeypatch.setattr(deploy, "main_local", _started)
     monkeypatch.setattr(sweep, "run_sweep", _started)
     monkeypatch.setattr(replay, "replay", _started)
     monkeypatch.setattr(subprocess_module, "call", _started)
-    monkeypatch.setattr(cli, "_serve", _started)  # the dashboard's server
+    monkeypatch.setattr(interrupts, "serve", _started)  # the dashboard's server
     return tmp_path
 
 

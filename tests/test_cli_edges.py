@@ -285,8 +285,8 @@ _STUBBORN = ("import signal, subprocess, sys, time; signal.signal(signal.SIGTERM
 def test_a_server_deaf_to_sigterm_is_killed_even_when_stopped_twice():
     """The dashboard's server (and what it started) ignores SIGTERM: after the grace
     it is killed; a second SIGTERM meanwhile does not cut that short."""
-    code = (f"import sys; from fedlm import cli; "
-            f"sys.exit(cli._serve([sys.executable, '-c', {_STUBBORN!r}], grace=2.0))")
+    code = (f"import sys; from fedlm import interrupts; "
+            f"sys.exit(interrupts.serve([sys.executable, '-c', {_STUBBORN!r}], grace=2.0))")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                             cwd=ROOT, start_new_session=True)
     group = None

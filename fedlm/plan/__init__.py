@@ -23,7 +23,7 @@ bandwidth cycle (``fedlm.wire``). The parts, in the order they build on each oth
 
 Everything imported here is plain numpy and arithmetic: no torch, no
 simulation. Bandwidths are bytes per second, like ``fedlm.fleet`` (the CLI,
-``fedlm.cli_plan``, takes bits).
+``fedlm.cli.plan``, takes bits).
 """
 
 from fedlm.plan.crossovers import bandwidth_needed, crossover_params, crossovers

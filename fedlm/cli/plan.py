@@ -1,10 +1,10 @@
-"""``fedlm plan``: its arguments, the parsing of their text, and the command.
+"""``fedlm plan``: the parsing of its flags' text, and the command.
 
-The command line's side of the cost model (``fedlm.plan``): the flags, and the
-text they take turned into numbers — bandwidths in bits/s (``1e9``, ``10Gbit``)
-or bytes/s (``1.25GB/s``), parameter counts (``7B``), per-data-centre lists
-(``0.5,1,2``) — then a checked ``PlanInput``, refused in one line naming the
-flag. Imports nothing heavy until the command runs.
+The command line's side of the cost model (``fedlm.plan``): the text its flags
+take (declared in ``fedlm.cli.parser``) turned into numbers — bandwidths in
+bits/s (``1e9``, ``10Gbit``) or bytes/s (``1.25GB/s``), parameter counts
+(``7B``), per-data-centre lists (``0.5,1,2``) — then a checked ``PlanInput``,
+refused in one line naming the flag. Imports nothing heavy until the command runs.
 """
 
 from __future__ import annotations
@@ -21,50 +21,7 @@ if TYPE_CHECKING:
     from fedlm.plan import PlanInput
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags of ``fedlm plan``."""
-    p.add_argument("--params", default="1e9", help="model parameters: 1e9, 7B, 70B, 100T "
-                   "(default 1e9)")
-    p.add_argument("--workers", type=int, default=8, help="workers in all (default 8)")
-    p.add_argument("--data-centres", "--data-centers", dest="data_centres", type=int,
-                   default=None, help="data centres the workers are spread over, evenly "
-                   "(default: one per worker); per-DC values below cycle over them")
-    p.add_argument("--step-time", default="0.5", help="seconds per inner step, or a list per "
-                   "data centre: 0.5,1,2 (default 0.5)")
-    p.add_argument("--H", "--local-steps", dest="H", type=int, default=100,
-                   help="inner steps per job (default 100)")
-    p.add_argument("--bandwidth", default="1e9", help="each data centre's link to the server, "
-                   "both ways: bits/s (1e9), or 10Gbit, 1.25GB/s; a list per DC (default 1e9)")
-    p.add_argument("--down-bandwidth", default=None, help="server -> worker, if not --bandwidth")
-    p.add_argument("--up-bandwidth", default=None, help="worker -> server, if not --bandwidth")
-    p.add_argument("--latency", default="0.05", help="one-way seconds per transfer, or a list "
-                   "per DC (default 0.05)")
-    p.add_argument("--regions", default=None, help="per-DC links from fedlm's regions, cycled: "
-                   "local,us,eu,asia (replaces --bandwidth and --latency)")
-    p.add_argument("--server-bandwidth", default="0", help="the server's own link, shared by all "
-                   "transfers each way (0: unlimited, the default)")
-    p.add_argument("--server-down", default=None, help="server egress, if not --server-bandwidth")
-    p.add_argument("--server-up", default=None, help="server ingress, if not --server-bandwidth")
-    p.add_argument("--compression", default="fp32", help="uploads as fp32, bf16, fp16, int8 or "
-                   "int4 (default fp32)")
-    p.add_argument("--down-compression", default="fp32", help="the global model sent down as "
-                   "(default fp32, as the simulator does)")
-    p.add_argument("--block-size", type=int, default=256, help="values per int8/int4 scale "
-                   "(0: one per tensor; default 256)")
-    p.add_argument("--hierarchical", action="store_true", help="a data centre's workers train "
-                   "as one data-parallel pod; only the pod talks to the server")
-    p.add_argument("--intra-bandwidth", default="100Gbit", help="inside a data centre, for the "
-                   "pod's all-reduce (default 100Gbit)")
-    p.add_argument("--jitter", type=float, default=0.05, help="sigma of the lognormal "
-                   "compute-time jitter (default 0.05, as fleet.jitter)")
-    p.add_argument("--daily-amplitude", type=float, default=0.0, help="bandwidth dips by this "
-                   "fraction once a day (default 0: off)")
-    p.add_argument("--plot", default=None, metavar="OUT_DIR", help="also write the scaling "
-                   "plots (vs model size, vs data centres) as PNG files there")
-    p.add_argument("--json", action="store_true", help="print the predictions as JSON")
-
-
-def run(args: argparse.Namespace) -> int:
+def cmd_plan(args: argparse.Namespace) -> int:
     """Print the plan (a table, or JSON) and write its plots if asked."""
     import json
 

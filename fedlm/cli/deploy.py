@@ -1,0 +1,31 @@
+"""``fedlm deploy local``: the run on Flower's deployment engine (a SuperLink and
+SuperNodes on this machine, ``fedlm.deploy``), then its summary. SIGTERM and SIGHUP
+stop it as Ctrl-C does, so that every process it started is stopped too."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from fedlm import interrupts, store
+from fedlm.cli.runs import print_summary
+from fedlm.store import check_writable
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    from fedlm import config_load, deploy
+
+    overrides = list(args.overrides)
+    if args.workers is not None:
+        overrides.append(f"workers={args.workers}")
+    cfg = config_load.load(args.config, overrides)
+    db = args.db or cfg.db
+    check_writable(db)
+    with interrupts.interrupt_on_signals():  # LocalDeployment.stop runs on the way out
+        status = deploy.main_local(cfg, overrides, db, Path(args.home).resolve(), args.config)
+    if status != 0:
+        print(f"fedlm: error: flwr run exited with {status}; logs in {args.home}",
+              file=sys.stderr)
+        return 1
+    return print_summary(db, max(r["id"] for r in store.list_runs(db)))

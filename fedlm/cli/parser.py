@@ -1,0 +1,180 @@
+"""The ``fedlm`` command line's grammar: every command, flag, default and help text
+(argparse), and the checks argparse makes on a flag's text alone (a run id, a
+--db path, a count). Builds the parser; runs nothing.
+
+Usage errors are one line, ``fedlm: error: ... (see fedlm --help)``, exit status 2,
+like every other refusal of the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import NoReturn
+
+DESCRIPTION = "The ``fedlm`` command line."
+
+
+def one_line(message: object) -> str:
+    """``message`` as one line: a multi-line one (TOML, sqlite3) joined with spaces."""
+    text = str(message)
+    if text.splitlines() == [text]:
+        return text
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line too (exit status 2), like every other."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
+
+
+def _int_arg(low: int, high: int, expected: str):
+    """An argparse ``type``: an int in [low, high], else ``must be EXPECTED, got ...``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be {expected}, got {text!r}")
+        return value
+    return parse
+
+
+_run_id = _int_arg(1, 2**63 - 1, "a run id >= 1")
+_positive_int = _int_arg(1, 1024, "between 1 and 1024")
+
+
+def _db_path(text: str) -> str:
+    """An argparse ``type`` for --db: a path, never the empty string (which would
+    otherwise fall back to the default database without a word)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"must be a path, got {text!r}")
+    return text
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", nargs="?", help="TOML config file (default: the embedded default)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, e.g. --set strategy=fedavg --set inner.lr=1e-3")
+
+
+def _add_db_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--db", type=_db_path, default=None, help="run database (default: the "
+                   "config's db, runs/fedlm.db)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="fedlm", description=DESCRIPTION)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("run", help="run a simulation on Flower's simulation engine")
+    _add_config_args(p)
+    _add_db_arg(p)
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--backend", choices=("flower", "inprocess"), default="flower",
+                   help="flower: Flower's simulation engine (Ray actors, the default); "
+                        "inprocess: every job in this process, no Ray (debugging, sweeps)")
+    p.add_argument("--resume", type=_run_id, default=None, metavar="RUN_ID",
+                   help="continue run RUN_ID of --db from its newest intact checkpoint "
+                        "(with its own config: no CONFIG or --set)")
+
+    p = sub.add_parser("runs", help="list stored runs")
+    _add_db_arg(p)
+
+    p = sub.add_parser("show", help="summary of one run")
+    p.add_argument("run_id", type=_run_id)
+    _add_db_arg(p)
+
+    p = sub.add_parser("export", help="write a run's tables as CSV or Parquet")
+    p.add_argument("run_id", type=_run_id)
+    _add_db_arg(p)
+    p.add_argument("--format", choices=("csv", "parquet"), default="csv")
+    p.add_argument("--out", default="runs/export", help="output folder (default: runs/export)")
+
+    p = sub.add_parser("config", help="print the resolved config as TOML")
+    _add_config_args(p)
+
+    p = sub.add_parser("replay", help="re-execute a run from its operation log and compare "
+                       "the final weights' hash")
+    p.add_argument("run_id", type=_run_id)
+    _add_db_arg(p)
+
+    sub.add_parser("strategies", help="list the available strategies and local-steps policies")
+
+    p = sub.add_parser("sweep", help="run strategies x heterogeneity profiles and write a "
+                       "report with tables and plots")
+    p.add_argument("spec", help="sweep spec, e.g. experiments/configs/paper.toml")
+    p.add_argument("--quick", action="store_true", help="the spec's reduced [quick] version")
+    p.add_argument("--backend", choices=("flower", "inprocess"), default="flower")
+    p.add_argument("--rerun", action="store_true", help="ignore finished runs of the same name")
+    p.add_argument("--jobs", type=_positive_int, default=1, metavar="N",
+                   help="runs at once (in-process backend; results do not change; default 1)")
+    p.add_argument("--fail-fast", action="store_true", help="stop at the first failed run "
+                   "(default: report it and go on with the others)")
+    p.add_argument("--db", type=_db_path, default=None, help="override the spec's run database")
+    p.add_argument("--out", default=None, help="override the spec's report path")
+
+    p = sub.add_parser("deploy", help="run on Flower's deployment engine (SuperLink + "
+                       "SuperNodes) on this machine")
+    p.add_argument("where", choices=("local",), help="local: every process on 127.0.0.1")
+    p.add_argument("--workers", type=int, default=None, help="SuperNodes (default: config's)")
+    _add_config_args(p)
+    _add_db_arg(p)
+    p.add_argument("--home", default="runs/deploy", help="FLWR_HOME and logs (default: "
+                   "runs/deploy)")
+
+    p = sub.add_parser("plan", help="cost model: time per outer step, communication, "
+                       "utilisation and idle time of sync and async training (no run)")
+    _add_plan_args(p)
+
+    p = sub.add_parser("dashboard", help="serve the live dashboard (Streamlit)")
+    _add_db_arg(p)
+    p.add_argument("--port", type=int, default=8501)
+    p.add_argument("--host", default="127.0.0.1", help="address to serve on (default: loopback)")
+    return parser
+
+
+def _add_plan_args(p: argparse.ArgumentParser) -> None:
+    """The flags of ``fedlm plan``, as text: ``fedlm.cli.plan`` turns it into numbers
+    (units, lists per data centre) and names the flag when it cannot."""
+    p.add_argument("--params", default="1e9", help="model parameters: 1e9, 7B, 70B, 100T "
+                   "(default 1e9)")
+    p.add_argument("--workers", type=int, default=8, help="workers in all (default 8)")
+    p.add_argument("--data-centres", "--data-centers", dest="data_centres", type=int,
+                   default=None, help="data centres the workers are spread over, evenly "
+                   "(default: one per worker); per-DC values below cycle over them")
+    p.add_argument("--step-time", default="0.5", help="seconds per inner step, or a list per "
+                   "data centre: 0.5,1,2 (default 0.5)")
+    p.add_argument("--H", "--local-steps", dest="H", type=int, default=100,
+                   help="inner steps per job (default 100)")
+    p.add_argument("--bandwidth", default="1e9", help="each data centre's link to the server, "
+                   "both ways: bits/s (1e9), or 10Gbit, 1.25GB/s; a list per DC (default 1e9)")
+    p.add_argument("--down-bandwidth", default=None, help="server -> worker, if not --bandwidth")
+    p.add_argument("--up-bandwidth", default=None, help="worker -> server, if not --bandwidth")
+    p.add_argument("--latency", default="0.05", help="one-way seconds per transfer, or a list "
+                   "per DC (default 0.05)")
+    p.add_argument("--regions", default=None, help="per-DC links from fedlm's regions, cycled: "
+                   "local,us,eu,asia (replaces --bandwidth and --latency)")
+    p.add_argument("--server-bandwidth", default="0", help="the server's own link, shared by all "
+                   "transfers each way (0: unlimited, the default)")
+    p.add_argument("--server-down", default=None, help="server egress, if not --server-bandwidth")
+    p.add_argument("--server-up", default=None, help="server ingress, if not --server-bandwidth")
+    p.add_argument("--compression", default="fp32", help="uploads as fp32, bf16, fp16, int8 or "
+                   "int4 (default fp32)")
+    p.add_argument("--down-compression", default="fp32", help="the global model sent down as "
+                   "(default fp32, as the simulator does)")
+    p.add_argument("--block-size", type=int, default=256, help="values per int8/int4 scale "
+                   "(0: one per tensor; default 256)")
+    p.add_argument("--hierarchical", action="store_true", help="a data centre's workers train "
+                   "as one data-parallel pod; only the pod talks to the server")
+    p.add_argument("--intra-bandwidth", default="100Gbit", help="inside a data centre, for the "
+                   "pod's all-reduce (default 100Gbit)")
+    p.add_argument("--jitter", type=float, default=0.05, help="sigma of the lognormal "
+                   "compute-time jitter (default 0.05, as fleet.jitter)")
+    p.add_argument("--daily-amplitude", type=float, default=0.0, help="bandwidth dips by this "
+                   "fraction once a day (default 0: off)")
+    p.add_argument("--plot", default=None, metavar="OUT_DIR", help="also write the scaling "
+                   "plots (vs model size, vs data centres) as PNG files there")
+    p.add_argument("--json", action="store_true", help="print the predictions as JSON")

@@ -1,0 +1,124 @@
+"""``fedlm run`` (a new run, or ``--resume`` of a killed one) and ``fedlm replay``:
+the commands that train, with their progress bars and what they print at the end.
+
+The run itself is the library's: ``fedlm.runner`` (resume check, data, in-process
+backend), ``fedlm.simulation`` (Flower's simulation engine), ``fedlm.interrupts``
+(Ctrl-C and SIGTERM stop the engine, the run is kept).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import TYPE_CHECKING
+
+from fedlm import interrupts
+from fedlm.cli.runs import print_summary
+from fedlm.config import Config
+from fedlm.errors import ConfigError
+from fedlm.store import check_writable
+
+if TYPE_CHECKING:
+    from fedlm.engine import Progress
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from fedlm import config_load, simulation
+
+    if args.resume is not None:
+        if args.config or args.overrides:
+            raise ConfigError("--resume: a resumed run keeps its own config; drop CONFIG "
+                              "and --set")
+        from fedlm import runner  # torch: only once the flags are known to be good
+
+        db = args.db or Config().db
+        cfg = runner.resumable(db, args.resume)
+    else:
+        cfg = config_load.load(args.config, args.overrides)
+        db = args.db or cfg.db
+    by_steps = cfg.local_step_budget > 0
+    check_writable(db)
+    flower = args.backend != "inprocess"
+    simulation.quiet_libraries(flower)  # before the libraries below read the environment
+    from tqdm import tqdm
+
+    from fedlm import runner
+
+    stop = f"{cfg.updates} updates" + (f" or {cfg.local_step_budget} local steps"
+                                       if by_steps else "")
+    print(f"fedlm: {cfg.workers} workers, {cfg.fleet.preset} profile, {cfg.model} model, "
+          f"{cfg.strategy} ({cfg.local_steps} local steps, H={cfg.inner.steps}), "
+          f"{stop} -> {db}", flush=True)
+    runner.prepare_data(cfg)
+    started: dict[str, int] = {}
+    bar = None if args.quiet else tqdm(
+        total=cfg.local_step_budget if by_steps else cfg.updates,
+        unit="step" if by_steps else "update", dynamic_ncols=True, desc="training")
+
+    def on_progress(p: Progress) -> None:
+        if bar is None:
+            return
+        bar.n = min(p.local_steps, p.budget) if by_steps else p.version
+        ppl = f"{p.perplexity:.2f}" if p.perplexity is not None else "-"
+        bar.set_postfix_str(f"v{p.version}, virtual {p.virtual_time:.0f}s, jobs {p.jobs}, "
+                            f"ppl {ppl}",
+                            refresh=False)
+        bar.refresh()
+
+    def on_pretrain(done: int, total: int) -> None:
+        if bar is not None:  # init.pretrain_steps: shown on the same line before training
+            bar.set_description_str("training" if done >= total
+                                    else f"pretraining {done}/{total} steps")
+
+    def say_stopping() -> None:
+        print("\nfedlm: stopping (the run is kept, marked interrupted)...", file=sys.stderr,
+              flush=True)
+
+    # Ctrl-C / SIGTERM: ask the engine to stop; the run ends at its next step (with
+    # Flower, the ServerApp returns and Ray is shut down: no actor outlives the command)
+    with interrupts.stop_on_signals(say_stopping) as stopping:
+        train = simulation.run_flower if flower else runner.run_inprocess
+        try:
+            train(cfg, db, progress=on_progress, on_start=lambda rid: started.update(id=rid),
+                  should_stop=stopping.is_set, resume=args.resume,
+                  pretrain_progress=on_pretrain)
+        except Exception as exc:  # also re-raised from the ServerApp thread
+            if "id" not in started or os.environ.get("FEDLM_DEBUG"):
+                raise
+            from fedlm.engine import Interrupted
+
+            if not isinstance(exc, Interrupted):  # stopped on request: the summary says so
+                # the store has the reason too, unless writing it was what failed
+                if bar is not None:
+                    bar.close()
+                print(f"fedlm: error: run {started['id']} failed: "
+                      f"{runner.failure_reason(exc)}", file=sys.stderr)
+                return 1
+    if bar is not None:
+        bar.close()
+    if "id" not in started:
+        print("fedlm: error: the simulation ended before the run started", file=sys.stderr)
+        return 1
+    return print_summary(db, started["id"])
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from fedlm import simulation, store
+    from fedlm.replay import describe, replay
+
+    store.config_of(args.db or Config().db, args.run_id)  # bad db, unknown run: fail here
+    simulation.quiet_libraries()
+    bar = tqdm(unit="op", desc="replaying", dynamic_ncols=True)
+
+    def on_progress(done: int, total: int) -> None:
+        bar.total = total
+        bar.n = done
+        bar.refresh()
+
+    result = replay(args.db or Config().db, args.run_id, on_progress)
+    bar.close()
+    print(describe(result))
+    return 0 if result.identical else 1

@@ -1,0 +1,118 @@
+"""The commands that read the run store and print it: ``fedlm runs`` (the list),
+``show`` (one run's summary, also printed at the end of ``run`` and ``deploy``),
+``export`` (a run's tables as files), ``config`` (the resolved config as TOML) and
+``strategies`` (what ``strategy=`` takes).
+
+Every read goes through ``fedlm.store``'s functions; this module only lays out
+what they return.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from fedlm import store
+from fedlm.config import Config
+
+def print_summary(db: str, run_id: int) -> int:
+    """Print run ``run_id``'s summary, or why it did not finish (on stderr). Returns
+    the exit status that says so: 0 finished, 130 interrupted, 1 otherwise."""
+    s = store.summarize(db, run_id)
+    if s.status != "finished":
+        row = store.run_row(db, run_id)
+        why = row["error"] or "still running"
+        if s.status == "crashed":
+            why = (f"its writer (pid {row['owner_pid']} on {row['owner_host']}) is gone, last "
+                   f"seen {store.last_seen(row)}; `fedlm run --resume {run_id} --db {db}` "
+                   f"continues it")
+        print(f"fedlm: run {run_id} {s.status}: {why}", file=sys.stderr)
+        return 130 if s.status == "interrupted" else 1
+    first = f"{s.first_perplexity:.2f}" if s.first_perplexity else "-"
+    final = f"{s.final_perplexity:.2f}" if s.final_perplexity else "-"
+    print(f"\nrun {s.run_id} ({s.name}): {s.strategy}, {s.profile}, {s.model} model")
+    print(f"  validation perplexity {first} -> {final} (best {s.best_perplexity:.2f})")
+    clock = "virtual time" if s.mode == "virtual" else "wall-clock time"
+    print(f"  {s.updates} updates from {s.jobs} jobs, {s.local_steps:,} local steps, "
+          f"{s.tokens:,} tokens; {clock} {s.virtual_time:.1f} s, real time {s.wall_time:.1f} s")
+    print(f"  {'worker':>6} {'s/step':>7} {'region':>6} {'jobs':>5} {'compute':>9} "
+          f"{'comm':>8} {'idle':>9} {'idle %':>7}")
+    for w in s.workers:
+        print(f"  {w.worker:>6} {w.step_time:>7.2f} {w.region:>6} {w.jobs:>5} {w.compute:>9.1f} "
+              f"{w.communication:>8.2f} {w.idle:>9.1f} {100 * w.idle_fraction:>6.1f}%")
+    print(f"  straggler idle fraction (all workers): {100 * s.idle_fraction:.1f}%")
+    _print_troubles(store.troubles(db, run_id))
+    print(f"  stored in {db} (run {s.run_id}); `fedlm show {s.run_id} --db {db}`")
+    return 0
+
+
+def _print_troubles(t) -> None:
+    """Faults, lost jobs and retired workers (``store.troubles``), if there were any."""
+    if not t:
+        return
+
+    def by(counts: dict) -> str:
+        return ", ".join(f"{k} {n}" for k, n in counts.items())
+
+    print("  faults and failures:")
+    if t.faults:
+        print(f"    faults injected: {by(t.faults)}")
+    if t.lost:
+        print(f"    jobs lost: {sum(t.lost.values())} ({by(t.lost)})")
+    for worker, why in t.retired:
+        print(f"    worker {worker} retired: {why}")
+    if t.rounds_closed:
+        print(f"    sync rounds closed at their deadline without every reply: {t.rounds_closed}")
+    if t.ignored:
+        print(f"    replies ignored: {by(t.ignored)}")
+    if t.offline:
+        print("    offline periods: " + ", ".join(f"worker {w} {n}"
+                                                   for w, n in t.offline.items()))
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    db = args.db or Config().db
+    rows = store.list_runs(db)
+    if not rows:
+        print(f"no runs in {db}")
+        return 0
+    print(f"{'id':>4} {'status':>9} {'strategy':>16} {'profile':>11} {'model':>6} "
+          f"{'workers':>7} {'updates':>7} {'virtual s':>10} {'ppl':>8}  name")
+    for r in rows:
+        ppl = f"{r['last_perplexity']:.2f}" if r["last_perplexity"] else "-"
+        vt = f"{r['virtual_time']:.1f}" if r["virtual_time"] is not None else "-"
+        print(f"{r['id']:>4} {r['status']:>9} {r['strategy']:>16} {r['profile']:>11} "
+              f"{r['model']:>6} {r['workers']:>7} {r['updates'] or 0:>7} {vt:>10} {ppl:>8}  "
+              f"{r['name']}")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    return print_summary(args.db or Config().db, args.run_id)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    store.config_of(args.db or Config().db, args.run_id)  # bad db, unknown run: no --out made
+    for path in store.export(args.db or Config().db, args.run_id, args.out, args.format):
+        print(path)
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    import tomli_w
+
+    from fedlm import config_load
+
+    cfg = config_load.load(args.config, args.overrides)
+    print(tomli_w.dumps(cfg.to_dict()), end="")
+    return 0
+
+
+def cmd_strategies(args: argparse.Namespace) -> int:
+    from fedlm.strategies.registry import describe
+
+    for name, kind, line in describe():
+        print(f"{name:<18} {kind:<12} {line}")
+    print("\nplug in your own: --set strategy=package.module:Class, or an entry point in the "
+          "'fedlm.strategies' group (docs/strategies.md)")
+    return 0

@@ -1,0 +1,47 @@
+"""``fedlm sweep``: run a sweep spec's arms x profiles, then print its report and
+what failed. The spec is read and checked by ``fedlm.sweep.load_spec``, the runs
+and the report are ``fedlm.sweep``'s; this module applies --db and --out and
+chooses the exit status (1 if a cell failed, 130 if the sweep was stopped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from fedlm.cli.parser import one_line
+from fedlm.store import check_writable
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from fedlm import sweep
+
+    sweep.check_jobs(args.jobs, args.backend)  # before the spec is read or a run starts
+    spec = sweep.load_spec(args.spec, args.quick)
+    if args.db:
+        spec["db"] = args.db
+    if args.out:
+        spec["out"] = args.out
+    check_writable(spec["db"])  # one line now, not one failed cell after another
+    try:
+        result = sweep.run_sweep(spec, backend=args.backend, rerun=args.rerun, jobs=args.jobs,
+                                 fail_fast=args.fail_fast)
+    except (KeyboardInterrupt, sweep.SweepStopped):
+        print("fedlm: sweep stopped; its runs are kept (interrupted ones marked so)",
+              file=sys.stderr)
+        return 130
+    cells, failures = result.cells, result.failures
+    if cells:
+        text, written = sweep.write_report(spec, result)
+        print(text)
+        print(f"wrote {', '.join(str(p) for p in written)}")
+    for f in failures:
+        print(f"fedlm: error: sweep cell {f.arm} @ {f.profile} failed: {one_line(f.reason)}",
+              file=sys.stderr)
+    total = len(spec["profiles"]) * len(spec["arm"])
+    if failures or result.stopped:
+        print(f"fedlm: {len(cells)} of {total} cells finished, {len(failures)} failed"
+              + (" (stopped at the first failure: --fail-fast)" if result.stopped else ""),
+              file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,104 @@
+"""How a long command stops when it is told to (Ctrl-C, SIGTERM, SIGHUP): cleanly,
+once, with nothing it started left behind.
+
+Three ways, one per kind of work:
+
+- ``stop_on_signals``: a run asks its engine to stop (an ``Event``); the engine
+  ends at its next step, the run is kept and marked interrupted;
+- ``interrupt_on_signals``: SIGTERM and SIGHUP raise ``KeyboardInterrupt`` as
+  Ctrl-C does, so that the ``finally`` blocks on the way out (a deployment's
+  processes) run; a second signal while they run is ignored rather than cutting
+  them short;
+- ``serve``: a server in a child process runs until it ends or we are told to
+  stop; then it and everything it started are stopped (SIGTERM, SIGKILL after a
+  grace period).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextmanager
+def _handled(signals: tuple[int, ...], handler) -> Iterator[None]:
+    """``handler`` for ``signals`` inside the block; the previous handlers after it."""
+    previous = {s: signal.signal(s, handler) for s in signals}
+    try:
+        yield
+    finally:
+        for s, old in previous.items():
+            signal.signal(s, old)
+
+
+@contextmanager
+def stop_on_signals(on_first: Callable[[], None] = lambda: None) -> Iterator[threading.Event]:
+    """SIGINT and SIGTERM set the yielded ``Event`` (the engine's ``should_stop``)
+    instead of raising: the run then ends at its next step, its store consistent.
+    ``on_first`` is called on the first signal only (to say that it is stopping)."""
+    stop = threading.Event()
+
+    def on_signal(signum, frame) -> None:
+        if not stop.is_set():
+            on_first()
+        stop.set()
+
+    with _handled((signal.SIGINT, signal.SIGTERM), on_signal):
+        yield stop
+
+
+@contextmanager
+def interrupt_on_signals() -> Iterator[threading.Event]:
+    """SIGINT, SIGTERM and SIGHUP raise ``KeyboardInterrupt`` once; the yielded
+    ``Event`` says whether one came. Later signals are ignored until the block ends,
+    so that what the interrupt cleans up (bounded) is not cut short."""
+    received = threading.Event()
+
+    def on_signal(signum, frame) -> None:
+        if not received.is_set():
+            received.set()
+            raise KeyboardInterrupt
+
+    with _handled(_STOP_SIGNALS, on_signal):
+        yield received
+
+
+def serve(cmd: list[str], grace: float = 10.0) -> int:
+    """Run the server ``cmd`` until it ends or we are told to stop (Ctrl-C, SIGTERM,
+    SIGHUP); then stop it and everything it started (its own process group:
+    SIGTERM, SIGKILL after ``grace`` seconds), so nothing outlives the command.
+    Returns its exit status, or 0 when we stopped it."""
+    with interrupt_on_signals() as stopping:
+        proc = subprocess.Popen(cmd, start_new_session=True)  # a group of its own to end
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:
+            return 0
+        finally:
+            if proc.poll() is None or stopping.is_set():
+                _stop_group(proc, grace)
+
+
+def _stop_group(proc: subprocess.Popen, grace: float) -> None:
+    """SIGTERM to ``proc``'s process group, SIGKILL if it is not gone after ``grace``
+    seconds; then SIGKILL to whatever of its group is left once it has gone."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,78 @@
+"""``fedlm run`` on Flower's simulation engine: ``run_simulation`` in this process,
+the ServerApp driving the engine, the ClientApps as Ray actors.
+
+``run_simulation`` is marked deprecated in flwr 1.41; we use it on purpose: it
+runs in-process and leaves no daemon behind (see docs/architecture.md). What it
+needs around it lives here: the libraries quieted (``quiet_libraries``), Ray's
+resources (``backend_config``), and our SIGTERM handler kept (``run_flower``).
+
+Flower and Ray are imported only when a run uses them (importing Flower costs
+about a second), and after ``quiet_libraries`` has set the environment they read.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from fedlm import fleet
+from fedlm.config import Config
+
+
+def quiet_libraries(flower: bool = True) -> None:
+    """Quiet Ray, Flower and datasets; imports Flower only when the run uses it
+    (importing it costs about a second per in-process run)."""
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+    os.environ.setdefault("TQDM_DISABLE", "")  # leave tqdm on for our bar
+    # read by `datasets` when (and if) it is imported: no import needed here
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    # Ray's C++ crash handler takes SIGTERM too; after it has run, the process
+    # aborts on its way out instead of ending the run cleanly (see run_flower).
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
+    if flower:
+        import flwr.simulation  # noqa: F401  (configures flwr's logger; quiet it after)
+
+        # ERROR: hides run_simulation's deprecation notice (we use it on purpose: it
+        # runs in-process and leaves no daemon behind; see docs/architecture.md).
+        logging.getLogger("flwr").setLevel(logging.ERROR)
+
+
+def backend_config(cfg: Config) -> dict:
+    """Ray resources: ``actors`` ClientApp actors sharing ``cpus`` (fractions allowed).
+
+    By default one actor per core: a job trains on ``inner.threads`` (1) threads, so
+    more actors than cores only compete (measured on 2 cores: the default run took
+    150 s with 2 actors against 177 s with 4, the same weights)."""
+    from fedlm.model import resolve_device  # torch: only once a run is starting
+
+    cpus = cfg.sim.cpus or (os.cpu_count() or 1)
+    actors = cfg.sim.actors or min(fleet.node_count(cfg), cpus)
+    gpus = 1.0 / actors if resolve_device(cfg.device) == "cuda" else 0.0
+    return {"client_resources": {"num_cpus": cpus / actors, "num_gpus": gpus},
+            "init_args": {"num_cpus": cpus, "num_gpus": 1 if gpus else 0,
+                          "logging_level": "ERROR", "log_to_driver": True,
+                          "include_dashboard": False}}
+
+
+def run_flower(cfg: Config, db_path: str, **kwargs) -> None:
+    """Run ``cfg`` into the store at ``db_path`` on Flower's simulation engine.
+
+    ``kwargs`` are ``fedlm.server_app.make_server_app``'s (``progress``, ``on_start``,
+    ``should_stop``, ``resume``, ``pretrain_progress``). An error of the run is
+    re-raised here from the ServerApp's thread; when ``should_stop`` turns true the
+    ServerApp returns and ``run_simulation`` shuts Ray down, so no actor outlives
+    the call."""
+    import ray._private.utils
+    from flwr.simulation import run_simulation
+
+    # ray.init (in run_simulation) replaces the SIGTERM handler with one that
+    # exits at once, leaving the run marked "running". Keep ours: it stops
+    # the engine, and run_simulation then shuts Ray down as on a normal end.
+    ray._private.utils.set_sigterm_handler = lambda handler: None
+
+    from fedlm.client_app import app as client_app
+    from fedlm.server_app import make_server_app
+
+    run_simulation(server_app=make_server_app(cfg, db_path, **kwargs), client_app=client_app,
+                   num_supernodes=fleet.node_count(cfg), backend_config=backend_config(cfg))
