@@ -106,8 +106,10 @@ def _repr(value: Any, limit: int = 200) -> str:
 
 
 def _show(name: str) -> str:
-    """A key or path for a message: quoted when empty or holding unprintable characters."""
-    return name if name and name.isprintable() else repr(name)
+    """A key or path for a message: quoted when empty, blank at either end or holding
+    unprintable characters (so a message never starts or ends with white space)."""
+    plain = name and name.isprintable() and name == name.strip()
+    return name if plain else repr(name)
 
 
 # TOML spelling -> attribute name (``SPELLING`` the other way).

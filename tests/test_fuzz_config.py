@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from fedlm import cli, config_load, fleet, presets
 from fedlm.config import Config
 from fedlm.errors import ConfigError
-from strategies import registry
+from fedlm.strategies import registry
 from tests._cli import assert_refused, no_work_fixture, run_cli  # noqa: F401 (a fixture)
 
 # Derandomized: the suite (and CI) tries the same examples every time; set
@@ -192,8 +192,9 @@ def _prefixes(key: str) -> set[str]:
 def names_a_key(message: str, keys) -> bool:
     """The message starts with one of ``keys`` (or a section above it, or an item in it)."""
     unquoted = message[1:] if message[:1] in "'\"" else message  # repr() picks either quote
-    for key in keys:
-        key = config_load.ALIASES.get(key, key)
+    # --set aliases (profile -> fleet.preset) apply to --set only: a table key is
+    # named as written
+    for key in {k for given in keys for k in (given, config_load.ALIASES.get(given, given))}:
         forms = _prefixes(key) | set(key.split("."))
         for p in forms | {repr(f) for f in forms}:
             if any(m.startswith((p + ":", p + "[", p + ".")) for m in (message, unquoted)):
