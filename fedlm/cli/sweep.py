@@ -1,7 +1,7 @@
 """``fedlm sweep``: run a sweep spec's arms x profiles, then print its report and
 what failed. The spec is read and checked by ``fedlm.sweep.load_spec``, the runs
-and the report are ``fedlm.sweep``'s; this module applies --db and --out and
-chooses the exit status (1 if a cell failed, 130 if the sweep was stopped).
+are ``fedlm.sweep``'s, the report ``fedlm.sweep_report``'s; this module applies --db
+and --out and chooses the exit status (1 if a cell failed, 130 if the sweep was stopped).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from fedlm.store import check_writable
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from fedlm import sweep
+    from fedlm import sweep, sweep_report
 
     sweep.check_jobs(args.jobs, args.backend)  # before the spec is read or a run starts
     spec = sweep.load_spec(args.spec, args.quick)
@@ -32,7 +32,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return 130
     cells, failures = result.cells, result.failures
     if cells:
-        text, written = sweep.write_report(spec, result)
+        text, written = sweep_report.write_report(spec, result)
         print(text)
         print(f"wrote {', '.join(str(p) for p in written)}")
     for f in failures:
