@@ -43,7 +43,10 @@ def plot(spec: dict, cells: list[Cell], out_prefix: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     profiles = spec["profiles"]
-    arms = [a["label"] for a in spec["arm"]]
+    # The main arms only: ablation arms (their own profiles, or another reference) would
+    # crowd the plot past what a legend can tell apart; they are in the tables.
+    main = [a for a in spec["arm"] if "against" not in a and "profiles" not in a]
+    arms = [a["label"] for a in (main or spec["arm"])]
     written = []
     for xname, xi, xlabel in [("time", 0, "virtual time (s)"), ("updates", 1, "updates applied")]:
         fig, axes = plt.subplots(1, len(profiles), figsize=(4.2 * len(profiles), 3.8),
