@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import shutil
 import uuid
-from pathlib import Path
 from typing import Callable
 
-from fedlm import (checkpoint as ckpt_lib, config_load, fleet as fleet_lib, start as start_lib,
-                   store)
+from fedlm import checkpoint as ckpt_lib, fleet as fleet_lib, start as start_lib
 from fedlm.config import Config
 from fedlm.engine import Engine, Interrupted, Progress, Transport
 from fedlm.evaluate import Evaluator
@@ -29,24 +27,6 @@ from fedlm.strategies import registry
 
 # connect(run_key) -> (transport, worker -> node id)
 Connect = Callable[[str], tuple[Transport, dict[int, str]]]
-
-
-def resumable(db_path: str, run_id: int) -> Config:
-    """The config of run ``run_id`` in ``db_path``, if it is a run that can be resumed
-    (``StoreError`` naming --resume if not): checked before anything loads, and again
-    when the run is taken over (``RunWriter.reopen``)."""
-    if not Path(db_path).exists():
-        raise StoreError(f"db: no run database at {db_path}")
-    row = store.run_row(db_path, run_id)
-    if row is None:
-        raise StoreError(f"--resume: no run {run_id} in {db_path}")
-    if row["status"] == "finished":
-        raise StoreError(f"--resume: run {run_id} in {db_path} has already finished")
-    if store.shown_status(row) == "running":
-        raise StoreError(f"--resume: run {run_id} in {db_path} is still running (pid "
-                         f"{row['owner_pid']} on {row['owner_host']}); two writers would "
-                         f"break its log")
-    return config_load.from_json(row["config_json"])
 
 
 def prepare_data(cfg: Config) -> None:

@@ -17,7 +17,7 @@ from fedlm import interrupts
 from fedlm.cli.runs import print_summary
 from fedlm.config import Config
 from fedlm.errors import ConfigError
-from fedlm.store import check_writable
+from fedlm.store import check_writable, resumable_row
 
 if TYPE_CHECKING:
     from fedlm.engine import Progress
@@ -30,10 +30,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.config or args.overrides:
             raise ConfigError("--resume: a resumed run keeps its own config; drop CONFIG "
                               "and --set")
-        from fedlm import runner  # torch: only once the flags are known to be good
-
         db = args.db or Config().db
-        cfg = runner.resumable(db, args.resume)
+        cfg = config_load.from_json(resumable_row(db, args.resume)["config_json"])
     else:
         cfg = config_load.load(args.config, args.overrides)
         db = args.db or cfg.db

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from fedlm import ownership
-from fedlm.store.connection import connect_readonly
+from fedlm.store.connection import StoreError, connect_readonly
 
 
 @dataclass(frozen=True)
@@ -179,6 +179,24 @@ def run_row(path: str | Path, run_id: int) -> sqlite3.Row | None:
     """Run ``run_id``'s row of ``runs`` (every column, as stored), or None."""
     with closing(connect_readonly(path)) as conn:
         return conn.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
+
+
+def resumable_row(path: str | Path, run_id: int) -> sqlite3.Row:
+    """Run ``run_id``'s row if it is a run that can be resumed (``StoreError`` naming
+    --resume if not): checked before anything loads, and again when the run is taken
+    over (``RunWriter.reopen``)."""
+    if not Path(path).exists():
+        raise StoreError(f"db: no run database at {path}")
+    row = run_row(path, run_id)
+    if row is None:
+        raise StoreError(f"--resume: no run {run_id} in {path}")
+    if row["status"] == "finished":
+        raise StoreError(f"--resume: run {run_id} in {path} has already finished")
+    if shown_status(row) == "running":
+        raise StoreError(f"--resume: run {run_id} in {path} is still running (pid "
+                         f"{row['owner_pid']} on {row['owner_host']}); two writers would "
+                         f"break its log")
+    return row
 
 
 class OperationLog(NamedTuple):
