@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 
@@ -15,6 +16,16 @@ def _cache_dir(tmp_path_factory):
     # Tests share one tokenized-corpus cache, kept out of the user's ~/.cache.
     os.environ.setdefault("FEDLM_CACHE", str(tmp_path_factory.mktemp("fedlm-cache")))
     yield
+
+
+def pytest_configure(config):
+    # A suite stopped with SIGTERM (CI's timeout, `kill`) unwinds like Ctrl-C, so the
+    # fixtures' finalizers stop the SuperLinks, SuperNodes and servers they started.
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGTERM, interrupt)
 
 
 def tiny_config(*overrides: str) -> Config:
