@@ -200,12 +200,12 @@ def main() -> None:
     ap.add_argument("--models", default="", help="comma-separated presets "
                     "(default: 20m,150m on CUDA, small on the CPU)")
     ap.add_argument("--steps", type=int, default=0, help="timed plain-loop steps "
-                    "(default: 100 on CUDA, 30 on the CPU)")
+                    "(default: 100 on CUDA, 8 on the CPU)")
     ap.add_argument("--warmup", type=int, default=0, help="untimed steps first "
-                    "(default: 10 on CUDA, 3 on the CPU)")
+                    "(default: 10 on CUDA, 1 on the CPU)")
     ap.add_argument("--batch", type=int, default=0, help="sequences per step (32 / 8)")
     ap.add_argument("--seq-len", type=int, default=0, help="tokens per sequence (256 / 128)")
-    ap.add_argument("--inner-steps", type=int, default=0, help="fedlm's H (30 / 5)")
+    ap.add_argument("--inner-steps", type=int, default=0, help="fedlm's H (30 / 2)")
     ap.add_argument("--compile", action="store_true", help="also torch.compile on the CPU")
     ap.add_argument("--timeout", type=int, default=1200, help="seconds per fedlm run")
     ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "gpu.json"))
@@ -213,11 +213,11 @@ def main() -> None:
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
     models = [m for m in args.models.split(",") if m] or (["20m", "150m"] if cuda else ["small"])
-    args.steps = args.steps or (100 if cuda else 30)
-    args.warmup = args.warmup or (10 if cuda else 3)
+    args.steps = args.steps or (100 if cuda else 8)
+    args.warmup = args.warmup or (10 if cuda else 1)
     args.batch = args.batch or (32 if cuda else 8)
     args.seq_len = args.seq_len or (256 if cuda else 128)
-    args.inner_steps = args.inner_steps or (30 if cuda else 5)
+    args.inner_steps = args.inner_steps or (30 if cuda else 2)
     name = device_name(device)
     peak = peak_flops(name)
     note = ("" if cuda else f"NO GPU: torch sees no CUDA device here, so this ran "
@@ -241,6 +241,7 @@ def main() -> None:
               "peak_bf16_flops": peak, "batch": args.batch, "seq_len": args.seq_len,
               "plain_steps": args.steps, "fedlm_workers": 4, "fedlm_inner_steps": args.inner_steps,
               "threads": torch.get_num_threads(), "seconds": time.perf_counter() - t0,
+              "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
               "flower_backend": "not measured (needs Ray)", "rows": rows}
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")
