@@ -25,6 +25,10 @@ COMPRESSIONS = ("fp32", "bf16", "fp16", "int8", "int4")
 SCHEDULES = ("worker", "shard", "global")
 SHARD_CHOICES = ("fixed", "paper")
 
+# Arithmetic of the inner loop (InnerConfig.precision; docs/gpu.md): auto = bf16 on a
+# CUDA device that supports it, fp32 elsewhere (CPU, where the determinism tests run).
+PRECISIONS = ("auto", "fp32", "tf32", "bf16")
+
 # Per-job fault kinds of the [faults] section (at most one per job), in draw order.
 FAULT_KINDS = ("crash", "hang", "nan", "bad_shape", "bad_dtype", "bad_size", "duplicate")
 
@@ -52,6 +56,10 @@ class InnerConfig:
     # (node-local files; survive a crash, so resume needs them) | auto (disk when
     # reliability.checkpoint_every > 0, else context).
     state_store: str = "auto"
+    # Inner-loop arithmetic (docs/gpu.md): auto | fp32 | tf32 (TF32 matmuls on CUDA; fp32 on
+    # CPU) | bf16 (autocast around forward + loss; fp32 weights and AdamW state).
+    precision: str = "auto"
+    compile: bool = False  # torch.compile the model (once per process, reused across jobs)
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from fedlm import fleet, presets
-from fedlm.config import (COMPRESSIONS, FAULT_KINDS, SCHEDULES, SECTIONS, SHARD_CHOICES,
-                          SPELLING, Config)
+from fedlm.config import (COMPRESSIONS, FAULT_KINDS, PRECISIONS, SCHEDULES, SECTIONS,
+                          SHARD_CHOICES, SPELLING, Config)
 from fedlm.data import shakespeare_play_count
 from fedlm.errors import ConfigError
 from fedlm.strategies import registry
@@ -219,6 +219,8 @@ def validate(cfg: Config) -> None:
              "must be auto, context or disk")
     _require(i.schedule in SCHEDULES, "inner.schedule", i.schedule,
              f"must be one of {', '.join(SCHEDULES)}")
+    _require(i.precision in PRECISIONS, "inner.precision", i.precision,
+             f"must be one of {', '.join(PRECISIONS)}")
 
     _require(cfg.init.pretrain_steps >= 0, "init.pretrain_steps", cfg.init.pretrain_steps,
              "must be >= 0")

@@ -35,19 +35,23 @@ class Evaluator:
         self.net = model_lib.build(cfg.model, cfg.data.seq_len, seed=0, device=self.device)
         val = data.load_corpus(cfg.data).val
         n = min(len(val), cfg.eval.batches * cfg.eval.batch_size)
-        self.val = torch.from_numpy(val[:n].astype(np.int64))  # (n, T+1)
+        # Uploaded once and kept on the device: every evaluation scores the same batches.
+        self.val = torch.from_numpy(val[:n].astype(np.int64)).to(self.device)  # (n, T+1)
 
     @torch.no_grad()
     def __call__(self, params) -> Evaluation:
+        # Always fp32, whatever inner.precision: evaluations compare across settings.
         torch.set_num_threads(self.cfg.inner.threads)
         load_into(self.net, params)
         self.net.eval()
-        total, count = 0.0, 0
-        for chunk in self.val.split(self.cfg.eval.batch_size):
-            seqs = chunk.to(self.device)
+        losses, sizes = [], []
+        for seqs in self.val.split(self.cfg.eval.batch_size):
             _, loss = self.net(seqs[:, :-1], seqs[:, 1:])
-            n = seqs[:, 1:].numel()
-            total += loss.item() * n
+            losses.append(loss)
+            sizes.append(seqs[:, 1:].numel())
+        total, count = 0.0, 0
+        for value, n in zip(torch.stack(losses).tolist(), sizes):  # one read from the device
+            total += value * n
             count += n
         mean = total / count
         return Evaluation(mean, math.exp(mean), mean / math.log(2), count)

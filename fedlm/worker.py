@@ -22,9 +22,9 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from fedlm import compression, data, faults, fleet, model as model_lib
+from fedlm import compression, data, faults, fleet, model as model_lib, precision
 from fedlm.config import Config, DataConfig, InnerConfig
-from fedlm.params import load_into, outer_gradient, snapshot
+from fedlm.params import load_into
 
 
 @dataclass(frozen=True)
@@ -139,8 +139,8 @@ def _export_opt_state(opt: torch.optim.Optimizer, names: list[str]) -> dict[str,
     state = opt.state_dict()["state"]
     for idx, name in enumerate(names):
         for key, value in state.get(idx, {}).items():
-            flat[f"{name}/{key}"] = value.detach().to("cpu", copy=True)
-    return flat
+            flat[f"{name}/{key}"] = value
+    return dict(precision.to_host(flat))  # one synchronisation on CUDA, not one per tensor
 
 
 def _import_opt_state(opt: torch.optim.Optimizer, names: list[str],
@@ -153,45 +153,92 @@ def _import_opt_state(opt: torch.optim.Optimizer, names: list[str],
         entry = {k.split("/", 1)[1]: v for k, v in flat.items() if k.split("/", 1)[0] == name}
         if entry:
             sd["state"][idx] = {k: (v if k == "step" else v.to(device)) for k, v in entry.items()}
-    opt.load_state_dict(sd)
+    opt.load_state_dict(sd)  # moves "step" to the device itself where fused AdamW wants it
+
+
+def _upload(rows: np.ndarray, device: torch.device) -> torch.Tensor:
+    """Token rows as int64 on ``device``: pinned and asynchronous on CUDA."""
+    host = torch.from_numpy(rows.astype(np.int64))
+    if device.type == "cuda":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)
 
 
 def train_steps(net, opt: torch.optim.Optimizer, batches: np.ndarray, lr_at,
-                cfg: Config) -> list[float]:
+                cfg: Config, forward=None) -> torch.Tensor:
     """AdamW steps on ``net``, one per row of ``batches`` (sequence indices), step
-    s at learning rate ``lr_at(s)``; returns the training losses."""
+    s at learning rate ``lr_at(s)``; returns the training losses as a 1-D fp32
+    tensor on the device (read it once: no host synchronisation per step).
+
+    ``forward`` is what computes (logits, loss) — ``net`` itself, or its compiled
+    form (``precision.compiled``), which shares its parameters. Forward + loss run
+    under ``inner.precision`` (bf16: autocast; the weights and AdamW state stay fp32).
+    """
     corpus = data.load_corpus(cfg.data)
     device = next(net.parameters()).device
+    mode = precision.resolve(cfg.inner.precision, str(device))
+    forward = forward if forward is not None else net
     net.train()
+    if len(batches) == 0:
+        return torch.zeros(0, device=device)
+    # Every step's sequences go to the device in one copy: (steps, B, T+1).
+    seqs_all = _upload(corpus.train[np.asarray(batches).reshape(-1)], device)
+    seqs_all = seqs_all.view(len(batches), -1, seqs_all.shape[-1])
     losses = []
-    for s, rows in enumerate(batches):
-        for group in opt.param_groups:
-            group["lr"] = lr_at(s)
-        seqs = torch.from_numpy(corpus.train[rows].astype(np.int64)).to(device)  # (B, T+1)
-        _, loss = net(seqs[:, :-1], seqs[:, 1:])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.inner.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(net.parameters(), cfg.inner.grad_clip)
-        opt.step()
-        losses.append(loss.item())
-    return losses
+    with precision.matmul_scope(mode, device):
+        for s in range(len(batches)):
+            for group in opt.param_groups:
+                group["lr"] = lr_at(s)
+            seqs = seqs_all[s]  # (B, T+1)
+            with precision.autocast(mode, device):
+                _, loss = forward(seqs[:, :-1], seqs[:, 1:])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.inner.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(net.parameters(), cfg.inner.grad_clip)
+            opt.step()
+            losses.append(loss.detach().float())
+    return torch.stack(losses)
 
 
 def new_optimizer(net, cfg: Config) -> torch.optim.Optimizer:
     i = cfg.inner
+    device = next(net.parameters()).device
+    extra = {"fused": True} if precision.fused_adamw(device) else {}
     return torch.optim.AdamW(net.parameters(), lr=i.lr, betas=(i.beta1, i.beta2),
-                             weight_decay=i.weight_decay)
+                             weight_decay=i.weight_decay, **extra)
+
+
+def model_forward(net, cfg: Config, device: str):
+    """``net``, or with ``inner.compile`` its compiled form (built once per process)."""
+    if not cfg.inner.compile:
+        return net
+    mode = precision.resolve(cfg.inner.precision, device)
+    return precision.compiled(net, (cfg.model, cfg.data.seq_len, device, mode))
+
+
+def mean_loss(losses: torch.Tensor) -> float:
+    """The job's reported training loss: the float64 mean of its steps' fp32 losses,
+    read from the device once."""
+    values = losses.cpu().numpy().astype(np.float64)
+    return float(np.mean(values)) if len(values) else float("nan")
 
 
 def run_job(params, opt_state: dict, job: JobSpec, cfg: Config) -> JobResult:
-    """Run one job; pure in (params, opt_state, job, cfg) for a fixed thread count."""
+    """Run one job; pure in (params, opt_state, job, cfg) for a fixed thread count.
+
+    On a GPU the job's work stays on the device: its start point is kept there, the
+    outer gradient θ_start − θ_end is computed there (fp32 subtraction: the same bits
+    as on the host), and the gradient, the AdamW state and the losses come back in
+    one batch of pinned asynchronous copies at the end.
+    """
     import time
 
     torch.set_num_threads(cfg.inner.threads)
     device = model_lib.resolve_device(cfg.device)
     net = _scratch_model(cfg.model, cfg.data.seq_len, device)
-    load_into(net, params)
+    start_params = OrderedDict((k, v.to(device)) for k, v in params.items())
+    load_into(net, start_params)
     names = [n for n, _ in net.named_parameters()]
 
     opt = new_optimizer(net, cfg)
@@ -208,15 +255,20 @@ def run_job(params, opt_state: dict, job: JobSpec, cfg: Config) -> JobResult:
     batches = data.job_batches(job_data(cfg, job), job.local_steps, batch_size, job.data_seed)
     t0 = time.perf_counter()
     losses = train_steps(net, opt, batches, lambda s: inner_lr(start + s, cfg.inner, horizon),
-                         cfg)
+                         cfg, forward=model_forward(net, cfg, device))
+    train_loss = mean_loss(losses)  # the job's one read of the losses (waits for the device)
     seconds = time.perf_counter() - t0
 
     new_state = _export_opt_state(opt, names)
     new_state["schedule_step"] = own_step + job.local_steps
-    grad = outer_gradient(params, snapshot(net))
+    with torch.no_grad():
+        end = dict(net.named_parameters())
+        grad = OrderedDict((k, start_params[k] - end[k].detach()) for k in start_params)
+    if device != "cpu":  # on the CPU the difference is already a fresh host tensor
+        grad = precision.to_host(grad)
     return JobResult(grad, new_state, job.local_steps,
                      job.local_steps * batch_size * cfg.data.seq_len,
-                     float(np.mean(losses)), seconds)
+                     train_loss, seconds)
 
 
 def job_update(params, state: dict, job: JobSpec, cfg: Config) -> JobResult:
