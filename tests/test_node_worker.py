@@ -101,3 +101,9 @@ def test_a_message_crosses_the_socket_bit_for_bit():
     assert back.job == job and back.cfg_json == '{"x": 1}' and back.run_key == "run-key"
     for k, v in params.items():
         assert torch.equal(back.params[k], v) and back.params[k].dtype == v.dtype
+
+
+def test_the_per_message_clientapp_does_not_import_torch():
+    code = ("import sys, fedlm.node_client; "
+            "assert 'torch' not in sys.modules and 'fedlm.worker' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
