@@ -30,7 +30,10 @@ ClientApp process for each message, polls for new tasks every second; the
 supported ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` environment variable sets that
 (``fast_poll``, on by default: 0.2 s, for the SuperNodes only). Telemetry is switched off
 (``FLWR_TELEMETRY_ENABLED=0``): every ClientApp process otherwise waits for its
-telemetry request at exit. See docs/deployment.md for the measurements.
+telemetry request at exit. The SuperNodes run as ``python -m fedlm.supernode``
+(Flower's SuperNode with its hard-coded 3 s idle poll capped; ``node_poll``),
+and each one's ClientApps hand their jobs to a long-lived worker process
+(``fedlm.node_client``). See docs/deployment.md for the measurements.
 
 The same commands work across machines: start the SuperLink on one host and a
 SuperNode per worker on others, pointing ``--superlink`` at it (see
