@@ -85,6 +85,10 @@ def serve(path: Path, watch_pid: int, idle: float) -> None:
         try:
             if path.stat().st_ino == inode:  # not a successor's socket
                 path.unlink(missing_ok=True)
+                path.with_suffix(".lock").unlink(missing_ok=True)
+                log = path.with_suffix(".log")
+                if log.stat().st_size == 0:  # keep a log that says something
+                    log.unlink()
         except OSError:
             pass
 
