@@ -15,9 +15,10 @@ same app works under ``fedlm run`` (whose run config is empty) and
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Mapping
 
 import torch
-from flwr.app import Context, Message
+from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedlm.config import Config
@@ -34,41 +35,49 @@ def _config(text: str) -> Config:
     return from_json(text)
 
 
-def _partition(context: Context) -> tuple[int, int]:
-    return int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
+def query_answer(content: RecordDict, node_config: Mapping) -> RecordDict:
+    """The answer to a partition query (warms this process's caches on the way)."""
+    cfg_json = messages.query_config(content)
+    if cfg_json is not None:  # warm this process's caches while the run starts up
+        warm_up(_config(cfg_json))
+    return messages.partition_answer(int(node_config["partition-id"]),
+                                     int(node_config["num-partitions"]))
 
 
 @app.query()
 def query(msg: Message, context: Context) -> Message:
-    pid, n = _partition(context)
-    cfg_json = messages.query_config(msg.content)
-    if cfg_json is not None:  # warm this process's caches while the run starts up
-        warm_up(_config(cfg_json))
-    return Message(messages.partition_answer(pid, n), reply_to=msg)
+    return Message(query_answer(msg.content, context.node_config), reply_to=msg)
 
 
-def _states(context: Context, cfg: Config, run_key: str, worker: int):
+def _states(state: RecordDict, cfg: Config, run_key: str, worker: int):
     """This worker's optimizer-state store (see fedlm.worker_state)."""
     if cfg.state_store() == "disk":
         # Node-local files: survive a crashed process (resume needs them), and keep
         # memory flat with thousands of simulated nodes.
         return DiskStates(disk_folder(run_key, worker))
-    return ContextStates(context.state)
+    return ContextStates(state)
+
+
+def train_answer(content: RecordDict, node_config: Mapping, state: RecordDict) -> RecordDict:
+    """Run the job ``content`` asks for; ``state`` is the node's state RecordDict
+    (``context.state``, or the same kept by a node's worker process)."""
+    request = messages.read_train_request(content)
+    cfg, job = _config(request.cfg_json), request.job
+    pid = int(node_config["partition-id"])
+    if job.worker != pid:
+        raise ValueError(f"job {job.job_id} is for worker {job.worker}, this node holds {pid}")
+    step_time = node_config.get("step-time")
+    result = serve_job(request.params, _states(state, cfg, request.run_key, job.worker), job,
+                       cfg, step_time=float(step_time) if step_time is not None else None)
+    reply = messages.TrainReply(job.job_id, result.outer_grad, result.steps, result.tokens,
+                                result.train_loss, result.compute_seconds)
+    return messages.train_reply(reply, cfg.inner.batch_size)
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    request = messages.read_train_request(msg.content)
-    cfg, job = _config(request.cfg_json), request.job
-    pid, _ = _partition(context)
-    if job.worker != pid:
-        raise ValueError(f"job {job.job_id} is for worker {job.worker}, this node holds {pid}")
-    step_time = context.node_config.get("step-time")
-    result = serve_job(request.params, _states(context, cfg, request.run_key, job.worker), job,
-                       cfg, step_time=float(step_time) if step_time is not None else None)
-    reply = messages.TrainReply(job.job_id, result.outer_grad, result.steps, result.tokens,
-                                result.train_loss, result.compute_seconds)
-    return Message(messages.train_reply(reply, cfg.inner.batch_size), reply_to=msg)
+    return Message(train_answer(msg.content, context.node_config, context.state),
+                   reply_to=msg)
 
 
 torch.set_num_threads(1)  # a Ray actor shares the machine with others; jobs set their own

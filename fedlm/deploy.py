@@ -30,7 +30,10 @@ ClientApp process for each message, polls for new tasks every second; the
 supported ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` environment variable sets that
 (``fast_poll``, on by default: 0.2 s, for the SuperNodes only). Telemetry is switched off
 (``FLWR_TELEMETRY_ENABLED=0``): every ClientApp process otherwise waits for its
-telemetry request at exit. See docs/deployment.md for the measurements.
+telemetry request at exit. The SuperNodes run as ``python -m fedlm.supernode``
+(Flower's SuperNode with its hard-coded 3 s idle poll capped; ``node_poll``),
+and each one's ClientApps hand their jobs to a long-lived worker process
+(``fedlm.node_client``). See docs/deployment.md for the measurements.
 
 The same commands work across machines: start the SuperLink on one host and a
 SuperNode per worker on others, pointing ``--superlink`` at it (see
@@ -44,6 +47,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,6 +95,7 @@ class LocalDeployment:
     tls: bool = True  # serve the SuperLink over TLS (certificates made at start)
     auth: bool = True  # SuperNode authentication (needs tls)
     fast_poll: bool = True  # FLWR_SUPEREXEC_TASK_POLL_INTERVAL = FAST_TASK_POLL
+    node_poll: bool = True  # SuperNodes as `python -m fedlm.supernode` (shorter waits)
     extra_env: dict[str, str] = field(default_factory=dict)  # set last, for every process
     port: int = 0
     procs: list[subprocess.Popen] = field(default_factory=list)
@@ -187,7 +192,8 @@ class LocalDeployment:
 
     def _spawn_supernode(self, name: str, node_config: str, key: Path | None
                          ) -> subprocess.Popen:
-        args = ["flower-supernode", *self._tls_args("supernode"), "--superlink", self.address,
+        exe = [sys.executable, "-m", "fedlm.supernode"] if self.node_poll else ["flower-supernode"]
+        args = [*exe, *self._tls_args("supernode"), "--superlink", self.address,
                 "--port", str(free_port()), "--node-config", node_config]
         if key is not None:
             args += ["--auth-supernode-private-key", str(key)]

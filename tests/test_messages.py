@@ -34,3 +34,18 @@ def test_a_train_reply_reads_back_as_sent():
 def test_the_partition_query_carries_the_config_and_the_answer_the_partition():
     assert messages.query_config(messages.partition_query('{"y": 2}')) == '{"y": 2}'
     assert messages.read_partition_answer(messages.partition_answer(3, 4)) == (3, 4)
+
+
+def test_tensors_travel_as_one_packed_array_bit_for_bit():
+    tensors = OrderedDict(f=torch.randn(3, 4), h=torch.randn(5).to(torch.bfloat16),
+                          q=torch.randint(-128, 127, (7,), dtype=torch.int8),
+                          s=torch.tensor(2.5), e=torch.zeros(0, 3), n=torch.tensor([float("nan")]))
+    record = messages.pack(tensors)
+    assert len(record["packed"].data) == sum(t.numel() * t.element_size()
+                                             for t in tensors.values())
+    got = messages.unpack(record)
+    assert list(got) == list(tensors)
+    for k, t in tensors.items():
+        assert got[k].dtype == t.dtype and got[k].shape == t.shape
+        assert got[k].view(-1).view(torch.uint8).tolist() == \
+            t.reshape(-1).view(torch.uint8).tolist() if t.numel() else got[k].numel() == 0

@@ -1,43 +1,46 @@
-"""What a job costs in Flower deployment beyond its compute, and what the tuning saves.
+"""What a job costs in Flower deployment beyond its compute: the old path against the new.
 
-    python experiments/bench/deploy_overhead.py [--workers 2] [--jobs 4] [--rounds 2]
+    python experiments/bench/deploy_overhead.py [--models tiny,small] [--workers 4]
+        [--jobs 6] [--rounds 1] [--variants old,worker-process,new] [--echo-messages 0]
 
 Runs ``fedlm deploy local``'s LocalDeployment (SuperLink + one SuperNode per
-worker on loopback) with a ``tiny`` model and async SGD, so that a job's
-compute is a fraction of a second, in these variants, interleaved ``--rounds``
-times so that they see the same machine load on average:
+worker on loopback, TLS and SuperNode authentication on) with async SGD and
+short jobs, for each model in these variants, interleaved ``--rounds`` times
+(ABC CBA) so that they see the same machine load on average:
 
-* ``flower-defaults``: TLS + SuperNode auth, Flower's own settings (SuperExec
-  task poll every 1 s, telemetry on);
-* ``tuned``: what ``fedlm deploy local`` sets: TLS + SuperNode auth, the
-  supported ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL=0.2`` (SuperNodes only) and
-  ``FLWR_TELEMETRY_ENABLED=0``;
-* ``tuned-insecure``: the same without TLS and authentication (what they cost).
+* ``old``: every message in a fresh ClientApp process that imports torch and
+  fedlm (``FEDLM_WORKER_PROCESS=0``), plain ``flower-supernode`` (3 s sleep
+  after an empty poll); the SuperExec task poll 0.2 s, telemetry off;
+* ``worker-process``: the light ClientApp handing each job to the node's
+  long-lived worker process (``fedlm.node_client``), plain ``flower-supernode``;
+* ``new``: what ``fedlm deploy local`` does now: the worker process and
+  ``python -m fedlm.supernode`` (the SuperNode's waits capped);
+* also ``flower-defaults`` (old, task poll 1 s, telemetry on) and
+  ``new-insecure`` (new without TLS and authentication).
+
+Messages of every variant carry their tensors packed in one array
+(``fedlm.messages.pack``): that is the message format, not a setting.
 
 Per job the run store gives the wall latency ``t_done - t_dispatch`` and the
-ClientApp's own ``compute_seconds``; overhead = latency - compute. The
-SuperNode logs, read with a timestamp as each line appears (10 ms), split the
-latency into phases:
+job's own ``compute_seconds``; overhead = latency - compute. The SuperNode
+logs, read with a timestamp as each line appears (10 ms), split the latency
+into phases:
 
 * ``poll_wait``: dispatch (the ServerApp pushing the message and its objects
-  to the SuperLink) until the SuperNode pulls it — the SuperNode sleeps 3 s
-  after an empty poll, hard-coded;
+  to the SuperLink) until the SuperNode pulls it;
 * ``pull``: the SuperNode pulling the message's objects from the SuperLink;
 * ``launch``: until the new ``flwr-clientapp`` process logs its start: the
   SuperExec's task poll, process start, importing flwr;
-* ``clientapp``: the ClientApp: FAB check, importing fedlm and torch, pulling
-  the message from the SuperNode, compute, pushing the reply to the SuperNode;
-* ``push``: the SuperNode pushing the reply's objects to the SuperLink (it
-  checks for a reply every 0.5 s);
+* ``clientapp``: the ClientApp: pulling the message from the SuperNode, the
+  job (old: importing fedlm and torch, building the model first; new: handing
+  it to the worker process), pushing the reply to the SuperNode;
+* ``push``: the SuperNode pushing the reply's objects to the SuperLink;
 * ``server_notice``: until the ServerApp has pulled the reply and applied it.
 
-The first job of each worker (run start: FAB download, caches) is reported
-apart. Also measured: the idle CPU of a SuperNode (with its SuperExec), the
-process start + import times, and an echo app (no torch; the ClientApp returns
-what it got) sending the tiny model's floats as 1 array or as 21 (one per
-tensor, as fedlm sends them): each array is a separate object, fetched or sent
-with its own HTTP request on every hop. Writes
-experiments/results/deploy_overhead.json.
+The first job of each worker (run start: FAB download, caches, the worker
+process's start) is reported apart. Also measured: the idle CPU of a
+SuperNode (with its SuperExec), process start + import times, and optionally
+an echo app (``deploy_echo.py``). Writes experiments/results/deploy_overhead.json.
 """
 
 from __future__ import annotations
@@ -62,12 +65,16 @@ sys.path.insert(0, str(ROOT))
 
 from fedlm import config_load  # noqa: E402
 from fedlm.deploy import FAST_TASK_POLL, LocalDeployment  # noqa: E402
+from experiments.bench.deploy_echo import echo_round_trips  # noqa: E402
 
+OLD = {"FEDLM_WORKER_PROCESS": "0"}  # every message in a fresh ClientApp process
 VARIANTS = {
-    "flower-defaults": dict(tls=True, auth=True, fast_poll=False,
-                            extra_env={"FLWR_TELEMETRY_ENABLED": "1"}),
-    "tuned": dict(tls=True, auth=True, fast_poll=True, extra_env={}),
-    "tuned-insecure": dict(tls=False, auth=False, fast_poll=True, extra_env={}),
+    "flower-defaults": dict(tls=True, auth=True, fast_poll=False, node_poll=False,
+                            extra_env={"FLWR_TELEMETRY_ENABLED": "1", **OLD}),
+    "old": dict(tls=True, auth=True, fast_poll=True, node_poll=False, extra_env=OLD),
+    "worker-process": dict(tls=True, auth=True, fast_poll=True, node_poll=False, extra_env={}),
+    "new": dict(tls=True, auth=True, fast_poll=True, node_poll=True, extra_env={}),
+    "new-insecure": dict(tls=False, auth=False, fast_poll=True, node_poll=True, extra_env={}),
 }
 PHASES = ["poll_wait", "pull", "launch", "clientapp", "push", "server_notice"]
 
@@ -158,102 +165,11 @@ def idle_cpu(dep: LocalDeployment, seconds: float = 10.0) -> float:
     return round(statistics.fmean(b - a for a, b in zip(c0, c1)) / seconds, 4)
 
 
-ECHO_APP = '''"""Round trips of one message through a deployment, by number of arrays."""
-import json
-import time
-from pathlib import Path
-
-import numpy as np
-from flwr.app import Array, ArrayRecord, Message, MessageType, RecordDict
-from flwr.clientapp import ClientApp
-from flwr.serverapp import Grid, ServerApp
-
-server = ServerApp()
-client = ClientApp()
-
-
-@server.main()
-def main(grid: Grid, context) -> None:
-    rc = context.run_config
-    floats, counts = int(rc["floats"]), [int(k) for k in str(rc["arrays"]).split(",")]
-    deadline = time.monotonic() + 120
-    while not (nodes := list(grid.get_node_ids())):
-        if time.monotonic() > deadline:
-            raise RuntimeError("no SuperNode")
-        time.sleep(0.5)
-    out = {str(k): [] for k in counts}
-    for _ in range(int(rc["messages"]) + 1):  # the first round warms up (FAB, imports)
-        for k in counts:
-            arrays = ArrayRecord({f"t{j}": Array(np.full(floats // k, j, np.float32))
-                                  for j in range(k)})
-            msg = Message(RecordDict({"a": arrays}), dst_node_id=nodes[0],
-                          message_type=MessageType.TRAIN)
-            t0 = time.monotonic()
-            ids = list(grid.push_messages([msg]))
-            while not (replies := list(grid.pull_messages(ids))):
-                time.sleep(0.05)
-            assert not replies[0].has_error(), replies[0].error
-            out[str(k)].append(time.monotonic() - t0)
-    Path(str(rc["out"])).write_text(json.dumps({k: v[1:] for k, v in out.items()}))
-
-
-@client.train()
-def train(msg: Message, context) -> Message:
-    return Message(RecordDict({"a": msg.content["a"]}), reply_to=msg)
-'''
-
-ECHO_PYPROJECT = '''[build-system]
-requires = ["hatchling"]
-build-backend = "hatchling.build"
-
-[project]
-name = "echoapp"
-version = "1.0.0"
-dependencies = ["flwr"]
-
-[tool.hatch.build.targets.wheel]
-packages = ["."]
-
-[tool.flwr.app]
-publisher = "fedlm"
-
-[tool.flwr.app.components]
-serverapp = "echoapp:server"
-clientapp = "echoapp:client"
-
-[tool.flwr.app.config]
-floats = 0
-arrays = "1"
-messages = 1
-out = ""
-'''
-
-
-def echo_round_trips(variant: dict, work: Path, floats: int, counts: list[int],
-                     messages: int) -> dict[str, list[float]]:
-    """A Flower app that only echoes: the message round trip with no torch, by array count."""
-    app, home = work / "echoapp", work / "echo-home"
-    shutil.rmtree(work / "echo-home", ignore_errors=True)
-    app.mkdir(parents=True, exist_ok=True)
-    (app / "echoapp.py").write_text(ECHO_APP)
-    (app / "pyproject.toml").write_text(ECHO_PYPROJECT)
-    out = work / "echo.json"
-    cfg = config_load.load(None, ["model=tiny", "workers=1"])
-    with LocalDeployment(home, 1, **variant) as dep:
-        dep.start(cfg)
-        proc = dep.run([], "", background=True, app=app, run_config=(
-            f'floats = {floats}\narrays = "{",".join(map(str, counts))}"\n'
-            f'messages = {messages}\nout = "{out}"\n'))
-        rc = proc.wait(timeout=1800)
-    if rc != 0:
-        raise RuntimeError(f"echo app: flwr run exited with {rc}; see {home}")
-    return json.loads(out.read_text())
-
-
-def one_run(name: str, variant: dict, workers: int, jobs: int, work: Path) -> dict:
+def one_run(name: str, variant: dict, workers: int, jobs: int, work: Path,
+            model: str = "tiny") -> dict:
     home, db = work / name / "home", work / name / "runs.db"
     shutil.rmtree(work / name, ignore_errors=True)
-    sets = ["model=tiny", f"workers={workers}", f"updates={workers * jobs}", "inner.steps=3",
+    sets = [f"model={model}", f"workers={workers}", f"updates={workers * jobs}", "inner.steps=3",
             "inner.batch_size=4", "eval.every=1000", "eval.batches=1", "data.seq_len=64",
             "strategy=async-sgd", "clock=wall", "seed=0"]
     cfg = config_load.load(None, sets)
@@ -289,7 +205,7 @@ def one_run(name: str, variant: dict, workers: int, jobs: int, work: Path) -> di
                     "launch": ev["start"] - ev["recvd"], "clientapp": ev["send"] - ev["start"],
                     "push": ev["sent"] - ev["send"], "server_notice": tdone + offset - ev["sent"]}
         out.append(job)
-    return {"variant": name, "security_problems": problems, "seconds": time.time() - t0,
+    return {"variant": name, "model": model, "security_problems": problems, "seconds": time.time() - t0,
             "idle_cpu_per_supernode": idle, "jobs": out}
 
 
@@ -301,8 +217,8 @@ def summarize(runs: list[dict]) -> dict:
                 "p90": round(xs[min(len(xs) - 1, int(0.9 * len(xs)))], 3)} if xs else {"n": 0}
 
     res = {}
-    for name in dict.fromkeys(r["variant"] for r in runs):
-        jobs = [j for r in runs if r["variant"] == name for j in r["jobs"]]
+    for name in dict.fromkeys(r["key"] for r in runs):
+        jobs = [j for r in runs if r["key"] == name for j in r["jobs"]]
         steady = [j for j in jobs if not j["first"]]
         res[name] = {
             "overhead_steady": stats([j["overhead"] for j in steady]),
@@ -312,7 +228,7 @@ def summarize(runs: list[dict]) -> dict:
             "phases_steady_mean": {p: round(statistics.fmean(j[p] for j in steady if p in j), 3)
                                    for p in PHASES if any(p in j for j in steady)},
             "idle_cpu_per_supernode": round(statistics.fmean(
-                r["idle_cpu_per_supernode"] for r in runs if r["variant"] == name), 4),
+                r["idle_cpu_per_supernode"] for r in runs if r["key"] == name), 4),
         }
     return res
 
@@ -329,11 +245,12 @@ def import_seconds(modules: str, n: int = 3) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--jobs", type=int, default=4, help="jobs per worker per run")
-    ap.add_argument("--rounds", type=int, default=2, help="runs per variant, interleaved")
-    ap.add_argument("--variants", default=",".join(VARIANTS))
-    ap.add_argument("--echo-messages", type=int, default=5,
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--jobs", type=int, default=6, help="jobs per worker per run")
+    ap.add_argument("--rounds", type=int, default=1, help="runs per variant, interleaved")
+    ap.add_argument("--variants", default="old,worker-process,new")
+    ap.add_argument("--models", default="tiny,small")
+    ap.add_argument("--echo-messages", type=int, default=0,
                     help="round trips per array count in the echo app (0: skip it)")
     ap.add_argument("--echo-rounds", type=int, default=2,
                     help="echo-app deployments per variant (flower-defaults, tuned), interleaved")
@@ -342,13 +259,15 @@ def main() -> int:
     names = args.variants.split(",")
     runs = []
     with tempfile.TemporaryDirectory(prefix="fedlm-deploy-bench-") as tmp:
+        order = [(m, n) for m in args.models.split(",") for n in names]
         for r in range(args.rounds):
-            for name in (names if r % 2 == 0 else names[::-1]):  # ABC CBA: no drift bias
+            for model, name in (order if r % 2 == 0 else order[::-1]):  # ABC CBA: no drift
                 t0 = time.time()
-                run = one_run(f"{name}-{r}", VARIANTS[name], args.workers, args.jobs, Path(tmp))
-                run["variant"] = name
+                run = one_run(f"{model}-{name}-{r}", VARIANTS[name], args.workers, args.jobs,
+                              Path(tmp), model)
+                run["variant"], run["key"] = name, f"{model}/{name}"
                 runs.append(run)
-                print(f"{name} round {r}: {time.time() - t0:.0f} s", flush=True)
+                print(f"{model} {name} round {r}: {time.time() - t0:.0f} s", flush=True)
         echo = None
         if args.echo_messages:
             from fedlm import model as model_lib
@@ -356,7 +275,7 @@ def main() -> int:
             floats, arrays = sum(t.numel() for t in state.values()), len(state)
             rtts: dict[str, dict[str, list[float]]] = {}
             for r in range(args.echo_rounds):
-                for name in ("flower-defaults", "tuned")[::1 if r % 2 == 0 else -1]:
+                for name in ("old", "new")[::1 if r % 2 == 0 else -1]:
                     got = echo_round_trips(VARIANTS[name], Path(tmp), floats, [1, arrays],
                                            args.echo_messages)
                     for k, v in got.items():
@@ -372,10 +291,15 @@ def main() -> int:
     summary = summarize(runs)
     result = {
         "what": "per-job wall-clock overhead (latency - compute) of Flower deployment on "
-                "loopback, tiny model, async SGD; phases from SuperNode logs",
+                "loopback, async SGD, TLS + SuperNode auth; old path (a fresh ClientApp "
+                "process runs each job) vs new (a worker process per node; SuperNode waits "
+                "capped); phases from SuperNode logs",
+        "goal": {"small/new median steady overhead <= 3 s": (
+            summary.get("small/new", {}).get("overhead_steady", {}).get("median", 99) <= 3.0)},
         "setup": {"workers": args.workers, "jobs_per_worker": args.jobs, "rounds": args.rounds,
                   "flwr": version("flwr"), "cpus": os.cpu_count(),
                   "python": platform.python_version(), "fast_task_poll_s": FAST_TASK_POLL,
+                  "models": args.models.split(","),
                   "variants": {n: {k: v for k, v in VARIANTS[n].items()} for n in names}},
         # a fresh process up to `flwr-clientapp`'s first log line (the rest of
         # the "launch" phase is the SuperExec's task poll), and with fedlm's
@@ -391,10 +315,10 @@ def main() -> int:
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    print(f"{'variant':16} {'overhead/job (s)':>18} {'latency':>8} {'compute':>8}  phases (mean s)")
+    print(f"{'model/variant':22} {'overhead/job (s)':>18} {'latency':>8} {'compute':>8}  phases (mean s)")
     for name, s in summary.items():
         ph = " ".join(f"{k}={v:.2f}" for k, v in s["phases_steady_mean"].items())
-        print(f"{name:16} {s['overhead_steady'].get('mean', float('nan')):>9.2f} "
+        print(f"{name:22} {s['overhead_steady'].get('mean', float('nan')):>9.2f} "
               f"(med {s['overhead_steady'].get('median', float('nan')):.2f}) "
               f"{s['latency_steady'].get('mean', float('nan')):>8.2f} "
               f"{s['compute_steady'].get('mean', float('nan')):>8.3f}  {ph}")
