@@ -141,9 +141,14 @@ class NetworkConfig:
 
 @dataclass(frozen=True)
 class SimConfig:
-    """Flower simulation engine (Ray) resources."""
+    """How many jobs run at once on one machine: Flower simulation engine (Ray)
+    resources, and the in-process backend's job threads."""
 
     actors: int = 0  # Ray actors running ClientApps; 0 = min(workers, CPU cores)
+    # In-process backend: jobs run at once, each in a thread with its own model copy
+    # (and CUDA stream on a GPU: docs/gpu.md); 1 = one after another. Results and
+    # the virtual clock do not depend on it.
+    concurrent_jobs: int = 1
     cpus: int = 0  # CPUs given to Ray; 0 = all cores
     ttl: float = 3600.0  # Flower message time-to-live, seconds (counts queueing too)
     reply_timeout: float = 900.0  # give up on a job whose reply has not come in this long

@@ -320,6 +320,7 @@ def validate(cfg: Config) -> None:
 
     s = cfg.sim
     _require(s.actors >= 0, "sim.actors", s.actors, "must be >= 0")
+    _require(s.concurrent_jobs >= 1, "sim.concurrent_jobs", s.concurrent_jobs, "must be >= 1")
     _require(s.cpus >= 0, "sim.cpus", s.cpus, "must be >= 0")
     _require(s.ttl > 0, "sim.ttl", s.ttl, "must be > 0")
     _require(s.reply_timeout > 0, "sim.reply_timeout", s.reply_timeout, "must be > 0")

@@ -1,18 +1,27 @@
 """An in-process transport: runs each job with ``worker.serve_job`` in this process.
 
 Used by ``fedlm run --backend inprocess`` and by tests that exercise the engine
-without Flower. Each worker's optimizer states live in memory, or on disk as a
-Flower node keeps them (``fedlm.worker_state``). ``arrival_seed`` shuffles the order replies come back in, to
-show that the engine's result does not depend on it.
+without Flower. Each worker's optimizer states live in memory (on a GPU, in
+device memory between its jobs), or on disk as a Flower node keeps them
+(``fedlm.worker_state``). ``arrival_seed`` shuffles the order replies come back
+in, to show that the engine's result does not depend on it.
+
+``sim.concurrent_jobs = k`` runs up to k jobs at once, each in a thread of a
+pool with its own scratch model and, on CUDA, its own stream, so the jobs of
+several simulated workers share one GPU (or, on a CPU, several cores). A job
+computes the same bits in any thread: what it reads is fixed by its message,
+and the engine orders replies by the virtual clock, not by arrival.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 import numpy as np
 
+from fedlm import model as model_lib, precision
 from fedlm.config import Config
 from fedlm.engine import Reply
 from fedlm.worker import JobSpec, serve_job
@@ -27,6 +36,11 @@ class InProcessTransport:
         self.states: dict[int, MemoryStates | DiskStates] = {}
         self.ready: list[Reply] = []
         self.rng = np.random.default_rng(arrival_seed) if arrival_seed is not None else None
+        self.device = model_lib.resolve_device(cfg.device)
+        k = cfg.sim.concurrent_jobs
+        self.pool = (ThreadPoolExecutor(max_workers=k, thread_name_prefix="fedlm-job")
+                     if k > 1 else None)
+        self.running: dict[Future, int] = {}  # job thread -> its job id
 
     def _states(self, worker: int):
         if worker not in self.states:
@@ -34,19 +48,42 @@ class InProcessTransport:
                                    if self.cfg.state_store() == "disk" else MemoryStates())
         return self.states[worker]
 
-    def submit(self, job: JobSpec, params) -> None:
+    def _serve(self, job: JobSpec, params, states) -> Reply:
         try:
-            result = serve_job(params, self._states(job.worker), job, self.cfg)
+            with precision.job_stream(self.device):
+                result = serve_job(params, states, job, self.cfg)
         except Exception as exc:  # as a crashed ClientApp: an error reply
-            self.ready.append(Reply(job.job_id, None, error=f"{type(exc).__name__}: {exc}",
-                                    wall_arrival=time.time()))
-            return
-        self.ready.append(Reply(job.job_id, result.outer_grad, result.steps, result.tokens,
-                                result.train_loss, result.compute_seconds,
-                                wall_arrival=time.time()))
+            return Reply(job.job_id, None, error=f"{type(exc).__name__}: {exc}",
+                         wall_arrival=time.time())
+        return Reply(job.job_id, result.outer_grad, result.steps, result.tokens,
+                     result.train_loss, result.compute_seconds, wall_arrival=time.time())
+
+    def submit(self, job: JobSpec, params) -> None:
+        # The engine never changes a model version's tensors once made (strategies
+        # return new ones), so a job thread may read ``params`` while the engine
+        # goes on; a worker's next job is only sent after this one's reply.
+        states = self._states(job.worker)
+        if self.pool is None:
+            self.ready.append(self._serve(job, params, states))
+        else:
+            self.running[self.pool.submit(self._serve, job, params, states)] = job.job_id
 
     def collect(self, timeout: float) -> list[Reply]:
+        if self.running:  # wait for a job thread only while nothing is ready yet
+            done, _ = wait(list(self.running), timeout=0 if self.ready else timeout,
+                           return_when=FIRST_COMPLETED)
+            # Several at once: by job id, so a run on the wall clock sees a stable order.
+            for fut in sorted(done, key=self.running.__getitem__):
+                del self.running[fut]
+                self.ready.append(fut.result())
         replies, self.ready = self.ready, []
         if self.rng is not None:
             replies = [replies[i] for i in self.rng.permutation(len(replies))]
         return replies
+
+    def close(self) -> None:
+        """Wait for the jobs still running (a thread cannot be stopped) and end the pool;
+        jobs not started yet are dropped."""
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.running.clear()

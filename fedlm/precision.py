@@ -13,13 +13,17 @@ CUDA kernel (on CPU torch's default implementation is kept: its bits are the
 reference). A compiled model is built once per process and reused by every job
 of that process (``compiled``).
 
-Also the one place that copies tensors to the host: ``to_host`` (pinned,
-asynchronous copies on CUDA, one synchronisation for the lot).
+Also the one place that copies tensors between host and device: ``to_host``
+and ``to_device`` (pinned, asynchronous copies on CUDA, one synchronisation of
+the job's own stream for the lot), and ``job_stream``: each thread that runs
+jobs on a CUDA device does so on a stream of its own, so jobs of several
+simulated workers overlap on one GPU (``sim.concurrent_jobs``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections import OrderedDict
 
 import torch
@@ -45,26 +49,41 @@ def autocast(precision: str, device: str | torch.device):
     return contextlib.nullcontext()
 
 
+_TF32_LOCK = threading.Lock()
+_TF32_USERS = 0  # jobs (threads) inside a tf32 scope right now
+_TF32_SAVED: tuple = ()
+
+
 @contextlib.contextmanager
 def matmul_scope(precision: str, device: str | torch.device):
-    """TF32 matmuls on CUDA for the span of the block with ``tf32``; restored after.
+    """TF32 matmuls on CUDA for the span of the block with ``tf32``; restored when
+    the last job inside such a block leaves it (the switch is process-wide, and
+    jobs of several threads may overlap).
 
     Changes nothing on CPU or with another precision, so the CPU reference loop
     is untouched."""
+    global _TF32_USERS, _TF32_SAVED
     if precision != "tf32" or device_type(device) != "cuda":
         yield
         return
-    saved = (torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32,
-             torch.backends.cudnn.allow_tf32)
-    torch.set_float32_matmul_precision("high")
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
+    with _TF32_LOCK:
+        if _TF32_USERS == 0:
+            _TF32_SAVED = (torch.get_float32_matmul_precision(),
+                           torch.backends.cuda.matmul.allow_tf32,
+                           torch.backends.cudnn.allow_tf32)
+            torch.set_float32_matmul_precision("high")
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+        _TF32_USERS += 1
     try:
         yield
     finally:
-        torch.set_float32_matmul_precision(saved[0])
-        torch.backends.cuda.matmul.allow_tf32 = saved[1]
-        torch.backends.cudnn.allow_tf32 = saved[2]
+        with _TF32_LOCK:
+            _TF32_USERS -= 1
+            if _TF32_USERS == 0:
+                torch.set_float32_matmul_precision(_TF32_SAVED[0])
+                torch.backends.cuda.matmul.allow_tf32 = _TF32_SAVED[1]
+                torch.backends.cudnn.allow_tf32 = _TF32_SAVED[2]
 
 
 def fused_adamw(device: str | torch.device) -> bool:
@@ -73,25 +92,58 @@ def fused_adamw(device: str | torch.device) -> bool:
 
 
 _COMPILED: dict[tuple, tuple[torch.nn.Module, object]] = {}
+_COMPILE_LOCK = threading.Lock()
 
 
 def compiled(net: torch.nn.Module, key: tuple):
     """``torch.compile(net)``, built once per ``key`` (preset, block size, device,
-    precision) and process, and reused while ``net`` is the same module object
-    (jobs load new weights into it in place, which a compiled module sees)."""
-    entry = _COMPILED.get(key)
-    if entry is None or entry[0] is not net:
-        entry = (net, torch.compile(net))
-        _COMPILED[key] = entry
+    precision) and scratch model (one per job thread), and reused while ``net``
+    is the same module object (jobs load new weights into it in place, which a
+    compiled module sees)."""
+    full_key = (*key, id(net))
+    with _COMPILE_LOCK:
+        entry = _COMPILED.get(full_key)
+        if entry is None or entry[0] is not net:
+            entry = (net, torch.compile(net))
+            _COMPILED[full_key] = entry
     return entry[1]
+
+
+_THREAD = threading.local()
+
+
+@contextlib.contextmanager
+def job_stream(device: str | torch.device):
+    """Run the block on this thread's own CUDA stream (made once per thread), so
+    jobs in different threads overlap on the GPU; nothing on other devices."""
+    if device_type(device) != "cuda":
+        yield
+        return
+    stream = getattr(_THREAD, "stream", None)
+    if stream is None:
+        stream = _THREAD.stream = torch.cuda.Stream(device=device)
+    with torch.cuda.stream(stream):
+        yield
+
+
+def to_device(tensors, device: str | torch.device) -> "OrderedDict[str, torch.Tensor]":
+    """``tensors`` (name -> host tensor) on ``device``: on CUDA through pinned buffers,
+    asynchronously on the current stream (later work on that stream sees them);
+    elsewhere as ``tensor.to(device)`` (no copy when already there)."""
+    if device_type(device) != "cuda":
+        return OrderedDict((k, v.to(device)) for k, v in tensors.items())
+    return OrderedDict((k, v if v.device.type == "cuda" else
+                        v.pin_memory().to(device, non_blocking=True))
+                       for k, v in tensors.items())
 
 
 def to_host(tensors) -> "OrderedDict[str, torch.Tensor]":
     """Detached CPU copies of ``tensors`` (a name -> tensor mapping).
 
     CPU tensors are copied as ``tensor.to('cpu', copy=True)`` always did. Device
-    tensors go to pinned host buffers asynchronously, then one synchronisation
-    waits for all of them (instead of one blocking copy per tensor)."""
+    tensors go to pinned host buffers asynchronously on the current stream, then
+    one synchronisation of that stream waits for all of them (not one blocking
+    copy per tensor, and not for the jobs other threads run on their streams)."""
     out: OrderedDict[str, torch.Tensor] = OrderedDict()
     pending = False
     for name, t in tensors.items():
@@ -104,5 +156,5 @@ def to_host(tensors) -> "OrderedDict[str, torch.Tensor]":
         else:
             out[name] = t.to("cpu", copy=True)
     if pending:
-        torch.cuda.synchronize()
+        torch.cuda.current_stream().synchronize()
     return out

@@ -68,7 +68,7 @@ def execute(cfg: Config, db_path: str, connect: Connect,
     whose = ckpt_lib.identity(writer.store_id, db_path, writer.run_id, writer.created_at)
     if on_start:
         on_start(writer.run_id)
-    engine = None
+    engine = transport = None
     try:
         transport, node_of = connect(run_key)
         fleet = fleet_lib.node_profiles(cfg)
@@ -124,6 +124,8 @@ def execute(cfg: Config, db_path: str, connect: Connect,
                       error=failure_reason(exc))
         raise
     finally:
+        if hasattr(transport, "close"):  # the in-process backend's job threads
+            transport.close()
         writer.close()
     return writer.run_id
 

@@ -15,6 +15,7 @@ state, emulate a slower device on the wall clock.
 from __future__ import annotations
 
 import math
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache
@@ -119,10 +120,20 @@ def pod_size(cfg: Config, node: int) -> int:
     return len(fleet.groups(cfg)[node]) if cfg.network.hierarchical else 1
 
 
-@lru_cache(maxsize=2)
+_THREAD = threading.local()
+
+
 def _scratch_model(preset: str, block_size: int, device: str) -> model_lib.GPT:
-    # Weights are overwritten by every job; only the structure is reused.
-    return model_lib.build(preset, block_size, seed=0, device=device)
+    """This thread's scratch model: weights are overwritten by every job, only the
+    structure is reused. One per thread, since jobs of several threads may train
+    at once (``sim.concurrent_jobs``)."""
+    models = _THREAD.__dict__.setdefault("models", {})
+    key = (preset, block_size, device)
+    if key not in models:
+        if len(models) >= 2:
+            models.clear()
+        models[key] = model_lib.build(preset, block_size, seed=0, device=device)
+    return models[key]
 
 
 def warm_up(cfg: Config) -> None:
@@ -134,12 +145,17 @@ def warm_up(cfg: Config) -> None:
 
 # -- optimizer state <-> flat tensor dict ----------------------------------------
 
-def _export_opt_state(opt: torch.optim.Optimizer, names: list[str]) -> dict[str, torch.Tensor]:
+def _export_opt_state(opt: torch.optim.Optimizer, names: list[str],
+                      on_device: bool = False) -> dict[str, torch.Tensor]:
+    """The optimizer's state as name/key -> tensor: host copies, or with ``on_device``
+    the optimizer's own device tensors (the optimizer is discarded after the job)."""
     flat: dict[str, torch.Tensor] = {}
     state = opt.state_dict()["state"]
     for idx, name in enumerate(names):
         for key, value in state.get(idx, {}).items():
             flat[f"{name}/{key}"] = value
+    if on_device and any(v.device.type != "cpu" for v in flat.values()):
+        return flat
     return dict(precision.to_host(flat))  # one synchronisation on CUDA, not one per tensor
 
 
@@ -224,20 +240,24 @@ def mean_loss(losses: torch.Tensor) -> float:
     return float(np.mean(values)) if len(values) else float("nan")
 
 
-def run_job(params, opt_state: dict, job: JobSpec, cfg: Config) -> JobResult:
+def run_job(params, opt_state: dict, job: JobSpec, cfg: Config,
+            state_on_device: bool = False) -> JobResult:
     """Run one job; pure in (params, opt_state, job, cfg) for a fixed thread count.
 
-    On a GPU the job's work stays on the device: its start point is kept there, the
-    outer gradient θ_start − θ_end is computed there (fp32 subtraction: the same bits
-    as on the host), and the gradient, the AdamW state and the losses come back in
-    one batch of pinned asynchronous copies at the end.
+    On a GPU the job's work stays on the device: its start point goes there in one
+    batch of pinned asynchronous copies and is kept there, the outer gradient
+    θ_start − θ_end is computed there (fp32 subtraction: the same bits as on the
+    host), and the gradient and the losses come back in one batch of pinned
+    asynchronous copies at the end. The AdamW state comes back to the host too,
+    unless ``state_on_device`` (the worker keeps it in device memory for its next
+    job: the in-process backend); either way the bits are the same.
     """
     import time
 
     torch.set_num_threads(cfg.inner.threads)
     device = model_lib.resolve_device(cfg.device)
     net = _scratch_model(cfg.model, cfg.data.seq_len, device)
-    start_params = OrderedDict((k, v.to(device)) for k, v in params.items())
+    start_params = precision.to_device(params, device)
     load_into(net, start_params)
     names = [n for n, _ in net.named_parameters()]
 
@@ -259,7 +279,7 @@ def run_job(params, opt_state: dict, job: JobSpec, cfg: Config) -> JobResult:
     train_loss = mean_loss(losses)  # the job's one read of the losses (waits for the device)
     seconds = time.perf_counter() - t0
 
-    new_state = _export_opt_state(opt, names)
+    new_state = _export_opt_state(opt, names, on_device=state_on_device)
     new_state["schedule_step"] = own_step + job.local_steps
     with torch.no_grad():
         end = dict(net.named_parameters())
@@ -271,11 +291,12 @@ def run_job(params, opt_state: dict, job: JobSpec, cfg: Config) -> JobResult:
                      train_loss, seconds)
 
 
-def job_update(params, state: dict, job: JobSpec, cfg: Config) -> JobResult:
+def job_update(params, state: dict, job: JobSpec, cfg: Config,
+               state_on_device: bool = False) -> JobResult:
     """``run_job`` plus encoding its outer gradient for the wire (``fedlm.compression``):
     the result's ``outer_grad`` is the payload, its ``opt_state`` carries the
     error-feedback tensors on. Replay calls this too."""
-    result = run_job(params, state, job, cfg)
+    result = run_job(params, state, job, cfg, state_on_device)
     payload, errors = compression.encode(result.outer_grad, state, cfg.network)
     return JobResult(payload, {**result.opt_state, **errors}, result.steps, result.tokens,
                      result.train_loss, result.compute_seconds)
@@ -292,7 +313,8 @@ def serve_job(params, states, job: JobSpec, cfg: Config,
     import time
 
     faults.before_job(job.fault, cfg)
-    result = job_update(params, states.load(job.prev_job), job, cfg)
+    result = job_update(params, states.load(job.prev_job), job, cfg,
+                        state_on_device=getattr(states, "device_resident", False))
     states.save(job.job_id, result.opt_state)
     states.prune(job.keep_from)
     seconds = result.compute_seconds

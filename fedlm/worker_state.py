@@ -13,8 +13,10 @@ not the order messages happened to arrive in, decides what a worker builds on:
 States older than the job message's ``keep_from`` are deleted (the server keeps
 that pointer at the oldest state a checkpoint may still need).
 
-Two stores, same interface: Flower's per-node ``context.state`` (memory; lost
-with the process) and node-local files (survive a crash; needed for resume).
+Three stores, same interface: a dict in this process (the in-process
+backend; on a GPU its tensors stay in device memory), Flower's per-node
+``context.state`` (memory; lost with the process) and node-local files (survive
+a crash; needed for resume).
 """
 
 from __future__ import annotations
@@ -37,7 +39,10 @@ class MissingState(RuntimeError):
 
 
 class MemoryStates:
-    """In a plain dict (the in-process transport)."""
+    """In a plain dict (the in-process transport). On a GPU the states stay in device
+    memory between a worker's jobs (``device_resident``)."""
+
+    device_resident = True
 
     def __init__(self) -> None:
         self.states: dict[int, dict] = {}
@@ -64,6 +69,7 @@ class ContextStates:
     """In Flower's ``context.state`` (a RecordDict kept per node across messages)."""
 
     PREFIX = "fedlm.opt."
+    device_resident = False  # Flower's records hold host arrays
 
     def __init__(self, state) -> None:
         self.state = state
@@ -94,6 +100,8 @@ class ContextStates:
 
 class DiskStates:
     """One file per state under ``folder`` (written atomically)."""
+
+    device_resident = False
 
     def __init__(self, folder: Path) -> None:
         self.folder = Path(folder)

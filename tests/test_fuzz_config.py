@@ -175,7 +175,7 @@ def toml_inline(value: Any) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(toml_inline(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{json.dumps(k)} = {toml_inline(v)}"
+        return "{" + ", ".join(f"{toml_inline(k)} = {toml_inline(v)}"
                                for k, v in value.items()) + "}"
     raise TypeError(value)
 

@@ -13,7 +13,9 @@ Plain loop (one process, fedlm's model and corpus, AdamW, grad clipping), varian
 
 against ``fedlm run --backend inprocess`` (4 workers, homogeneous fleet) with
 sync DiLoCo and async delayed Nesterov, with ``inner.precision=auto`` (bf16 on a
-GPU that has it) and, on CUDA, ``inner.compile=true``. Reports tokens/s, MFU and
+GPU that has it) and, on CUDA, ``inner.compile=true``; and sync DiLoCo with the
+4 workers' jobs running at once (``sim.concurrent_jobs``: on CUDA 4 jobs, a
+stream each; on the CPU as many jobs as cores, with a core each). Reports tokens/s, MFU and
 the ratio fedlm / plain (against the fastest plain variant and against plain
 fp32); writes experiments/results/gpu.json with the device's name.
 
@@ -172,13 +174,21 @@ def bench_model(model: str, args, device: str, peak: float | None) -> list[dict]
               "profile=homogeneous", "eval.batches=1", f"device={device}",
               f"inner.threads={torch.get_num_threads()}", "inner.precision=auto",
               f"inner.compile={'true' if cuda else 'false'}", "data.partition=iid"]
+    cores = torch.get_num_threads()
+    at_once = workers if cuda else max(2, min(workers, cores))
+    threads_each = cores if cuda else max(1, cores // at_once)
     with tempfile.TemporaryDirectory() as tmp:
         for label, sets in [
             ("fedlm sync DiLoCo", ["strategy=diloco", f"updates={rounds}",
                                    f"eval.every={rounds}"]),
             ("fedlm async delayed-nesterov", ["strategy=delayed-nesterov",
                                               f"updates={rounds * workers}",
-                                              f"eval.every={rounds * workers}"])]:
+                                              f"eval.every={rounds * workers}"]),
+            # the 4 workers' jobs at once (sim.concurrent_jobs): on CUDA one stream each;
+            # on the CPU as many jobs as cores, a core each
+            (f"fedlm sync DiLoCo, {at_once} jobs at once",
+             ["strategy=diloco", f"updates={rounds}", f"eval.every={rounds}",
+              f"sim.concurrent_jobs={at_once}", f"inner.threads={threads_each}"])]:
             rows.append(fedlm_run(label, [*common, *sets], Path(tmp) / f"{len(rows)}.db",
                                   args.timeout))
             print(f"  {model} {label}: {rows[-1]['tokens_per_s']:,.0f} tok/s (run span), "
