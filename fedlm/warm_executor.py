@@ -47,6 +47,7 @@ import argparse
 import os
 import sys
 import threading
+import time
 from logging import ERROR, INFO, WARNING
 from pathlib import Path
 
@@ -87,6 +88,7 @@ from flwr.supercore.superexec.executor import ExecutionSpec  # noqa: E402
 from flwr.supercore.superexec.executor.subprocess_executor import SubprocessExecutor  # noqa: E402
 from flwr.supercore.superexec.run_superexec import _SUPEREXEC_AUTH_METHODS  # noqa: E402
 from flwr.supercore.telemetry import EventType  # noqa: E402
+from fedlm.object_pull import shorten_object_pull_backoff  # noqa: E402
 from flwr.supernode.runtime.run_clientapp import (  # noqa: E402
     pull_task_input,
     push_message,
@@ -97,7 +99,8 @@ ENV_SWITCH = "FEDLM_WARM_EXECUTOR"  # "0": Flower's SuperExec, a process per mes
 ENV_POLL = "FEDLM_WARM_POLL_S"
 DEFAULT_POLL_S = 0.02
 TASK_RPC_MAX_S = 120.0  # give up a task's Runtime API call after this long (retries)
-START_MARK = "[fedlm warm executor] start task"  # logged per task (benchmarks read it)
+START_MARK = "[fedlm warm executor] start task"  # logged per task (benchmarks read these)
+DONE_MARK = "[fedlm warm executor] done task"
 
 
 def enabled(env=os.environ) -> bool:
@@ -185,12 +188,15 @@ class WarmExecutor:
         context: Context | None = None
         sub_status, details = SubStatus.FAILED, "ClientApp task failed due to unknown reason"
         self.current = [client, None, invoker]
+        times = [time.perf_counter()]
         try:
             heartbeat.start()
             message, context, run, fab = pull_task_input(client)
             self.current[1] = context
             app = self._client_app(run, fab)
+            times.append(time.perf_counter())
             reply = app(message=message, context=context)
+            times.append(time.perf_counter())
             sub_status, details = SubStatus.COMPLETED, ""
         except Exception as ex:  # noqa: BLE001 - Flower's error reply, as run_clientapp
             code = ErrorCode.CLIENT_APP_RAISED_EXCEPTION
@@ -211,8 +217,13 @@ class WarmExecutor:
                             push_message(client, reply, context)
                         except Exception as ex:  # noqa: BLE001
                             log(ERROR, "Failed to push reply message", exc_info=ex)
+                    times.append(time.perf_counter())
                     push_task_output(client=client, context=context, sub_status=sub_status,
                                      details=details)
+                    times.append(time.perf_counter())
+                    if len(times) == 5:  # seconds: pull, ClientApp, push reply, push status
+                        log(INFO, "%s %d: pull %.3f app %.3f push %.3f status %.3f", DONE_MARK,
+                            task_id, *(b - a for a, b in zip(times, times[1:])))
                 except Exception as ex:  # noqa: BLE001 - the next task must still run
                     log(ERROR, "Failed to finish task %d", task_id, exc_info=ex)
                 finally:
@@ -293,6 +304,9 @@ def main(argv: list[str] | None = None) -> None:
     if not args.insecure and not args.root_certificates:
         ap.error("give --insecure or --root-certificates (the Runtime API's CA)")
     poll_s = float(os.environ.get(ENV_POLL, DEFAULT_POLL_S))
+    # the task is claimed while the SuperNode may still pull the message's objects:
+    # retry a missing one after 20 ms, not Flower's 1 s
+    shorten_object_pull_backoff("flwr.supernode.runtime.run_clientapp")
     secret = load_superexec_auth_secret(args.superexec_auth_secret_file)
     if args.parent_pid is not None:
         start_parent_process_monitor(args.parent_pid)

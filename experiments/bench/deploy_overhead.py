@@ -65,18 +65,29 @@ sys.path.insert(0, str(ROOT))
 
 from fedlm import config_load  # noqa: E402
 from fedlm.deploy import FAST_TASK_POLL, LocalDeployment  # noqa: E402
+from fedlm.warm_executor import DEFAULT_POLL_S, DONE_MARK as WARM_DONE  # noqa: E402
+from fedlm.warm_executor import START_MARK as WARM_START  # noqa: E402
 from experiments.bench.deploy_echo import echo_round_trips  # noqa: E402
 
 OLD = {"FEDLM_WORKER_PROCESS": "0"}  # every message in a fresh ClientApp process
 VARIANTS = {
     "flower-defaults": dict(tls=True, auth=True, fast_poll=False, node_poll=False,
+                            warm_exec=False,
                             extra_env={"FLWR_TELEMETRY_ENABLED": "1", **OLD}),
-    "old": dict(tls=True, auth=True, fast_poll=True, node_poll=False, extra_env=OLD),
-    "worker-process": dict(tls=True, auth=True, fast_poll=True, node_poll=False, extra_env={}),
-    "new": dict(tls=True, auth=True, fast_poll=True, node_poll=True, extra_env={}),
-    "new-insecure": dict(tls=False, auth=False, fast_poll=True, node_poll=True, extra_env={}),
+    "old": dict(tls=True, auth=True, fast_poll=True, node_poll=False, warm_exec=False,
+                extra_env=OLD),
+    "worker-process": dict(tls=True, auth=True, fast_poll=True, node_poll=False,
+                           warm_exec=False, extra_env={}),
+    "new": dict(tls=True, auth=True, fast_poll=True, node_poll=True, warm_exec=False,
+                extra_env={}),
+    "warm": dict(tls=True, auth=True, fast_poll=True, node_poll=True, warm_exec=True,
+                 extra_env={}),
+    "warm-insecure": dict(tls=False, auth=False, fast_poll=True, node_poll=True,
+                          warm_exec=True, extra_env={}),
 }
 PHASES = ["poll_wait", "pull", "launch", "clientapp", "push", "server_notice"]
+# inside "clientapp" with the warm executor: its own timings (seconds)
+EXEC_PHASES = ["exec_pull", "exec_app", "exec_push", "exec_status"]
 
 
 class LogTail(threading.Thread):
@@ -107,8 +118,19 @@ class LogTail(threading.Thread):
 
 
 MARKS = {"Receiving: train message": "recv", "Received successfully": "recvd",
-         "Start `flwr-clientapp` process": "start", "Sending: train message": "send",
-         "Sent successfully": "sent"}
+         "Start `flwr-clientapp` process": "start", WARM_START: "start",
+         "Sending: train message": "send", "Sent successfully": "sent"}
+
+
+def warm_task_times(lines, node: str) -> list[dict[str, float]]:
+    """The warm executor's own per-task timings (pull, app, push, status) of ``node``'s
+    train tasks, in order (its query task, the first, is left out)."""
+    out = []
+    for _, name, line in lines:
+        if name == node and WARM_DONE in line:
+            nums = line.split(WARM_DONE, 1)[1].split()
+            out.append({f"exec_{k}": float(v) for k, v in zip(nums[1::2], nums[2::2])})
+    return out[1:]
 
 
 def node_events(lines, node: str) -> list[dict[str, float]]:
@@ -118,12 +140,18 @@ def node_events(lines, node: str) -> list[dict[str, float]]:
         if name != node:
             continue
         for text, mark in MARKS.items():
-            if text in line:
-                if mark == "recv":
-                    cur = {"recv": t}
-                    jobs.append(cur)
-                elif cur is not None and mark not in cur:
-                    cur[mark] = t
+            if text not in line:
+                continue
+            if mark == "recv":
+                cur = {"recv": t}
+                jobs.append(cur)
+            elif cur is not None and mark not in cur:
+                cur[mark] = t
+    # the warm executor can claim the task while the SuperNode still stores the
+    # message's objects (before "Received successfully"): launch is then 0
+    for ev in jobs:
+        if "start" in ev and "recvd" in ev and ev["start"] < ev["recvd"]:
+            ev["start"] = ev["recvd"]
     return jobs
 
 
@@ -154,7 +182,8 @@ def idle_cpu(dep: LocalDeployment, seconds: float = 10.0) -> float:
     """CPU cores a SuperNode (with its SuperExec) uses while it has no work, mean over nodes."""
     deadline = time.monotonic() + 60  # once every SuperExec has started (imports cost CPU)
     while time.monotonic() < deadline and not all(
-            "Starting Flower SuperExec" in (dep.home / f"{n}.log").read_text(errors="replace")
+            any(m in (dep.home / f"{n}.log").read_text(errors="replace")
+                for m in ("Starting Flower SuperExec", "[fedlm warm executor] pid"))
             for n in dep.nodes):
         time.sleep(0.2)
     time.sleep(3.0)
@@ -193,6 +222,7 @@ def one_run(name: str, variant: dict, workers: int, jobs: int, work: Path,
     conn.close()
     offset = statistics.median(wa - td for _, _, _, td, wa, _ in rows)  # wall time of t = 0
     per_node = {w: node_events(tail.lines, f"supernode{w}") for w in range(workers)}
+    warm = {w: warm_task_times(tail.lines, f"supernode{w}") for w in range(workers)}
     out, seen = [], {w: 0 for w in range(workers)}
     for w, job_id, td, tdone, _, comp in rows:
         k = seen[w]
@@ -204,6 +234,8 @@ def one_run(name: str, variant: dict, workers: int, jobs: int, work: Path,
             job |= {"poll_wait": ev["recv"] - (td + offset), "pull": ev["recvd"] - ev["recv"],
                     "launch": ev["start"] - ev["recvd"], "clientapp": ev["send"] - ev["start"],
                     "push": ev["sent"] - ev["send"], "server_notice": tdone + offset - ev["sent"]}
+        if k < len(warm[w]):
+            job |= warm[w][k]
         out.append(job)
     return {"variant": name, "model": model, "security_problems": problems, "seconds": time.time() - t0,
             "idle_cpu_per_supernode": idle, "jobs": out}
@@ -226,7 +258,12 @@ def summarize(runs: list[dict]) -> dict:
             "compute_steady": stats([j["compute"] for j in steady]),
             "overhead_first_job": stats([j["overhead"] for j in jobs if j["first"]]),
             "phases_steady_mean": {p: round(statistics.fmean(j[p] for j in steady if p in j), 3)
-                                   for p in PHASES if any(p in j for j in steady)},
+                                   for p in PHASES + EXEC_PHASES
+                                   if any(p in j for j in steady)},
+            "phases_steady_median": {p: round(statistics.median(j[p] for j in steady if p in j),
+                                              3)
+                                     for p in PHASES + EXEC_PHASES
+                                     if any(p in j for j in steady)},
             "idle_cpu_per_supernode": round(statistics.fmean(
                 r["idle_cpu_per_supernode"] for r in runs if r["key"] == name), 4),
         }
