@@ -33,7 +33,12 @@ supported ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` environment variable sets that
 telemetry request at exit. The SuperNodes run as ``python -m fedlm.supernode``
 (Flower's SuperNode with its hard-coded 3 s idle poll capped; ``node_poll``),
 and each one's ClientApps hand their jobs to a long-lived worker process
-(``fedlm.node_client``). See docs/deployment.md for the measurements.
+(``fedlm.node_client``); with ``--warm-executor`` (``warm_exec``, on by
+default) each SuperNode's ClientApps run in one warm process
+(``fedlm.warm_executor``), not a process per message. The SuperLink keeps its
+state and objects in memory (Flower's default; ``link_db_file`` puts them in a
+SQLite file, which cost ~1 s per hop for 7 MB messages). See
+docs/deployment.md for the measurements.
 
 The same commands work across machines: start the SuperLink on one host and a
 SuperNode per worker on others, pointing ``--superlink`` at it (see
@@ -104,6 +109,10 @@ class LocalDeployment:
     # ClientApps in a warm executor per SuperNode (fedlm.warm_executor), not a process
     # per message; None: on unless FEDLM_WARM_EXECUTOR=0. Needs node_poll.
     warm_exec: bool | None = None
+    # the SuperLink's state and object store: in memory (Flower's default), or a
+    # SQLite file HOME/superlink.db (True: every message's objects written to and
+    # deleted from it; ~1 s more per hop for the small model, see docs/deployment.md)
+    link_db_file: bool = False
     extra_env: dict[str, str] = field(default_factory=dict)  # set last, for every process
     port: int = 0
     procs: list[subprocess.Popen] = field(default_factory=list)
@@ -173,7 +182,7 @@ class LocalDeployment:
             *(["--enable-supernode-auth"] if self.auth else []),
             "--host", "127.0.0.1", "--port", str(self.port),
             "--disable-runtime-dependency-installation",
-            "--database", str(self.home / "superlink.db")])
+            *(["--database", str(self.home / "superlink.db")] if self.link_db_file else [])])
         self._write_connection()
         _wait_for_port(self.port, link, timeout, self.home / "superlink.log")
         nodes = {f"supernode{p.worker}": (f'partition-id={p.worker} num-partitions={self.workers} '
