@@ -33,7 +33,12 @@ supported ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` environment variable sets that
 telemetry request at exit. The SuperNodes run as ``python -m fedlm.supernode``
 (Flower's SuperNode with its hard-coded 3 s idle poll capped; ``node_poll``),
 and each one's ClientApps hand their jobs to a long-lived worker process
-(``fedlm.node_client``). See docs/deployment.md for the measurements.
+(``fedlm.node_client``); with ``--warm-executor`` (``warm_exec``, on by
+default) each SuperNode's ClientApps run in one warm process
+(``fedlm.warm_executor``), not a process per message. The SuperLink keeps its
+state and objects in memory (Flower's default; ``link_db_file`` puts them in a
+SQLite file, which cost ~1 s per hop for 7 MB messages). See
+docs/deployment.md for the measurements.
 
 The same commands work across machines: start the SuperLink on one host and a
 SuperNode per worker on others, pointing ``--superlink`` at it (see
@@ -53,7 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedlm import data as data_lib, fleet as fleet_lib
-from fedlm.credentials import make_certificates, make_node_key
+from fedlm.credentials import make_certificates, make_node_key, make_secret
 from fedlm.config import Config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,6 +69,11 @@ CONNECTION = "fedlm-local"  # the connection name written to $FLWR_HOME/config.t
 # (flwr/supercore/superexec/run_superexec.py; accepted range 0.01 to 60).
 TASK_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
 FAST_TASK_POLL = 0.2
+WARM_ENV = "FEDLM_WARM_EXECUTOR"  # fedlm.warm_executor.ENV_SWITCH ("0": a process per message)
+
+
+def warm_enabled(env) -> bool:
+    return env.get(WARM_ENV, "1") != "0"
 
 
 def free_port() -> int:
@@ -96,6 +106,13 @@ class LocalDeployment:
     auth: bool = True  # SuperNode authentication (needs tls)
     fast_poll: bool = True  # FLWR_SUPEREXEC_TASK_POLL_INTERVAL = FAST_TASK_POLL
     node_poll: bool = True  # SuperNodes as `python -m fedlm.supernode` (shorter waits)
+    # ClientApps in a warm executor per SuperNode (fedlm.warm_executor), not a process
+    # per message; None: on unless FEDLM_WARM_EXECUTOR=0. Needs node_poll.
+    warm_exec: bool | None = None
+    # the SuperLink's state and object store: in memory (Flower's default), or a
+    # SQLite file HOME/superlink.db (True: every message's objects written to and
+    # deleted from it; ~1 s more per hop for the small model, see docs/deployment.md)
+    link_db_file: bool = False
     extra_env: dict[str, str] = field(default_factory=dict)  # set last, for every process
     port: int = 0
     procs: list[subprocess.Popen] = field(default_factory=list)
@@ -105,6 +122,13 @@ class LocalDeployment:
     def __post_init__(self) -> None:
         if self.auth and not self.tls:
             raise ValueError("SuperNode authentication needs TLS (Flower refuses it otherwise)")
+        if self.warm_exec is None:
+            self.warm_exec = self.node_poll and warm_enabled({**os.environ, **self.extra_env})
+        if self.warm_exec:
+            if not self.node_poll:
+                raise ValueError("the warm executor is started by fedlm.supernode: "
+                                 "it needs node_poll=True")
+            from fedlm import warm_executor  # noqa: F401 - refuses another flwr version now
 
     def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None
                ) -> subprocess.Popen:
@@ -158,7 +182,7 @@ class LocalDeployment:
             *(["--enable-supernode-auth"] if self.auth else []),
             "--host", "127.0.0.1", "--port", str(self.port),
             "--disable-runtime-dependency-installation",
-            "--database", str(self.home / "superlink.db")])
+            *(["--database", str(self.home / "superlink.db")] if self.link_db_file else [])])
         self._write_connection()
         _wait_for_port(self.port, link, timeout, self.home / "superlink.log")
         nodes = {f"supernode{p.worker}": (f'partition-id={p.worker} num-partitions={self.workers} '
@@ -197,6 +221,9 @@ class LocalDeployment:
                 "--port", str(free_port()), "--node-config", node_config]
         if key is not None:
             args += ["--auth-supernode-private-key", str(key)]
+        if self.warm_exec:  # --isolation process; its executor signs AcquireTask
+            args += ["--warm-executor", "--superexec-auth-secret-file",
+                     str(make_secret(self.home / "keys" / f"{name}.superexec"))]
         proc = self._spawn(name, args, env=self.env(supernode=True))
         self.nodes[name] = proc
         return proc

@@ -52,6 +52,10 @@ class FlowerTransport:
         # 180 s in 1.41); pulled together with the others, it would hold every
         # other reply back that long. (Simulation: one pull for all, no threads.)
         self.per_message = not isinstance(grid, InMemoryGrid)
+        if self.per_message:  # a reply's objects lag its announcement: retry in 20 ms, not 1 s
+            from fedlm.object_pull import shorten_object_pull_backoff
+
+            shorten_object_pull_backoff("flwr.superlink.grid.http_grid")
         self._pulled: queue.SimpleQueue = queue.SimpleQueue()  # Messages or exceptions
         self._pullers: set[str] = set()  # message ids with a puller thread
 

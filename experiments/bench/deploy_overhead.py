@@ -1,7 +1,8 @@
 """What a job costs in Flower deployment beyond its compute: the old path against the new.
 
-    python experiments/bench/deploy_overhead.py [--models tiny,small] [--workers 4]
-        [--jobs 6] [--rounds 1] [--variants old,worker-process,new] [--echo-messages 0]
+    python experiments/bench/deploy_overhead.py [--models small,tiny] [--workers 4]
+        [--jobs 6] [--rounds 1] [--variants old,worker-process,new,warm-filedb,warm]
+        [--echo-messages 0]
 
 Runs ``fedlm deploy local``'s LocalDeployment (SuperLink + one SuperNode per
 worker on loopback, TLS and SuperNode authentication on) with async SGD and
@@ -13,10 +14,16 @@ short jobs, for each model in these variants, interleaved ``--rounds`` times
   after an empty poll); the SuperExec task poll 0.2 s, telemetry off;
 * ``worker-process``: the light ClientApp handing each job to the node's
   long-lived worker process (``fedlm.node_client``), plain ``flower-supernode``;
-* ``new``: what ``fedlm deploy local`` does now: the worker process and
-  ``python -m fedlm.supernode`` (the SuperNode's waits capped);
+* ``new``: the worker process and ``python -m fedlm.supernode`` (the
+  SuperNode's waits capped), a ClientApp process per message;
+* ``warm-filedb``: ``new`` with the warm ClientApp executor
+  (``fedlm.warm_executor``: no process per message; object pulls retried after
+  20 ms, ``fedlm.object_pull``);
+* ``warm``: what ``fedlm deploy local`` does now: ``warm-filedb`` with the
+  SuperLink's state and objects in memory (Flower's default) instead of a
+  SQLite file (the four variants above keep the file, as before);
 * also ``flower-defaults`` (old, task poll 1 s, telemetry on) and
-  ``new-insecure`` (new without TLS and authentication).
+  ``warm-insecure`` (warm without TLS and authentication).
 
 Messages of every variant carry their tensors packed in one array
 (``fedlm.messages.pack``): that is the message format, not a setting.
@@ -30,12 +37,18 @@ into phases:
   to the SuperLink) until the SuperNode pulls it;
 * ``pull``: the SuperNode pulling the message's objects from the SuperLink;
 * ``launch``: until the new ``flwr-clientapp`` process logs its start: the
-  SuperExec's task poll, process start, importing flwr;
+  SuperExec's task poll, process start, importing flwr (warm executor: until
+  it starts the task, 0 when it claimed it before the SuperNode had the
+  objects);
 * ``clientapp``: the ClientApp: pulling the message from the SuperNode, the
   job (old: importing fedlm and torch, building the model first; new: handing
   it to the worker process), pushing the reply to the SuperNode;
 * ``push``: the SuperNode pushing the reply's objects to the SuperLink;
-* ``server_notice``: until the ServerApp has pulled the reply and applied it.
+* ``server_notice``: until the ServerApp has pulled the reply and applied it;
+* warm executor only, inside ``pull`` + ``clientapp``, its own timings:
+  ``exec_pull`` (pull_task_input, overlapping the SuperNode's pull),
+  ``exec_app`` (the ClientApp, the job included), ``exec_push`` (the reply to
+  the SuperNode), ``exec_status``.
 
 The first job of each worker (run start: FAB download, caches, the worker
 process's start) is reported apart. Also measured: the idle CPU of a
@@ -65,18 +78,35 @@ sys.path.insert(0, str(ROOT))
 
 from fedlm import config_load  # noqa: E402
 from fedlm.deploy import FAST_TASK_POLL, LocalDeployment  # noqa: E402
+from fedlm.warm_executor import DEFAULT_POLL_S, DONE_MARK as WARM_DONE  # noqa: E402
+from fedlm.warm_executor import START_MARK as WARM_START  # noqa: E402
 from experiments.bench.deploy_echo import echo_round_trips  # noqa: E402
 
 OLD = {"FEDLM_WORKER_PROCESS": "0"}  # every message in a fresh ClientApp process
+# ``old``, ``worker-process``, ``new`` and ``warm-filedb``: the SuperLink on a SQLite
+# file, as fedlm deploy local had it until the warm executor
+FILE_DB = dict(link_db_file=True)
 VARIANTS = {
     "flower-defaults": dict(tls=True, auth=True, fast_poll=False, node_poll=False,
+                            warm_exec=False, **FILE_DB,
                             extra_env={"FLWR_TELEMETRY_ENABLED": "1", **OLD}),
-    "old": dict(tls=True, auth=True, fast_poll=True, node_poll=False, extra_env=OLD),
-    "worker-process": dict(tls=True, auth=True, fast_poll=True, node_poll=False, extra_env={}),
-    "new": dict(tls=True, auth=True, fast_poll=True, node_poll=True, extra_env={}),
-    "new-insecure": dict(tls=False, auth=False, fast_poll=True, node_poll=True, extra_env={}),
+    "old": dict(tls=True, auth=True, fast_poll=True, node_poll=False, warm_exec=False,
+                **FILE_DB, extra_env=OLD),
+    "worker-process": dict(tls=True, auth=True, fast_poll=True, node_poll=False,
+                           warm_exec=False, **FILE_DB, extra_env={}),
+    "new": dict(tls=True, auth=True, fast_poll=True, node_poll=True, warm_exec=False,
+                **FILE_DB, extra_env={}),
+    "warm-filedb": dict(tls=True, auth=True, fast_poll=True, node_poll=True, warm_exec=True,
+                        **FILE_DB, extra_env={}),
+    # what fedlm deploy local does now: warm executor, SuperLink in memory
+    "warm": dict(tls=True, auth=True, fast_poll=True, node_poll=True, warm_exec=True,
+                 link_db_file=False, extra_env={}),
+    "warm-insecure": dict(tls=False, auth=False, fast_poll=True, node_poll=True,
+                          warm_exec=True, link_db_file=False, extra_env={}),
 }
 PHASES = ["poll_wait", "pull", "launch", "clientapp", "push", "server_notice"]
+# inside "clientapp" with the warm executor: its own timings (seconds)
+EXEC_PHASES = ["exec_pull", "exec_app", "exec_push", "exec_status"]
 
 
 class LogTail(threading.Thread):
@@ -107,8 +137,19 @@ class LogTail(threading.Thread):
 
 
 MARKS = {"Receiving: train message": "recv", "Received successfully": "recvd",
-         "Start `flwr-clientapp` process": "start", "Sending: train message": "send",
-         "Sent successfully": "sent"}
+         "Start `flwr-clientapp` process": "start", WARM_START: "start",
+         "Sending: train message": "send", "Sent successfully": "sent"}
+
+
+def warm_task_times(lines, node: str) -> list[dict[str, float]]:
+    """The warm executor's own per-task timings (pull, app, push, status) of ``node``'s
+    train tasks, in order (its query task, the first, is left out)."""
+    out = []
+    for _, name, line in lines:
+        if name == node and WARM_DONE in line:
+            nums = line.split(WARM_DONE, 1)[1].split()
+            out.append({f"exec_{k}": float(v) for k, v in zip(nums[1::2], nums[2::2])})
+    return out[1:]
 
 
 def node_events(lines, node: str) -> list[dict[str, float]]:
@@ -118,12 +159,18 @@ def node_events(lines, node: str) -> list[dict[str, float]]:
         if name != node:
             continue
         for text, mark in MARKS.items():
-            if text in line:
-                if mark == "recv":
-                    cur = {"recv": t}
-                    jobs.append(cur)
-                elif cur is not None and mark not in cur:
-                    cur[mark] = t
+            if text not in line:
+                continue
+            if mark == "recv":
+                cur = {"recv": t}
+                jobs.append(cur)
+            elif cur is not None and mark not in cur:
+                cur[mark] = t
+    # the warm executor can claim the task while the SuperNode still stores the
+    # message's objects (before "Received successfully"): launch is then 0
+    for ev in jobs:
+        if "start" in ev and "recvd" in ev and ev["start"] < ev["recvd"]:
+            ev["start"] = ev["recvd"]
     return jobs
 
 
@@ -154,7 +201,8 @@ def idle_cpu(dep: LocalDeployment, seconds: float = 10.0) -> float:
     """CPU cores a SuperNode (with its SuperExec) uses while it has no work, mean over nodes."""
     deadline = time.monotonic() + 60  # once every SuperExec has started (imports cost CPU)
     while time.monotonic() < deadline and not all(
-            "Starting Flower SuperExec" in (dep.home / f"{n}.log").read_text(errors="replace")
+            any(m in (dep.home / f"{n}.log").read_text(errors="replace")
+                for m in ("Starting Flower SuperExec", "[fedlm warm executor] pid"))
             for n in dep.nodes):
         time.sleep(0.2)
     time.sleep(3.0)
@@ -174,7 +222,7 @@ def one_run(name: str, variant: dict, workers: int, jobs: int, work: Path,
             "strategy=async-sgd", "clock=wall", "seed=0"]
     cfg = config_load.load(None, sets)
     tail = LogTail(home)
-    t0 = time.time()
+    t0, load0 = time.time(), os.getloadavg()
     with LocalDeployment(home, workers, **variant) as dep:
         dep.start(cfg)
         wait_online(dep, workers)
@@ -193,6 +241,7 @@ def one_run(name: str, variant: dict, workers: int, jobs: int, work: Path,
     conn.close()
     offset = statistics.median(wa - td for _, _, _, td, wa, _ in rows)  # wall time of t = 0
     per_node = {w: node_events(tail.lines, f"supernode{w}") for w in range(workers)}
+    warm = {w: warm_task_times(tail.lines, f"supernode{w}") for w in range(workers)}
     out, seen = [], {w: 0 for w in range(workers)}
     for w, job_id, td, tdone, _, comp in rows:
         k = seen[w]
@@ -204,9 +253,13 @@ def one_run(name: str, variant: dict, workers: int, jobs: int, work: Path,
             job |= {"poll_wait": ev["recv"] - (td + offset), "pull": ev["recvd"] - ev["recv"],
                     "launch": ev["start"] - ev["recvd"], "clientapp": ev["send"] - ev["start"],
                     "push": ev["sent"] - ev["send"], "server_notice": tdone + offset - ev["sent"]}
+        if k < len(warm[w]):
+            job |= warm[w][k]
         out.append(job)
     return {"variant": name, "model": model, "security_problems": problems, "seconds": time.time() - t0,
-            "idle_cpu_per_supernode": idle, "jobs": out}
+            "idle_cpu_per_supernode": idle,
+            "loadavg_1_5_15_at_start": [round(x, 2) for x in load0],
+            "loadavg_1_5_15_at_end": [round(x, 2) for x in os.getloadavg()], "jobs": out}
 
 
 def summarize(runs: list[dict]) -> dict:
@@ -226,7 +279,12 @@ def summarize(runs: list[dict]) -> dict:
             "compute_steady": stats([j["compute"] for j in steady]),
             "overhead_first_job": stats([j["overhead"] for j in jobs if j["first"]]),
             "phases_steady_mean": {p: round(statistics.fmean(j[p] for j in steady if p in j), 3)
-                                   for p in PHASES if any(p in j for j in steady)},
+                                   for p in PHASES + EXEC_PHASES
+                                   if any(p in j for j in steady)},
+            "phases_steady_median": {p: round(statistics.median(j[p] for j in steady if p in j),
+                                              3)
+                                     for p in PHASES + EXEC_PHASES
+                                     if any(p in j for j in steady)},
             "idle_cpu_per_supernode": round(statistics.fmean(
                 r["idle_cpu_per_supernode"] for r in runs if r["key"] == name), 4),
         }
@@ -248,8 +306,8 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--jobs", type=int, default=6, help="jobs per worker per run")
     ap.add_argument("--rounds", type=int, default=1, help="runs per variant, interleaved")
-    ap.add_argument("--variants", default="old,worker-process,new")
-    ap.add_argument("--models", default="tiny,small")
+    ap.add_argument("--variants", default="old,worker-process,new,warm-filedb,warm")
+    ap.add_argument("--models", default="small,tiny")
     ap.add_argument("--echo-messages", type=int, default=0,
                     help="round trips per array count in the echo app (0: skip it)")
     ap.add_argument("--echo-rounds", type=int, default=2,
@@ -257,6 +315,7 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "experiments/results/deploy_overhead.json"))
     args = ap.parse_args()
     names = args.variants.split(",")
+    load_start = os.getloadavg()
     runs = []
     with tempfile.TemporaryDirectory(prefix="fedlm-deploy-bench-") as tmp:
         order = [(m, n) for m in args.models.split(",") for n in names]
@@ -292,13 +351,18 @@ def main() -> int:
     result = {
         "what": "per-job wall-clock overhead (latency - compute) of Flower deployment on "
                 "loopback, async SGD, TLS + SuperNode auth; old path (a fresh ClientApp "
-                "process runs each job) vs new (a worker process per node; SuperNode waits "
-                "capped); phases from SuperNode logs",
-        "goal": {"small/new median steady overhead <= 3 s": (
-            summary.get("small/new", {}).get("overhead_steady", {}).get("median", 99) <= 3.0)},
+                "process runs each job) vs worker process vs warm ClientApp executor "
+                "(no process per message; SuperLink in memory); phases from SuperNode "
+                "logs",
+        "goal": {"small/warm median steady overhead <= 3 s": (
+            summary.get("small/warm", {}).get("overhead_steady", {}).get("median", 99) <= 3.0)},
+        "loadavg_1_5_15": {"start": [round(x, 2) for x in load_start],
+                           "end": [round(x, 2) for x in os.getloadavg()],
+                           "note": "the 2 cores are shared with another engineer's runs"},
         "setup": {"workers": args.workers, "jobs_per_worker": args.jobs, "rounds": args.rounds,
                   "flwr": version("flwr"), "cpus": os.cpu_count(),
                   "python": platform.python_version(), "fast_task_poll_s": FAST_TASK_POLL,
+                  "warm_executor_poll_s": DEFAULT_POLL_S,
                   "models": args.models.split(","),
                   "variants": {n: {k: v for k, v in VARIANTS[n].items()} for n in names}},
         # a fresh process up to `flwr-clientapp`'s first log line (the rest of

@@ -1,0 +1,71 @@
+"""The warm ClientApp executor (fedlm.warm_executor) in a real deployment: TLS and
+SuperNode authentication on, the SuperNodes in ``--isolation process``.
+
+One run, two SuperNodes, async SGD with injected crashes on worker 1: every task
+of a node ran in one executor process (the pid it logs per task), a ClientApp
+exception came back as Flower's error reply (the engine logs the job failed with
+a flower error) and the executor went on with the next task; the run replays to
+the same weights, and stop() leaves nothing running.
+"""
+
+import re
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+
+from fedlm import config_load
+from fedlm.deploy import LocalDeployment
+from fedlm.warm_executor import START_MARK
+from tests.test_deploy import _processes_mentioning
+
+pytestmark = pytest.mark.flower
+
+SETS = ["model=tiny", "workers=2", "updates=8", "inner.steps=2", "inner.batch_size=4",
+        "eval.every=1000", "eval.batches=1", "data.seq_len=64", "strategy=async-sgd",
+        "clock=wall", "seed=0", "faults.crash=0.5", "faults.workers=[1]"]
+
+
+def _tasks(log: str) -> list[tuple[int, int]]:
+    """(task number in its process, pid) of each task the warm executor started."""
+    return [(int(n), int(pid)) for n, pid in
+            re.findall(re.escape(START_MARK) + r" \d+ \(#(\d+) in pid (\d+)\)", log)]
+
+
+def test_warm_executor_reuses_its_process_and_reports_clientapp_errors(tmp_path):
+    home, db = tmp_path / "flwr-home", tmp_path / "runs.db"
+    cfg = config_load.load(None, SETS)
+    with LocalDeployment(home, 2, tls=True, auth=True) as dep:
+        assert dep.warm_exec
+        dep.start(cfg)
+        assert dep.run(SETS, str(db), timeout=420) == 0, \
+            (home / "supernode1.log").read_text(errors="replace")[-3000:]
+        problems = dep.security_problems()
+        logs = {n: (home / f"{n}.log").read_text(errors="replace") for n in dep.nodes}
+    assert problems == []
+    assert _processes_mentioning(str(home)) == []  # SuperNodes, executors, workers: gone
+
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    assert conn.execute("SELECT status, mode FROM runs").fetchone() == ("finished", "wall")
+    failed = [d for k, w, d in conn.execute("SELECT kind, worker, detail FROM events")
+              if k == "job_failed" and w == 1]
+    done_after = conn.execute(
+        "SELECT count(*) FROM updates WHERE worker = 1").fetchone()[0]
+    conn.close()
+    assert failed and all("flower error" in d for d in failed), failed
+    assert "InjectedFault" in logs["supernode1"] or "injected" in logs["supernode1"]
+
+    for name, log in logs.items():
+        assert "Start `flwr-clientapp` process" not in log, name  # no process per message
+        tasks = _tasks(log)
+        # the partition query and at least two train jobs, all in one process,
+        # numbered 1, 2, 3, ... there (a ClientApp error did not end it)
+        assert len(tasks) >= 3, (name, log[-2000:])
+        assert len({pid for _, pid in tasks}) == 1, (name, tasks)
+        assert [n for n, _ in tasks] == list(range(1, len(tasks) + 1)), (name, tasks)
+    assert done_after >= 1  # worker 1 trained again after its crashes
+
+    replay = subprocess.run([sys.executable, "-m", "fedlm", "replay", "1", "--db", str(db)],
+                            capture_output=True, text=True, timeout=300)
+    assert replay.returncode == 0 and "identical" in replay.stdout, replay.stdout + replay.stderr
