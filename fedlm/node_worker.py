@@ -24,19 +24,10 @@ from pathlib import Path
 from flwr.app import RecordDict
 
 from fedlm import client_app
+from fedlm.ownership import pid_alive
 from fedlm.node_client import decode, encode, recv_obj, send_obj
 
 WATCH_SECONDS = 0.5
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def answer(request: dict, state: RecordDict) -> dict:
@@ -65,7 +56,8 @@ def serve(path: Path, watch_pid: int, idle: float) -> None:
     sel.register(server, selectors.EVENT_READ)
     last = time.monotonic()
     try:
-        while _alive(watch_pid) and time.monotonic() - last < idle:
+        # pid_alive: None (cannot tell) counts as alive; a zombie SuperNode as gone
+        while pid_alive(watch_pid, None) is not False and time.monotonic() - last < idle:
             if not sel.select(timeout=WATCH_SECONDS):
                 continue
             conn, _ = server.accept()
