@@ -2,7 +2,8 @@
 
 A heap of ``(time, seq, event)``; ``seq`` comes from ``itertools.count()`` so
 events at the same time pop in the order they were scheduled (FIFO,
-deterministic). ``now`` only moves forward, and only by popping.
+deterministic). ``now`` only moves forward: by popping, or by ``advance`` to a time
+before the next event (a wait in which nothing happens).
 """
 
 from __future__ import annotations
@@ -43,6 +44,13 @@ class VirtualClock(Generic[E]):
             return None
         e = self._heap[0]
         return e.time, e.event
+
+    def advance(self, to: float) -> None:
+        """Move ``now`` forward to ``to`` with nothing happening (no event is due before)."""
+        if to < self._now or (self._heap and self._heap[0].time < to):
+            raise ValueError(f"cannot advance to {to}: now={self._now}, next event at "
+                             f"{self._heap[0].time if self._heap else None}")
+        self._now = float(to)
 
     def pop(self) -> tuple[float, E]:
         """Advance to the earliest event and return ``(time, event)``."""

@@ -29,6 +29,9 @@ SHARD_CHOICES = ("fixed", "paper")
 # CUDA device that supports it, fp32 elsewhere (CPU, where the determinism tests run).
 PRECISIONS = ("auto", "fp32", "tf32", "bf16")
 
+# The grace rules by name (Config.grace also takes a number of seconds).
+GRACE_RULES = ("auto", "adaptive", "off")
+
 # Per-job fault kinds of the [faults] section (at most one per job), in draw order.
 FAULT_KINDS = ("crash", "hang", "nan", "bad_shape", "bad_dtype", "bad_size", "duplicate")
 
@@ -199,7 +202,14 @@ class Config:
     local_step_budget: int = 0  # also stop once workers have run this many inner steps (0: off)
     time_budget: float = 0.0  # also stop at this virtual time, seconds (0: off)
     concurrency: int = 0  # most jobs in flight at once (sampled among free workers); 0 = all
-    grace: float = 0.0  # async grace period, virtual s: jobs finishing this close are applied together
+    # Async: which finished jobs are applied together before their workers get new work
+    # (fedlm/engine/grace.py): auto (the adaptive window for strategies that ask for it:
+    # delayed-nesterov; none for the others) | adaptive (for any async strategy) | off |
+    # a number of seconds (a fixed window: jobs finishing that close to the first).
+    grace: str = "auto"
+    # Adaptive window: wait for the jobs expected with the first finished one for at most
+    # this fraction of its job's time (0.5 at 20 s jobs: 10 s; jitter spreads them ~2-5 s).
+    grace_span: float = 0.5
     clock: str = "virtual"  # virtual: apply in simulated-completion order; wall: real arrival order
     device: str = "auto"  # auto | cpu | cuda
     db: str = "runs/fedlm.db"  # run store (SQLite); `--db` overrides

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from fedlm import fleet, presets
-from fedlm.config import (COMPRESSIONS, FAULT_KINDS, PRECISIONS, SCHEDULES, SECTIONS,
-                          SHARD_CHOICES, SPELLING, Config)
+from fedlm.config import (COMPRESSIONS, FAULT_KINDS, GRACE_RULES, PRECISIONS, SCHEDULES,
+                          SECTIONS, SHARD_CHOICES, SPELLING, Config)
 from fedlm.data import shakespeare_play_count
 from fedlm.errors import ConfigError
 from fedlm.strategies import registry
@@ -115,7 +115,7 @@ def _show(name: str) -> str:
 # TOML spelling -> attribute name (``SPELLING`` the other way).
 _ATTRIBUTE = {v: k for k, v in SPELLING.items()}
 # Text keys that may hold a bare number (``--set init.from=7`` parses 7 as an int).
-_NUMBER_AS_TEXT = {"from_"}
+_NUMBER_AS_TEXT = {"from_", "grace"}
 
 
 def _build(cls: type, raw: dict[str, Any], prefix: str) -> Any:
@@ -130,7 +130,8 @@ def _build(cls: type, raw: dict[str, Any], prefix: str) -> Any:
             raise ConfigError(f"{_show(path)}: unknown key (known: {', '.join(sorted(known))})")
         key = _ATTRIBUTE.get(key, key)
         typ = hints[key]
-        if key in _NUMBER_AS_TEXT and isinstance(value, int) and not isinstance(value, bool):
+        if key in _NUMBER_AS_TEXT and isinstance(value, (int, float)) \
+                and not isinstance(value, bool):
             value = str(value)
         if key in SECTIONS and cls is Config:
             if not isinstance(value, dict):
@@ -151,6 +152,15 @@ def from_dict(raw: dict[str, Any]) -> Config:
 def from_json(text: str) -> Config:
     """The ``Config`` that ``Config.to_json()`` wrote (a stored run's), validated again."""
     return from_dict(json.loads(text))
+
+
+def _seconds(text: str) -> float | None:
+    """A number of seconds >= 0 written as text (``grace = "4"``), else None."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
 
 
 def _require(ok: bool, path: str, value: Any, why: str) -> None:
@@ -191,7 +201,9 @@ def validate(cfg: Config) -> None:
              "must be >= 0")
     _require(cfg.time_budget >= 0, "time_budget", cfg.time_budget, "must be >= 0")
     _require(cfg.concurrency >= 0, "concurrency", cfg.concurrency, "must be >= 0")
-    _require(cfg.grace >= 0, "grace", cfg.grace, "must be >= 0")
+    _require(cfg.grace in GRACE_RULES or _seconds(cfg.grace) is not None, "grace", cfg.grace,
+             f"must be {', '.join(GRACE_RULES)} or a number of seconds >= 0")
+    _require(0 < cfg.grace_span <= 10, "grace_span", cfg.grace_span, "must be in (0, 10]")
     _require(cfg.clock in ("virtual", "wall"), "clock", cfg.clock, "must be virtual or wall")
     try:
         _check_outer_types(registry.strategy_class(cfg.strategy), cfg.outer)

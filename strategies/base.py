@@ -51,6 +51,9 @@ class Strategy(ABC):
 
     name: ClassVar[str] = ""  # registry name, e.g. "diloco"
     synchronous: ClassVar[bool] = False  # True: rounds with a barrier
+    # Async: jobs that finish together should be applied together, so their workers
+    # restart from the same model (grace = "auto" then opens the adaptive window).
+    wants_grace: ClassVar[bool] = False
 
     @abstractmethod
     def start(self, params, *, num_workers: int) -> None:

@@ -32,6 +32,9 @@ class DelayedNesterov(AsyncStrategy):
     """
 
     name = "delayed-nesterov"
+    # The momentum step comes at every N-th arrival: workers that restart before it
+    # train from a point the model then leaves (fedlm/engine/grace.py).
+    wants_grace = True
 
     def __init__(self, *, lr: float = 0.7, momentum: float = 0.9, buffer_size: int = 0,
                  c: float = 0.0) -> None:

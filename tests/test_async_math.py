@@ -12,7 +12,7 @@ from fedlm.strategies.async_sgd import AsyncSGD
 from fedlm.strategies.base import Update
 from fedlm.strategies.delayed_nesterov import DelayedNesterov
 from fedlm.strategies.fedbuff import FedBuff
-from fedlm.strategies.local_steps import DyLU, DyLUOnline
+from fedlm.strategies.local_steps import DyLU, DyLUFloor, DyLUOnline
 from fedlm.strategies.poly import Poly, PolyThres
 
 
@@ -131,13 +131,21 @@ def test_fedbuff_averages_k_scaled_updates_then_steps_once():
     assert fb.buffer == []
 
 
-def test_dylu_follows_its_formula_and_floor():
+def test_dylu_follows_its_formula_rounded_to_the_nearest_step():
+    times = (0.58, 0.75, 1.51, 3.33, 1000.0)
+    v = [1 / t for t in times]
     d = DyLU()
-    d.start(steps=50, step_times=[0.58, 0.75, 1.51, 3.33, 1000.0])
+    d.start(steps=50, step_times=list(times))
     hs = [d.local_steps(w) for w in range(5)]
-    v = [1 / t for t in (0.58, 0.75, 1.51, 3.33, 1000.0)]
-    assert hs == [max(1, math.floor(x / max(v) * 50)) for x in v]
-    assert hs[0] == 50 and hs[-1] == 1  # fastest keeps H; the floor is 1
+    assert hs == [max(1, math.floor(x / max(v) * 50 + 0.5)) for x in v] == [50, 39, 19, 9, 1]
+    floor = DyLUFloor()
+    floor.start(steps=50, step_times=list(times))
+    assert [floor.local_steps(w) for w in range(5)] == [
+        max(1, math.floor(x / max(v) * 50)) for x in v] == [50, 38, 19, 8, 1]
+    # the toy notebook's speeds at H = 20: floor 20/15/7/3 (the paper), nearest 20/15/8/3
+    for policy, want in ((DyLUFloor(), [20, 15, 7, 3]), (DyLU(), [20, 15, 8, 3])):
+        policy.start(steps=20, step_times=list(times[:4]))
+        assert [policy.local_steps(w) for w in range(4)] == want
 
 
 def test_dylu_online_is_robust_to_one_slow_measurement():

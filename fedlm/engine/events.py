@@ -116,8 +116,15 @@ class VirtualEvents:
     def went_offline(self, w: int, until: float) -> None:
         self.clock.schedule(until, BackOnline(w))
 
-    def next_event(self) -> Event:
+    def next_event(self, until: float | None = None, advance: bool = True) -> Event | None:
+        """The next event; with ``until``, None if nothing happens by then (the clock
+        then moves on to ``until``, unless ``advance`` is False)."""
         while True:
+            nxt = self.clock.peek()
+            if until is not None and (nxt is None or nxt[0] > until):
+                if advance and until > self.clock.now:
+                    self.clock.advance(until)
+                return None
             _, event = self.clock.pop()
             if isinstance(event, BackOnline):
                 return event
@@ -235,8 +242,9 @@ class WallEvents:
     def went_offline(self, w: int, until: float) -> None:
         pass  # noticed when ``until`` has passed
 
-    def next_event(self) -> Event:
-        """The first of: a worker back online, a missed deadline, an arrival."""
+    def next_event(self, until: float | None = None, advance: bool = True) -> Event | None:
+        """The first of: a worker back online, a missed deadline, an arrival; with
+        ``until``, None if none has happened by then."""
         while True:
             first = self.inbox.first()
             if first is not None:
@@ -249,8 +257,11 @@ class WallEvents:
             if overdue:
                 j = min(overdue)
                 return JobDone(j, missed_deadline(j, self.flights[j], time.time()))
+            if until is not None and now >= until:
+                return None
             soonest = min([f.deadline for f in self.flights.values()]
-                          + [u for _, u in self.pool.offline.values()], default=now + 1.0)
+                          + [u for _, u in self.pool.offline.values()]
+                          + ([until] if until is not None else []), default=now + 1.0)
             self.inbox.receive(min(max(soonest - now, 0.0), 1.0))
 
     def spans(self, f: InFlight, end: float, compute_seconds: float) -> list[Span]:

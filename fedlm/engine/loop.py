@@ -42,6 +42,7 @@ from fedlm.strategies.local_steps import LocalSteps
 
 from fedlm.engine.driver import Driver
 from fedlm.engine.events import VirtualEvents, WallEvents
+from fedlm.engine.grace import Window, grace_rule
 from fedlm.engine.inbox import Inbox
 from fedlm.engine.jobs import JobMaker
 from fedlm.engine.runlog import RunLog
@@ -77,6 +78,8 @@ class Engine:
         self.events = (VirtualEvents(cfg, fleet, self.in_flight, self.inbox) if order == "virtual"
                        else WallEvents(self.in_flight, self.inbox, self.pool))
         self.jobs = JobMaker(cfg, fleet, shard_sizes)
+        self.grace = grace_rule(cfg.grace, cfg.grace_span, wants_grace=strategy.wants_grace,
+                                synchronous=strategy.synchronous, num_workers=len(fleet))
         self.base_params: dict[int, object] = {}  # versions in-flight jobs started from
         self.tokens = self.steps_done = self.jobs_done = 0
         self.last_perplexity: float | None = None
@@ -102,16 +105,31 @@ class Engine:
         return self.pool.retired
 
     def done(self) -> bool:
-        """Stop at ``updates`` versions, or when a local-step or time budget is spent."""
+        """Stop at ``updates`` versions, at the time budget, or once the local-step
+        budget is spent: every step of it handed to the strategy, no job in flight."""
         budget, limit = self.cfg.local_step_budget, self.cfg.time_budget
-        return (self.version >= self.cfg.updates or (budget > 0 and self.steps_done >= budget)
+        return (self.version >= self.cfg.updates
+                or (budget > 0 and self.steps_done >= budget and not self.in_flight)
                 or (limit > 0 and self.now >= limit))
+
+    def _steps_for(self, w: int) -> int:
+        """Inner steps of ``w``'s next job: the local-steps policy's, within the local-step
+        budget (0: no job). A synchronous round is handed out whole while the budget
+        is not spent, so the run ends on a whole round; an asynchronous job gets at most
+        the steps not yet spent nor in flight, so the run ends on the budget exactly."""
+        steps, budget = self.policy.local_steps(w), self.cfg.local_step_budget
+        if not budget:
+            return steps
+        if self.strategy.synchronous:
+            return steps if self.steps_done < budget else 0
+        in_flight = sum(f.job.local_steps for f in self.in_flight.values())
+        return max(0, min(steps, budget - self.steps_done - in_flight))
 
     # -- the loop -------------------------------------------------------------
     def run(self, params, resume: dict | None = None):
-        """Train until ``cfg.updates`` global versions exist (or the local-step
-        budget is spent; updates then held in a buffer are not applied); return
-        the final params. ``resume``: a ``state_dict()`` to continue from."""
+        """Train until ``cfg.updates`` global versions exist (or a budget is spent,
+        see ``done``; updates then held in a buffer are not applied); return the
+        final params. ``resume``: a ``state_dict()`` to continue from."""
         self.driver.start(params, num_workers=len(self.fleet))
         self.policy.start(steps=self.cfg.inner.steps,
                           step_times=[p.step_time for p in self.fleet])
@@ -126,7 +144,6 @@ class Engine:
             for job_id in sorted(self.in_flight):  # the jobs the dead process was waiting for
                 job = self.in_flight[job_id].job
                 self.transport.submit(job, self.base_params[job.base_version])
-        grace = self.cfg.grace if self.events.lookahead else 0.0
         while True:
             if self._checkpoint_due:
                 self._write_checkpoint()
@@ -137,22 +154,33 @@ class Engine:
                 raise EngineError(f"stalled at version {self.version}: no job in flight "
                                   f"and strategy {self.strategy.name!r} gives none to "
                                   f"the {len(self.pool.free_since)} free workers")
-            self._handle(self.events.next_event())
+            first = self._handle(self.events.next_event())
             nxt = self.events.next_time()
             if self.cfg.time_budget and nxt is not None and nxt > self.cfg.time_budget:
                 break  # the next job would finish after the time budget
-            # Grace period: jobs finishing within `grace` of this one are handled before
-            # any worker gets a new job, so their workers restart from the same model.
-            first = self.now
-            while grace > 0 and not self.done():
-                nxt = self.events.next_time()
-                if nxt is None or nxt > first + grace:
-                    break
-                self._handle(self.events.next_event())
+            if first is not None:
+                self._grace_window(self.grace.open(self.now, first, self.in_flight))
         if self._last_eval_version != self.version:
             self._evaluate()
         self._close_timeline()
         return self.params
+
+    def _grace_window(self, window: Window | None) -> None:
+        """Take the finished jobs that belong with the one just taken, before any
+        worker gets new work (``fedlm.engine.grace``), so they restart together."""
+        if window is None:
+            return
+        # A fixed window on the virtual clock knows its last arrival in advance: the
+        # first worker waits only until then (the paper's toy notebook does the same).
+        oracle = window.expected is None and self.events.lookahead
+        while not self.done() and not window.complete(self.in_flight):
+            event = self.events.next_event(until=window.closes, advance=not oracle)
+            if event is None:
+                break
+            self._handle(event)
+        if window.expected is not None and not window.complete(self.in_flight):
+            late = sorted(window.expected & self.in_flight.keys())
+            self.log.grace_closed(self.now, waited=self.now - window.opened, late=late)
 
     def _dispatch_free_workers(self) -> None:
         now, cap = self.now, self.cfg.concurrency
@@ -162,10 +190,11 @@ class Engine:
                 break
             if w in self.pool.retired or not self.strategy.wants_job(w, version=self.version):
                 continue
-            self._dispatch(w, now)
+            steps = self._steps_for(w)
+            if steps > 0:
+                self._dispatch(w, now, steps)
 
-    def _dispatch(self, w: int, now: float) -> None:
-        steps = self.policy.local_steps(w)
+    def _dispatch(self, w: int, now: float, steps: int) -> None:
         index, free_since = self.pool.take(w)
         job = self.jobs.make(w, version=self.version, steps=steps, index=index,
                              prev_job=self.pool.state_job[w], keep_from=self.pool.keep_from(w))
@@ -182,14 +211,15 @@ class Engine:
         self.log.dispatched(job, now, down_bytes=self.model_bytes, up_bytes=self.up_bytes)
         self.transport.submit(job, self.params)
 
-    def _handle(self, event: Event) -> None:
+    def _handle(self, event: Event) -> InFlight | None:
+        """Act on an event; a finished job (done or lost) is returned."""
         if isinstance(event, BackOnline):
             since = self.pool.back_online(event.worker, self.now)
             self.log.online(event.worker, self.now, since, self.version)
-        else:
-            self._finished(event.job_id, event.reply)
+            return None
+        return self._finished(event.job_id, event.reply)
 
-    def _finished(self, job_id: int, reply: Reply) -> None:
+    def _finished(self, job_id: int, reply: Reply) -> InFlight:
         flight = self.in_flight.pop(job_id)
         job, w, now = flight.job, flight.job.worker, self.now
         self.log.intervals(self._spans(flight, now, reply.compute_seconds))
@@ -205,8 +235,9 @@ class Engine:
                 error, reason = f"rejected update: {exc}", "rejected"
         if error is not None:
             self._lost(flight, error, reason)
-            return
+            return flight
         self.pool.accepted(w, job_id)
+        self.grace.observe(flight, now)
         self.inbox.settle(job_id, "done")
         self._release(w, flight.index)
         update = self.driver.update(worker=w, job_id=job_id, base_version=job.base_version,
@@ -230,6 +261,7 @@ class Engine:
             self._new_version(new_params)
         self.log.commit(force=False)
         self._report()
+        return flight
 
     def _lost(self, flight: InFlight, error: str, reason: str) -> None:
         job, w = flight.job, flight.job.worker
@@ -281,6 +313,7 @@ class Engine:
         part's own state, and the loop's jobs in flight and totals."""
         return {
             "driver": self.driver.state_dict(), "policy": self.policy.state_dict(),
+            "grace": self.grace.state_dict(),
             "pool": self.pool.state_dict(), "events": self.events.state_dict(),
             "inbox": self.inbox.state_dict(), "log": self.log.state_dict(),
             "jobs": self.jobs.state_dict(), "in_flight": dict(self.in_flight), "base_params": dict(self.base_params),
@@ -295,6 +328,7 @@ class Engine:
     def load_state_dict(self, st: dict) -> None:
         self.driver.load_state_dict(st["driver"])
         self.policy.load_state_dict(st["policy"])
+        self.grace.load_state_dict(st.get("grace", {}))
         self.pool.load_state_dict(st["pool"])
         self.events.load_state_dict(st["events"])
         self.inbox.load_state_dict(st["inbox"])

@@ -79,6 +79,11 @@ class RunLog:
         if self.writer:
             self.writer.mark_applied(version, seqs)
 
+    def grace_closed(self, now: float, *, waited: float, late: list[int]) -> None:
+        """An adaptive grace window closed without every job it waited for."""
+        self._event("grace_timeout", now,
+                    detail=f"waited {waited:.1f} s; jobs {', '.join(map(str, late))} not in yet")
+
     def metric(self, **row) -> None:
         if self.writer:
             self.writer.add_metric(**row)

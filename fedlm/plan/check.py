@@ -25,6 +25,24 @@ from fedlm.plan.model import predict
 from fedlm.strategies import registry
 
 
+class InstantTransport:
+    """Every job done the moment it is submitted, with a zero outer gradient shaped
+    like ``params`` (in the config's encoding): only the virtual clock matters."""
+
+    def __init__(self, params, cfg) -> None:
+        zeros = OrderedDict((k, torch.zeros_like(v)) for k, v in params.items())
+        self.payload, _ = compression.encode(zeros, {}, cfg.network)
+        self.ready: list = []
+
+    def submit(self, job, params_) -> None:
+        self.ready.append(Reply(job.job_id, self.payload, steps=job.local_steps, tokens=1,
+                                train_loss=0.0))
+
+    def collect(self, timeout: float) -> list:
+        out, self.ready = self.ready, []
+        return out
+
+
 def simulate(cfg, params: int) -> dict[str, float]:
     """Run fedlm's real engine on ``cfg`` with a model of ``params`` fp32 values
     (one tensor) and a transport that answers every job at once with a zero
@@ -33,19 +51,6 @@ def simulate(cfg, params: int) -> dict[str, float]:
     workers' time spent computing, communicating (link waits included) and idle.
     """
     zeros = OrderedDict(w=torch.zeros(int(params)))
-    payload, _ = compression.encode(zeros, {}, cfg.network)
-
-    class Instant:  # every job done the moment it is submitted
-        def __init__(self) -> None:
-            self.ready: list = []
-
-        def submit(self, job, params_) -> None:
-            self.ready.append(Reply(job.job_id, payload, steps=job.local_steps, tokens=1,
-                                    train_loss=0.0))
-
-        def collect(self, timeout: float) -> list:
-            out, self.ready = self.ready, []
-            return out
 
     class Spans:  # a run writer that keeps only the worker intervals
         def __init__(self) -> None:
@@ -63,7 +68,7 @@ def simulate(cfg, params: int) -> dict[str, float]:
     nodes = fleet.node_profiles(cfg)
     engine = Engine(cfg, strategy=registry.build_strategy(cfg.strategy, cfg.outer),
                     local_steps=registry.build_local_steps(cfg.local_steps),
-                    transport=Instant(), fleet=nodes, writer=spans)
+                    transport=InstantTransport(zeros, cfg), fleet=nodes, writer=spans)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # small tensors: threads only get in each other's way
     try:

@@ -1,0 +1,152 @@
+"""Which finished jobs are applied together: the grace window.
+
+After the engine takes a finished job it may go on taking finished jobs for a
+while before it hands out new work, so that those workers restart from the
+same, newest model. Delayed Nesterov needs this: it makes the momentum step
+only at every N-th arrival, and a worker that restarts before that step of its
+cycle trains from a point the global model has since left (docs/async_local_sgd.md).
+DyLU sizes every worker's job to take the same time, so the jobs handed out
+together finish together: the window is there to catch them.
+
+The rules (config ``grace``):
+
+- off (``0``): every finished job is applied alone; its worker restarts at once.
+- fixed (seconds ``τ``): the jobs finishing within τ of the first are taken before
+  anyone restarts: the paper's grace period and its toy notebook's ``max_wait_time``.
+  On the virtual clock the next finish is known in advance, so (as in the notebook)
+  the first worker waits only until the last job that falls in the window.
+- adaptive (``auto`` for the strategies that ask for it, or ``adaptive`` for any):
+  the window follows the jobs, not a constant. At the first finish t0, of a job
+  that took d seconds, it waits for the jobs *expected* with it:
+
+    * its cohort: the jobs handed out at the same moment from the same model, which
+      DyLU sized to finish together;
+    * any other job in flight expected to finish by t0 + span·d, so that a worker
+      that fell out of step joins the next group instead of staying apart;
+
+  and closes as soon as all of them are in (or lost), at the latest at t0 + span·d:
+  a crashed or very slow worker holds the others up by at most ``span`` of a job.
+  A job's expected finish comes from what its worker has shown: the median seconds
+  per inner step of its last jobs (before its first job, only the cohort counts).
+
+Nothing here reads a clock: ``now`` is passed in, virtual or wall, and the same
+rule runs on both. What a window decided is in the operation log (which updates
+the strategy took before which dispatch), so replay needs nothing from here.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Mapping
+
+from fedlm.engine.types import InFlight
+
+
+@dataclass(frozen=True)
+class Window:
+    """An open grace window: the engine takes finished jobs until it closes."""
+
+    opened: float
+    closes: float  # the latest time it stays open
+    # The jobs it waits for (it closes as soon as none is still in flight); None:
+    # whatever finishes by ``closes`` (a fixed window).
+    expected: frozenset[int] | None = None
+
+    def complete(self, in_flight: Mapping[int, InFlight]) -> bool:
+        """Every job it waits for is in (or lost)."""
+        return self.expected is not None and self.expected.isdisjoint(in_flight)
+
+
+class NoGrace:
+    """Every finished job is applied alone."""
+
+    def open(self, now: float, first: InFlight, flights: Mapping[int, InFlight]) -> None:
+        return None
+
+    def observe(self, flight: InFlight, now: float) -> None:
+        pass
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+    def describe(self) -> str:
+        return "off"
+
+
+class FixedGrace(NoGrace):
+    """Jobs finishing within ``seconds`` of the first are taken together."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def open(self, now: float, first: InFlight, flights: Mapping[int, InFlight]) -> Window:
+        return Window(now, now + self.seconds)
+
+    def describe(self) -> str:
+        return f"fixed {self.seconds:g} s"
+
+
+class AdaptiveGrace(NoGrace):
+    """Wait for the jobs expected with the first, up to ``span`` of its job time."""
+
+    history = 5  # jobs per worker whose pace predicts its next one
+
+    def __init__(self, span: float, num_workers: int) -> None:
+        self.span = span
+        # per worker: seconds per inner step of its last finished jobs
+        self.pace: list[list[float]] = [[] for _ in range(num_workers)]
+
+    def observe(self, flight: InFlight, now: float) -> None:
+        """A job came back with its update: learn its worker's pace."""
+        steps = flight.job.local_steps
+        if steps > 0 and now > flight.t_dispatch:
+            hist = self.pace[flight.job.worker]
+            hist.append((now - flight.t_dispatch) / steps)
+            del hist[:-self.history]
+
+    def expected_end(self, flight: InFlight) -> float | None:
+        hist = self.pace[flight.job.worker]
+        if not hist:
+            return None
+        return flight.t_dispatch + flight.job.local_steps * statistics.median(hist)
+
+    def open(self, now: float, first: InFlight, flights: Mapping[int, InFlight]) -> Window | None:
+        slack = self.span * (now - first.t_dispatch)
+        ends = {job_id: self.expected_end(f) for job_id, f in flights.items()}
+        expected = [job_id for job_id, f in flights.items()
+                    if (f.t_dispatch == first.t_dispatch
+                        and f.job.base_version == first.job.base_version)
+                    or (ends[job_id] is not None and ends[job_id] <= now + slack)]
+        if not expected or slack <= 0:
+            return None
+        # each one gets `slack` past the time it is expected (no pace known yet: now)
+        latest = max([now, *(ends[j] for j in expected if ends[j] is not None)])
+        return Window(now, latest + slack, frozenset(expected))
+
+    def state_dict(self) -> dict:
+        return {"pace": [list(h) for h in self.pace]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.pace = [list(h) for h in state["pace"]]
+
+    def describe(self) -> str:
+        return f"adaptive, span {self.span:g}"
+
+
+def grace_rule(setting: str, span: float, *, wants_grace: bool, synchronous: bool,
+               num_workers: int) -> NoGrace:
+    """The rule a run's ``grace`` setting names, for its strategy: ``auto`` is the
+    adaptive window where the strategy asks for one (``Strategy.wants_grace``), off
+    elsewhere; a synchronous strategy's barrier makes any window moot."""
+    if synchronous or setting == "off":
+        return NoGrace()
+    if setting == "adaptive" or (setting == "auto" and wants_grace):
+        return AdaptiveGrace(span, num_workers)
+    if setting == "auto":
+        return NoGrace()
+    seconds = float(setting)
+    return FixedGrace(seconds) if seconds > 0 else NoGrace()
