@@ -9,6 +9,8 @@ for the run in focus: headline numbers, a per-worker timeline of download /
 compute / upload / idle (offline spans and lost jobs marked), the straggler
 effect per worker, injected faults and failures, staleness; and for
 any set of runs: validation perplexity against virtual time, updates and tokens.
+Runs that differ only in their seed (a sweep's ``--seeds``) can be compared as
+one arm: their mean curve with a band from the lowest to the highest seed.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import streamlit as st
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `streamlit run` from a checkout
 from fedlm.dashboard import queries as q  # noqa: E402
 from fedlm.store import StoreError  # noqa: E402
+from fedlm.uncertainty import band  # noqa: E402
 
 REFRESH_SECONDS = 2
 KIND_COLORS = {"compute": "#2ca02c", "download": "#1f77b4", "upload": "#9467bd",
@@ -71,8 +74,15 @@ def chart_options():
     return smoothing, log_scale, window
 
 
-def run_pickers(runs: pd.DataFrame):
-    """Which run to focus on and which to compare; inside the fragment so new runs appear."""
+BAND_NOTE = ("seed groups: the mean over seeds (each seed interpolated onto a common grid; "
+             "past its end a seed keeps its final perplexity), with a band from the lowest "
+             "to the highest seed")
+
+
+def run_pickers(runs: pd.DataFrame, groups: list[dict]):
+    """Which run to focus on, which runs and which seed groups to compare; inside the
+    fragment so new runs appear. The group picker shows only where runs differ in
+    nothing but their seed."""
     labels = {int(r["id"]): run_label(r) for _, r in runs.iterrows()}
     ids = list(labels)
     left, right = st.columns([1, 2])
@@ -80,7 +90,20 @@ def run_pickers(runs: pd.DataFrame):
                            key="focus")
     compare = right.multiselect("compare perplexity of", ids, default=ids[-4:],
                                 format_func=labels.get, key="compare")
-    return focus, compare, labels
+    chosen = []
+    if groups:
+        by_key = {g["key"]: g for g in groups}
+        keys = st.multiselect("compare seed groups (mean over seeds, band min–max)",
+                              list(by_key), default=[], key="groups",
+                              format_func=lambda k: group_label(by_key[k]),
+                              help="finished runs whose configs differ only in seed, "
+                                   "drawn as one arm")
+        chosen = [by_key[k] for k in keys if k in by_key]
+    return focus, compare, labels, chosen
+
+
+def group_label(group: dict) -> str:
+    return f"{group['label']} (mean of {len(group['seeds'])}, band min–max)"
 
 
 def _short(n: float, units: tuple[tuple[str, float], ...], below: str) -> str:
@@ -165,27 +188,63 @@ def worker_charts(wt: pd.DataFrame) -> None:
         tooltip=["label", "updates", "step_time", "region"]), width="stretch")
 
 
-def perplexity_charts(m: pd.DataFrame, labels: dict, smoothing: float, log_scale: bool):
-    if m.empty:
+def group_band(gm: pd.DataFrame, group: dict, col: str, smoothing: float) -> pd.DataFrame:
+    """One seed group's curve against ``col``: the mean of its seeds' (smoothed)
+    perplexity on a common grid, and the lowest and highest seed there."""
+    curves = []
+    for run_id in group["run_ids"]:
+        one = gm[gm["run_id"] == run_id]
+        if not one.empty:
+            curves.append((one[col].to_numpy(float),
+                           ema(one["perplexity"], smoothing).to_numpy(float)))
+    if not curves:
+        return pd.DataFrame()
+    b = band(curves)
+    return pd.DataFrame({"run": group_label(group), col: b.x, "perplexity (smoothed)": b.mean,
+                         "lowest seed": b.low, "highest seed": b.high})
+
+
+def perplexity_charts(m: pd.DataFrame, labels: dict, smoothing: float, log_scale: bool,
+                      groups: list[dict] = (), gm: pd.DataFrame | None = None):
+    if m.empty and not groups:
         st.info("No evaluations yet.")
         return
-    m = m.assign(run=m["run_id"].map(labels))
-    m["perplexity (smoothed)"] = m.groupby("run_id")["perplexity"].transform(
-        lambda s: ema(s, smoothing))
+    if not m.empty:
+        m = m.assign(run=m["run_id"].map(labels))
+        m["perplexity (smoothed)"] = m.groupby("run_id")["perplexity"].transform(
+            lambda s: ema(s, smoothing))
     scale = alt.Scale(type="log") if log_scale else alt.Scale(zero=False)
     tabs = st.tabs(["vs virtual time", "vs updates", "vs tokens"])
     for tab, (col, title) in zip(tabs, [("virtual_time", "virtual time (s)"),
                                         ("updates", "updates applied"), ("tokens", "tokens")]):
-        chart = alt.Chart(m).mark_line(point=True).encode(
-            x=alt.X(f"{col}:Q", title=title),
-            y=alt.Y("perplexity (smoothed):Q", title="validation perplexity", scale=scale),
-            color=alt.Color("run:N", scale=alt.Scale(scheme="category10"),
-                            legend=alt.Legend(orient="bottom", title=None, columns=2,
-                                              labelLimit=400)),
-            tooltip=["run", col, alt.Tooltip("perplexity:Q", format=".3f"),
-                     alt.Tooltip("bits_per_byte:Q", format=".3f")],
-        ).properties(height=320)
-        tab.altair_chart(chart, width="stretch")
+        bands = pd.concat([group_band(gm, g, col, smoothing) for g in groups],
+                          ignore_index=True) if groups else pd.DataFrame()
+        x = alt.X(f"{col}:Q", title=title)
+        color = alt.Color("run:N", scale=alt.Scale(scheme="category10"),
+                          legend=alt.Legend(orient="bottom", title=None, columns=2,
+                                            labelLimit=400))
+        y = alt.Y("perplexity (smoothed):Q", title="validation perplexity", scale=scale)
+        layers = []
+        if not m.empty:
+            layers.append(alt.Chart(m).mark_line(point=True).encode(
+                x=x, y=y, color=color,
+                tooltip=["run", col, alt.Tooltip("perplexity:Q", format=".3f"),
+                         alt.Tooltip("bits_per_byte:Q", format=".3f")]))
+        if not bands.empty:
+            group_chart = alt.Chart(bands)
+            layers.append(group_chart.mark_area(opacity=0.2).encode(
+                x=x, y=alt.Y("lowest seed:Q", title="validation perplexity", scale=scale),
+                y2="highest seed:Q", color=color))
+            layers.append(group_chart.mark_line(strokeWidth=2.5).encode(
+                x=x, y=y, color=color,
+                tooltip=["run", alt.Tooltip(f"{col}:Q", format=",.1f"),
+                         alt.Tooltip("perplexity (smoothed):Q", title="mean", format=".3f"),
+                         alt.Tooltip("lowest seed:Q", format=".3f"),
+                         alt.Tooltip("highest seed:Q", format=".3f")]))
+        chart = layers[0] if len(layers) == 1 else alt.layer(*layers)
+        tab.altair_chart(chart.properties(height=320), width="stretch")
+        if groups:
+            tab.caption(BAND_NOTE.capitalize() + ".")
 
 
 @st.fragment(run_every=REFRESH_SECONDS)
@@ -203,7 +262,8 @@ def live(db: str, smoothing: float, log_scale: bool, window: float) -> None:
     if runs.empty:
         st.info(f"`{db}` holds no runs yet; this page updates by itself.")
         return
-    focus, compare, labels = run_pickers(runs)
+    groups = cached("seed_groups", db, marker)
+    focus, compare, labels, chosen = run_pickers(runs, groups)
     run = runs.set_index("id").loc[focus]
     live_note = ":green[**running** — refreshing every 2 s]" if run["status"] == "running" \
         else run["status"]
@@ -223,8 +283,10 @@ def live(db: str, smoothing: float, log_scale: bool, window: float) -> None:
     headline_row(cached("headline", db, marker, focus))
 
     st.markdown("#### Validation perplexity")
-    perplexity_charts(cached("metrics", db, marker, list(compare or [focus])), labels,
-                      smoothing, log_scale)
+    grouped = [r for g in chosen for r in g["run_ids"]]
+    perplexity_charts(cached("metrics", db, marker, list(compare or ([] if chosen else [focus]))),
+                      labels, smoothing, log_scale, chosen,
+                      cached("metrics", db, marker, grouped) if grouped else None)
 
     st.markdown("#### Per-worker timeline")
     vt = cached("headline", db, marker, focus)["virtual_time"]

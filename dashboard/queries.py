@@ -11,6 +11,8 @@ of these functions, keyed by ``change_marker``.
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -32,6 +34,43 @@ def runs(db: str | Path) -> pd.DataFrame:
     frame["status"] = [shown_status(r) for r in records]
     frame["last_seen"] = [last_seen(r) for r in records]
     return frame
+
+
+# what a run's config may differ in and still be "the same run, another seed"
+_NOT_THE_EXPERIMENT = ("seed", "name", "db")
+_SEED_SUFFIX = re.compile(r" seed \d+$")  # how `fedlm sweep` names a run of a seed
+
+
+def seed_groups(db: str | Path) -> list[dict]:
+    """Finished runs that differ only in their seed (their configs are equal apart
+    from ``seed``, ``name`` and ``db``), as groups of at least two seeds:
+    ``{"key", "label", "run_ids", "seeds"}``, oldest group first. The newest
+    finished run of each seed counts. ``key`` (the group's oldest run id) stays the
+    same when more seeds finish; ``label`` is the runs' shared name without its
+    `` seed S`` suffix (a sweep's ``ARM @ PROFILE``), else strategy and profile."""
+    frame = reads.run_configs(db)
+    members: dict[str, dict[int, dict]] = {}
+    for row in frame[frame["status"] == "finished"].to_dict("records"):
+        try:
+            cfg = json.loads(row["config_json"])
+        except (TypeError, ValueError):
+            continue  # not a config we can compare: never grouped
+        for key in _NOT_THE_EXPERIMENT:
+            cfg.pop(key, None)
+        members.setdefault(json.dumps(cfg, sort_keys=True), {})[int(row["seed"])] = row
+    groups = []
+    for by_seed in members.values():
+        if len(by_seed) < 2:
+            continue
+        rows = [by_seed[s] for s in sorted(by_seed)]
+        names = {_SEED_SUFFIX.sub("", r["name"] or "") for r in rows}
+        base = names.pop() if len(names) == 1 and "" not in names else \
+            f"{rows[0]['strategy']} · {rows[0]['profile']}"
+        seeds = sorted(by_seed)
+        groups.append({"key": min(int(r["id"]) for r in rows),
+                       "label": f"{base} · seeds {', '.join(map(str, seeds))}",
+                       "run_ids": [int(r["id"]) for r in rows], "seeds": seeds})
+    return sorted(groups, key=lambda g: g["key"])
 
 
 def run_config(db: str | Path, run_id: int) -> dict:

@@ -1,10 +1,17 @@
 """Sweeps: strategies × heterogeneity profiles, one `fedlm run` each, one report.
 
     fedlm sweep experiments/configs/paper.toml [--quick] [--backend flower|inprocess] [--jobs N]
+                                               [--seeds N]
 
 The spec (TOML) names a run database, a markdown report, shared ``base``
 overrides, the ``profiles`` to cross, and ``[[arm]]`` entries (``label``,
-``set``; one arm is the ``reference``, the synchronous baseline). ``[quick]``
+``set``; one arm is the ``reference``, the synchronous baseline). ``seeds``
+(top level, or an arm's own) runs every cell once per seed, each with
+``seed=S`` set last so that it wins over ``base`` and the arm's ``set``;
+``--seeds N`` replaces them all with 0..N-1. Without either, a cell is one run
+with the seed its config gives, named as before seeds existed (``ARM @ PROFILE``),
+so that stores of earlier sweeps are still reused; with them, ``ARM @ PROFILE
+seed S``. ``[quick]``
 holds overrides for ``--quick`` (``base`` added to the shared ones,
 ``profiles`` replacing them). ``[paper]`` maps arm labels to the paper's final
 perplexities per profile, shown beside ours. Finished runs are reused by name,
@@ -20,7 +27,8 @@ each is kept, marked interrupted.
 
 The report (``fedlm.sweep_report``): final validation perplexity per arm ×
 profile laid out like the paper's table, beside the paper's, per-update and
-per-wall-clock comparisons, idle fractions, and PNG plots.
+per-wall-clock comparisons, idle fractions, and PNG plots; over several seeds,
+means with 95% intervals and differences paired by seed (``fedlm.uncertainty``).
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ class Cell:
     profile: str
     run_id: int
     summary: store.RunSummary
+    seed: int | None = None  # None: the spec gives no seeds (one run, the config's seed)
 
 
 @dataclass(frozen=True)
@@ -52,6 +61,21 @@ class Failure:
     arm: str
     profile: str
     reason: str  # one line: the run's own error
+    seed: int | None = None
+
+    @property
+    def name(self) -> str:
+        return run_name(self.arm, self.profile, self.seed)
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One run of the sweep: an arm on a profile with a seed."""
+
+    name: str
+    profile: str
+    arm: dict
+    seed: int | None  # None: no ``seed=`` override (the spec gives no seeds)
 
 
 @dataclass
@@ -65,16 +89,34 @@ class SweepStopped(Exception):
     """SIGTERM reached the sweep."""
 
 
-def _run_name(arm: str, profile: str) -> str:
-    return f"{arm} @ {profile}"
+def run_name(arm: str, profile: str, seed: int | None = None) -> str:
+    """The name a cell's run is stored (and reused) under; without seeds, the name
+    sweeps gave before seeds existed."""
+    return f"{arm} @ {profile}" + ("" if seed is None else f" seed {seed}")
 
 
-def cells_of(spec: dict) -> list[tuple[str, str, dict]]:
-    """``(run name, profile, arm)`` of every cell: each arm on the spec's profiles,
-    or on the subset its own ``profiles`` names."""
-    return [(_run_name(arm["label"], profile), profile, arm)
-            for profile in spec["profiles"] for arm in spec["arm"]
-            if profile in arm.get("profiles", spec["profiles"])]
+def seeds_of(spec: dict, arm: dict) -> list[int | None]:
+    """The seeds ``arm`` runs with: its own ``seeds``, else the spec's, else one run
+    with no seed override (``[None]``)."""
+    return list(arm.get("seeds", spec.get("seeds", [None])))
+
+
+def cells_of(spec: dict) -> list[Planned]:
+    """Every run of the sweep: each arm on the spec's profiles (or the subset its own
+    ``profiles`` names), once per seed. Seed by seed, so that an interrupted sweep
+    has whole seeds done rather than every seed of a few arms; with one seed, in the
+    order of profiles then arms, as always."""
+    seeds = list(dict.fromkeys(s for arm in spec["arm"] for s in seeds_of(spec, arm)))
+    return [Planned(run_name(arm["label"], profile, seed), profile, arm, seed)
+            for seed in seeds for profile in spec["profiles"] for arm in spec["arm"]
+            if profile in arm.get("profiles", spec["profiles"]) and seed in seeds_of(spec, arm)]
+
+
+def overrides(spec: dict, cell: Planned) -> list[str]:
+    """The ``--set`` overrides of ``cell``'s run, in the order they apply: the
+    spec's base, the profile, the arm's own, then the seed (last: it wins)."""
+    seed = [] if cell.seed is None else [f"seed={cell.seed}"]
+    return [*spec.get("base", []), f"profile={cell.profile}", *cell.arm["set"], *seed]
 
 
 def reference_of(spec: dict, arm: dict) -> str:
@@ -87,10 +129,11 @@ def reference_of(spec: dict, arm: dict) -> str:
     return next(a["label"] for a in spec["arm"] if a.get("reference"))
 
 
-def load_spec(path: str | Path, quick: bool) -> dict:
+def load_spec(path: str | Path, quick: bool, seeds: int | None = None) -> dict:
     """The sweep spec at ``path``, its ``[quick]`` version if ``quick``, checked: its
     shape, then every run's config, so that a bad spec fails in one line
-    (``ConfigError``, naming the spec and the field) before the first run starts."""
+    (``ConfigError``, naming the spec and the field) before the first run starts.
+    ``seeds`` (``--seeds N``) replaces the spec's seeds, and every arm's, by 0..N-1."""
     where = f"sweep spec {path}"
     spec = _read_toml(path, where)
     _check_shape(spec, where)
@@ -117,12 +160,28 @@ def load_spec(path: str | Path, quick: bool) -> dict:
         spec["out"] = q.get("out", spec["out"])
     if not spec["profiles"]:
         raise ConfigError(f"{where}: profiles: must name at least one profile")
-    for _, profile, arm in cells_of(spec):  # every run's config, as `fedlm run` loads it
+    if seeds is not None:
+        check_seeds_count(seeds)
+        spec["seeds"] = list(range(seeds))
+        for arm in spec["arm"]:
+            arm.pop("seeds", None)
+    checked = set()
+    for cell in cells_of(spec):  # every run's config, as `fedlm run` loads it
+        if (cell.profile, cell.arm["label"]) in checked:
+            continue  # the seed alone cannot make it invalid: _check_shape checked each
+        checked.add((cell.profile, cell.arm["label"]))
         try:
-            config_load.load(None, [*spec.get("base", []), f"profile={profile}", *arm["set"]])
+            config_load.load(None, overrides(spec, cell))
         except ConfigError as exc:
-            raise ConfigError(f"{where}: arm {arm['label']!r} @ {profile}: {exc}") from None
+            raise ConfigError(f"{where}: arm {cell.arm['label']!r} @ {cell.profile}: "
+                              f"{exc}") from None
     return spec
+
+
+def check_seeds_count(n: int) -> None:
+    """Refuse a ``--seeds`` count below 1 (``ConfigError``)."""
+    if n < 1:
+        raise ConfigError(f"--seeds: must be at least 1, got {n}")
 
 
 def _read_toml(path: str | Path, where: str) -> dict:
@@ -170,9 +229,29 @@ def _check_shape(raw: dict, where: str) -> None:
              f"true or false")
         need(strings(arm.get("profiles", [])), f"arm[{k}].profiles: must be a list of names")
         need(isinstance(arm.get("against", ""), str), f"arm[{k}].against: must be an arm's label")
+        if "seeds" in arm:
+            _check_seeds(arm["seeds"], f"arm[{k}].seeds", need)
+            # else its runs could pair with no reference run: those have no seed
+            need("seeds" in raw, f"arm[{k}].seeds: needs the spec's own seeds too (top "
+                 f"level, e.g. seeds = [0, 1, 2])")
+    if "seeds" in raw:
+        _check_seeds(raw["seeds"], "seeds", need)
     need(strings(quick_part.get("arms", [])), "quick.arms: must be a list of arm labels")
     labels = [a["label"] for a in arms]
     need(len(set(labels)) == len(labels), "arm: labels must be unique")
+
+
+def _check_seeds(value: object, key: str, need) -> None:
+    """A ``seeds`` list: distinct ints, at least one (a bool is not a seed, though
+    Python counts it as an int). Each in [0, 2**63): numpy's generators refuse a
+    negative seed, and the run store holds 64 signed bits."""
+    need(isinstance(value, list) and value != [], f"{key}: must be a non-empty list of "
+         f"integers, got {value!r}")
+    need(all(isinstance(s, int) and not isinstance(s, bool) for s in value),
+         f"{key}: must be a list of integers, got {value!r}")
+    need(all(0 <= s < 2**63 for s in value), f"{key}: each seed must be in [0, 2**63), "
+         f"got {value!r}")
+    need(len(set(value)) == len(value), f"{key}: seeds must be distinct, got {value!r}")
 
 
 def check_jobs(jobs: int, backend: str) -> None:
@@ -235,7 +314,7 @@ def _reason(stderr: str, status: int) -> str:
 
 def run_sweep(spec: dict, *, backend: str = "flower", rerun: bool = False, jobs: int = 1,
               fail_fast: bool = False, log=print) -> SweepResult:
-    """Run every arm x profile not already finished in the spec's database.
+    """Run every arm x profile x seed not already finished in the spec's database.
 
     ``jobs`` runs that many ``fedlm run`` processes at once (in-process backend
     only: each Flower simulation starts a Ray instance of its own). A run's
@@ -246,25 +325,26 @@ def run_sweep(spec: dict, *, backend: str = "flower", rerun: bool = False, jobs:
     """
     check_jobs(jobs, backend)
     db = spec["db"]
-    names = cells_of(spec)
-    total = len(names)
+    planned = cells_of(spec)
+    total = len(planned)
     finished = {r["name"]: r["id"] for r in (store.list_runs(db) if Path(db).exists() else [])
                 if r["status"] == "finished"}  # the newest finished run of each name
     todo = []
-    for k, (name, profile, arm) in enumerate(names, 1):
-        if name in finished and not rerun:
-            log(f"[{k}/{total}] {name}: reusing run {finished[name]}")
+    for k, cell in enumerate(planned, 1):
+        if cell.name in finished and not rerun:
+            log(f"[{k}/{total}] {cell.name}: reusing run {finished[cell.name]}")
         else:
-            todo.append((k, name, profile, arm))
+            todo.append((k, cell))
     children = _Children()
     failures: list[Failure] = []
     trained: set[str] = set()
 
     def train(item) -> None:
-        k, name, profile, arm = item
+        k, cell = item
+        name = cell.name
         cmd = [sys.executable, "-m", "fedlm", "run", "--quiet", "--backend", backend,
                "--db", db]
-        for kv in [*spec.get("base", []), f"profile={profile}", *arm["set"], f"name={name}"]:
+        for kv in [*overrides(spec, cell), f"name={name}"]:
             cmd += ["--set", kv]
         if children.stopping.is_set():
             return
@@ -275,7 +355,8 @@ def run_sweep(spec: dict, *, backend: str = "flower", rerun: bool = False, jobs:
             return  # stopped with the sweep: not a failure of the cell
         status, _, err = result
         if status != 0:
-            failures.append(Failure(arm["label"], profile, _reason(err, status)))
+            failures.append(Failure(cell.arm["label"], cell.profile, _reason(err, status),
+                                    cell.seed))
             log(f"    [{k}/{total}] {name} FAILED: {failures[-1].reason}")
             if fail_fast:
                 children.stop()
@@ -303,8 +384,10 @@ def run_sweep(spec: dict, *, backend: str = "flower", rerun: bool = False, jobs:
             signal.signal(signal.SIGTERM, previous)
     newest = {r["name"]: r["id"] for r in store.list_runs(db)} if trained else {}
     cells = []
-    for name, profile, arm in names:
+    for cell in planned:
+        name = cell.name
         run_id = newest.get(name) if name in trained else finished.get(name)
         if run_id is not None and (name in trained or not rerun):
-            cells.append(Cell(arm["label"], profile, run_id, store.summarize(db, run_id)))
+            cells.append(Cell(cell.arm["label"], cell.profile, run_id,
+                              store.summarize(db, run_id), cell.seed))
     return SweepResult(cells, failures, stopped=children.stopping.is_set())

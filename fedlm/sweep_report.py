@@ -5,34 +5,67 @@ validation perplexity per arm × profile laid out like the paper's table (with t
 paper's numbers beside ours), the virtual time each run needed, the virtual time to
 reach the reference's final perplexity, idle fractions, and perplexity against
 virtual time and against updates.
+
+Over several seeds (``seeds`` in the spec, ``--seeds N``) each number is the mean
+over seeds with the half-width of its 95% interval (``fedlm.uncertainty``), and
+every comparison with the reference is paired: each seed against the reference's
+run of the same profile and seed. The plots draw the mean curve of such an arm
+with a band from its lowest to its highest seed. A sweep without seeds (one run
+per cell) reports plain numbers, as it always has.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from fedlm import store
-from fedlm.sweep import Cell, Failure, SweepResult, cells_of, reference_of
+from fedlm.sweep import Cell, Failure, SweepResult, cells_of, reference_of, seeds_of
+from fedlm.uncertainty import Estimate, band, estimate, paired_estimate, ratio, \
+    relative_difference
+
+Curve = list[tuple[float, int, float]]  # (virtual time, version, perplexity)
+Group = dict  # seed -> Cell: one arm on one profile, every seed that finished
 
 
-def _curve(db: str, run_id: int) -> list[tuple[float, int, float]]:
+def _curve(db: str, run_id: int) -> Curve:
     return store.metric_curve(db, run_id)
 
 
+def first_reaching(curve: Curve, target: float) -> float | None:
+    """The virtual time of the curve's first evaluation at or below ``target``."""
+    return next((vt for vt, _, ppl in curve if ppl <= target), None)
+
+
+def last_before(curve: Curve, t: float) -> float | None:
+    """The curve's last evaluated perplexity at or before virtual time ``t``."""
+    best = None
+    for vt, _, ppl in curve:
+        if vt <= t:
+            best = ppl
+    return best
+
+
 def time_to_reach(db: str, run_id: int, target: float) -> float | None:
-    for vt, _, ppl in _curve(db, run_id):
-        if ppl <= target:
-            return vt
-    return None
+    return first_reaching(_curve(db, run_id), target)
 
 
 def value_at(db: str, run_id: int, t: float) -> float | None:
     """The run's last evaluated perplexity at or before virtual time ``t``."""
-    best = None
-    for vt, _, ppl in _curve(db, run_id):
-        if vt <= t:
-            best = ppl
-    return best
+    return last_before(_curve(db, run_id), t)
+
+
+def groups_of(cells: list[Cell]) -> dict[tuple[str, str], Group]:
+    """The finished cells by (arm, profile), each a ``{seed: cell}``."""
+    out: dict[tuple[str, str], Group] = {}
+    for c in cells:
+        out.setdefault((c.arm, c.profile), {})[c.seed] = c
+    return out
+
+
+BAND_NOTE = ("an arm run over several seeds is drawn as its mean curve over seeds "
+             "(each seed interpolated onto a common grid; past its end a seed keeps its "
+             "final perplexity) with a band from the lowest to the highest seed")
 
 
 def plot(spec: dict, cells: list[Cell], out_prefix: Path) -> list[Path]:
@@ -47,18 +80,27 @@ def plot(spec: dict, cells: list[Cell], out_prefix: Path) -> list[Path]:
     # crowd the plot past what a legend can tell apart; they are in the tables.
     main = [a for a in spec["arm"] if "against" not in a and "profiles" not in a]
     arms = [a["label"] for a in (main or spec["arm"])]
+    groups = groups_of(cells)
+    curves = {c.run_id: _curve(spec["db"], c.run_id)[1:] for c in cells}  # no untrained start
     written = []
     for xname, xi, xlabel in [("time", 0, "virtual time (s)"), ("updates", 1, "updates applied")]:
         fig, axes = plt.subplots(1, len(profiles), figsize=(4.2 * len(profiles), 3.8),
                                  squeeze=False, sharey=True)
         for ax, profile in zip(axes[0], profiles):
             for k, arm in enumerate(arms):
-                cell = next((c for c in cells if c.arm == arm and c.profile == profile), None)
-                if cell is None:  # failed: no curve
+                group = groups.get((arm, profile))
+                if not group:  # failed: no curve
                     continue
-                pts = _curve(spec["db"], cell.run_id)[1:]  # skip the untrained start
-                ax.plot([p[xi] for p in pts], [p[2] for p in pts], marker=".", ms=3,
-                        label=arm, color=f"C{k}", lw=1.4)
+                pts = [curves[c.run_id] for _, c in sorted(group.items(), key=_by_seed)]
+                pts = [p for p in pts if p]
+                if len(pts) == 1:
+                    ax.plot([p[xi] for p in pts[0]], [p[2] for p in pts[0]], marker=".", ms=3,
+                            label=arm, color=f"C{k}", lw=1.4)
+                elif pts:
+                    b = band([([p[xi] for p in c], [p[2] for p in c]) for c in pts])
+                    ax.fill_between(b.x, b.low, b.high, color=f"C{k}", alpha=0.2, lw=0)
+                    ax.plot(b.x, b.mean, color=f"C{k}", lw=1.4,
+                            label=f"{arm} (mean of {len(pts)} seeds, band min–max)")
             ax.set_title(profile)
             ax.set_xlabel(xlabel)
             ax.set_yscale("log")
@@ -82,9 +124,38 @@ def write_report(spec: dict, result: SweepResult) -> tuple[str, list[Path]]:
     out.parent.mkdir(parents=True, exist_ok=True)
     pngs = plot(spec, result.cells, out.with_suffix(""))
     text = report(spec, result.cells, result.failures)
-    text += "\n## Plots\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in pngs) + "\n"
+    text += "\n## Plots\n\n"
+    if _seeded(spec):
+        text += f"In the plots {BAND_NOTE}.\n\n"
+    text += "\n".join(f"![{p.stem}]({p.name})" for p in pngs) + "\n"
     out.write_text(text)
     return text, [out, *pngs]
+
+
+def _seeded(spec: dict) -> bool:
+    """Whether the spec (or --seeds) names seeds: then the report gives intervals."""
+    return any(c.seed is not None for c in cells_of(spec))
+
+
+def _by_seed(item) -> tuple:
+    seed = item[0]
+    return (seed is not None, seed)
+
+
+def shown(est: Estimate | None, fmt: str, seeded: bool, planned: int = 0,
+          unit: str = "") -> str:
+    """``est`` as a table cell. Without seeds, the value alone (as reports always
+    were). With seeds: ``mean ± half-width`` of the 95% interval, the unit after
+    both (``+6.7 ± 2.1%``); ``n=1: no interval`` where one seed finished;
+    ``(n=k)`` where fewer seeds than ``planned`` finished."""
+    if est is None:
+        return "-"
+    if not seeded:
+        return f"{est.mean:{fmt}}{unit}"
+    if est.half_width is None:
+        return f"{est.mean:{fmt}}{unit} (n=1: no interval)"
+    text = f"{est.mean:{fmt}} ± {est.half_width:{fmt.replace('+', '')}}{unit}"
+    return text + (f" (n={est.n})" if est.n < planned else "")
 
 
 def report(spec: dict, cells: list[Cell], failures: list[Failure] = ()) -> str:
@@ -94,19 +165,25 @@ def report(spec: dict, cells: list[Cell], failures: list[Failure] = ()) -> str:
     ref = next(a["label"] for a in spec["arm"] if a.get("reference"))
     paper = spec.get("paper", {})
     paper_profiles = spec.get("paper_profiles", profiles)
-    get = {(c.arm, c.profile): c for c in cells}
-    planned = {(arm["label"], profile) for _, profile, arm in cells_of(spec)}
+    groups = groups_of(cells)
+    planned = {(c.arm["label"], c.profile) for c in cells_of(spec)}
     own_refs = any(a.get("against") for a in spec["arm"])
+    seeded = _seeded(spec)
+    curves = {c.run_id: _curve(db, c.run_id) for c in cells}
 
-    def table(title: str, fmt, with_paper: bool = False) -> list[str]:
+    def n_planned(arm: str) -> int:
+        return len(seeds_of(spec, arm_of[arm]))
+
+    def table(title: str, fmt: Callable[[str, Group], str], with_paper: bool = False,
+              note: str = "") -> list[str]:
         head = "| arm | " + " | ".join(profiles) + " |"
         if with_paper:
             head += " paper: " + " / ".join(paper_profiles) + " |"
-        lines = [f"### {title}", "", head,
+        lines = [f"### {title}", "", *([note, ""] if note else []), head,
                  "|---|" + "---|" * (len(profiles) + (1 if with_paper else 0))]
         for arm in arms:
             row = f"| {arm} | " + " | ".join(
-                fmt(get[(arm, p)]) if (arm, p) in get
+                fmt(arm, groups[(arm, p)]) if (arm, p) in groups
                 else "failed" if (arm, p) in planned else "–" for p in profiles) + " |"
             if with_paper:
                 nums = paper.get(arm)
@@ -114,61 +191,143 @@ def report(spec: dict, cells: list[Cell], failures: list[Failure] = ()) -> str:
             lines.append(row)
         return lines + [""]
 
-    def ref_cell(c: Cell) -> Cell | None:
-        return get.get((reference_of(spec, arm_of[c.arm]), c.profile))
+    def of(group: Group, value: Callable[[Cell], float]) -> Estimate:
+        return estimate(value(c) for _, c in sorted(group.items(), key=_by_seed))
 
-    def reach(c: Cell, as_ratio: bool = False) -> str:
-        """When ``c`` first reached its reference's final perplexity (virtual s,
-        or as a fraction of the time the reference itself needed)."""
-        r = ref_cell(c)
-        if r is None:
+    def ref_group(arm: str, group: Group) -> Group:
+        profile = next(iter(group.values())).profile
+        return groups.get((reference_of(spec, arm_of[arm]), profile), {})
+
+    def vs_ref(arm: str, group: Group, value: Callable[[Cell, Cell], float | None]
+               ) -> tuple[dict, int]:
+        """``value(cell, its reference's cell of the same seed)`` per seed where both
+        finished and it is defined, and how many seeds had both."""
+        rg = ref_group(arm, group)
+        both = [s for s in group if s in rg]
+        vals = {s: value(group[s], rg[s]) for s in both}
+        return {s: v for s, v in vals.items() if v is not None}, len(both)
+
+    def final(arm: str, group: Group) -> str:
+        est = of(group, lambda c: c.summary.final_perplexity)
+        if not seeded or est.sd is None:
+            return shown(est, ".3f", seeded)
+        return f"{est.mean:.3f} ± {est.half_width:.3f} (sd {est.sd:.3f}, n={est.n})"
+
+    def gap(arm: str, group: Group) -> str:
+        rg = ref_group(arm, group)
+        est = paired_estimate({s: c.summary.final_perplexity for s, c in group.items()},
+                              {s: c.summary.final_perplexity for s, c in rg.items()})
+        return shown(est, "+.1f", seeded, n_planned(arm), "%")
+
+    def time_ratio(arm: str, group: Group) -> str:
+        rg = ref_group(arm, group)
+        est = paired_estimate({s: c.summary.virtual_time for s, c in group.items()},
+                              {s: c.summary.virtual_time for s, c in rg.items()}, ratio)
+        return shown(est, ".2f", seeded, n_planned(arm), "x")
+
+    def ref_at(arm: str, group: Group) -> str:
+        vals, _ = vs_ref(arm, group, lambda c, r: last_before(curves[r.run_id],
+                                                              c.summary.virtual_time))
+        return shown(estimate(vals.values()) if vals else None, ".3f", seeded, n_planned(arm))
+
+    def wall_gap(arm: str, group: Group) -> str:
+        def one(c: Cell, r: Cell) -> float | None:
+            at = last_before(curves[r.run_id], c.summary.virtual_time)
+            return None if at is None else relative_difference(c.summary.final_perplexity, at)
+        vals, _ = vs_ref(arm, group, one)
+        return shown(estimate(vals.values()) if vals else None, "+.1f", seeded,
+                     n_planned(arm), "%")
+
+    def reach(arm: str, group: Group, as_ratio: bool = False) -> str:
+        """When the arm first reached its reference's final perplexity (virtual s, or
+        as a fraction of the time the reference itself needed), per seed."""
+        def one(c: Cell, r: Cell) -> float | None:
+            t = first_reaching(curves[c.run_id], r.summary.final_perplexity)
+            return None if t is None else t / r.summary.virtual_time if as_ratio else t
+        vals, both = vs_ref(arm, group, one)
+        if both == 0:
             return "-"
-        t = time_to_reach(db, c.run_id, r.summary.final_perplexity)
-        if t is None:
+        if not vals:
             return "not reached"
-        return f"{t / r.summary.virtual_time:.2f}" if as_ratio else f"{t:,.0f}"
+        fmt = ".2f" if as_ratio else ",.0f"
+        if not seeded:
+            return f"{vals[next(iter(vals))]:{fmt}}"
+        if len(vals) == both:
+            return shown(estimate(vals.values()), fmt, seeded)
+        est = estimate(vals.values())
+        text = f"{est.mean:{fmt}}" if est.half_width is None \
+            else f"{est.mean:{fmt}} ± {est.half_width:{fmt}}"
+        return f"{text} ({len(vals)} of {both} reached)"
 
-    def gap(c: Cell) -> str:
-        r = ref_cell(c)
-        if r is None:
-            return "-"
-        return f"{100 * (c.summary.final_perplexity / r.summary.final_perplexity - 1):+.1f}%"
+    def idle(arm: str, group: Group) -> str:
+        return shown(of(group, lambda c: 100 * c.summary.idle_fraction), ".1f", seeded,
+                     n_planned(arm), "%")
+
+    def span(values: list[int]) -> str:
+        low, high = min(values), max(values)
+        return f"{low:,}" if low == high else f"{low:,}–{high:,}"
+
+    def counts(arm: str, group: Group) -> str:
+        cs = list(group.values())
+        return (f"{span([c.summary.updates for c in cs])} / "
+                f"{span([c.summary.local_steps for c in cs])}")
+
+    def ids(arm: str, group: Group) -> str:
+        cs = [c for _, c in sorted(group.items(), key=_by_seed)]
+        wall = sum(c.summary.wall_time for c in cs) / len(cs)
+        sep = "; " if seeded else ", "  # "#2, #4; 7": the ids, then the time
+        return ", ".join(f"#{c.run_id}" for c in cs) + f"{sep}{wall:,.0f}"
 
     whose = "its reference's" if own_refs else f"{ref}'s"
     out = [f"# {spec.get('title', 'Sweep')}", "", spec.get("description", "").strip(), "",
            f"Run store: `{db}` (run ids in the last table). Reference (sync): **{ref}**"
            + (" (an arm with `against` is compared with the arm it names)." if own_refs
               else "."), ""]
-    out += table("Final validation perplexity", lambda c: f"{c.summary.final_perplexity:.3f}",
-                 with_paper=bool(paper))
-    out += table(f"Per-update gap: final perplexity against {whose}, at equal inner steps", gap)
-    out += table("Virtual time the run needed (s)", lambda c: f"{c.summary.virtual_time:,.0f}")
-
-    def ref_at(c: Cell) -> str:
-        r = ref_cell(c)
-        if r is None:
-            return "-"
-        v = value_at(db, r.run_id, c.summary.virtual_time)
-        return "-" if v is None else f"{v:.3f}"
-
+    if seeded:
+        seeds = sorted({c.seed for c in cells_of(spec)})
+        out += [f"Seeds: {', '.join(map(str, seeds))}; each cell is run once per seed "
+                "(an arm's own `seeds` are listed under Arms). A number is the mean over the "
+                "seeds that finished ± the half-width of its 95% confidence interval "
+                "(Student t, n − 1 degrees of freedom); n is given where fewer seeds "
+                "finished than were planned, and one seed alone has no interval. "
+                "Comparisons with the reference are paired: each seed against the "
+                "reference's run of the same profile and seed, then the mean and interval "
+                "of those differences (of ratios: their arithmetic mean).", ""]
+    else:
+        out += ["One run per cell (one seed): no intervals. `seeds = [0, 1, 2]` in the "
+                "spec, or `--seeds N`, runs each cell over seeds and gives means with 95% "
+                "intervals.", ""]
+    out += table("Final validation perplexity", final, with_paper=bool(paper),
+                 note="mean ± 95% interval (sd: across seeds)" if seeded else "")
+    out += table(f"Per-update gap: final perplexity against {whose}, at equal inner steps",
+                 gap)
+    out += table("Virtual time the run needed (s)",
+                 lambda a, g: shown(of(g, lambda c: c.summary.virtual_time), ",.0f", seeded,
+                                    n_planned(a)))
+    out += table(f"... as a ratio to {whose} (below 1: sooner)", time_ratio)
     out += table(f"{whose[0].upper() + whose[1:]} perplexity at the same virtual time "
                  f"(wall-clock view)", ref_at)
-    out += table(f"Virtual time to reach {whose} final perplexity (s)", reach)
+    out += table(f"Wall-clock gap: final perplexity against {whose} at the moment the run "
+                 f"ends", wall_gap)
+    out += table(f"Virtual time to reach {whose} final perplexity (s)", reach,
+                 note="mean over the seeds that reached it (those that did not are left "
+                      "out, so the mean is optimistic)" if seeded else "")
     out += table("... as a fraction of the reference's own time (below 1: sooner)",
-                 lambda c: reach(c, as_ratio=True))
-    out += table("Idle fraction (all workers)", lambda c: f"{100 * c.summary.idle_fraction:.1f}%")
-    out += table("Updates applied / local steps",
-                 lambda c: f"{c.summary.updates} / {c.summary.local_steps:,}")
-    out += table("Run id and real time (s)",
-                 lambda c: f"#{c.run_id}, {c.summary.wall_time:,.0f}")
+                 lambda a, g: reach(a, g, as_ratio=True))
+    out += table("Idle fraction (all workers)", idle)
+    out += table("Updates applied / local steps", counts,
+                 note="lowest–highest over seeds" if seeded else "")
+    out += table("Run id and real time (s)" if not seeded
+                 else "Run ids (by seed) and mean real time (s)", ids)
     out += ["### Arms", ""] + [
         f"- **{a['label']}**: `{' '.join(a['set'])}`"
         + (f" (against {a['against']})" if a.get("against") else "")
         + (f" (only {', '.join(a['profiles'])})" if "profiles" in a else "")
+        + (f" (seeds {', '.join(map(str, a['seeds']))})" if "seeds" in a else "")
         for a in spec["arm"]]
     out += ["", f"Shared: `{' '.join(spec.get('base', []))}`", ""]
     if failures:
-        out += ["### Failed runs", ""] + [f"- **{f.arm} @ {f.profile}**: {f.reason}"
+        out += ["### Failed runs", ""] + [f"- **{f.name}**: {f.reason}"
                                           for f in failures] + [""]
     if spec.get("discussion"):
         out += ["## Reading", "", spec["discussion"].strip(), ""]

@@ -147,3 +147,37 @@ def test_geo_run_with_compression_shows_bytes_and_link_waits(monkeypatch, tmp_pa
                 for v in (int4_up, fp32_up)]
     assert as_bytes[0] < as_bytes[1] / 5  # 4-bit updates: about an eighth of fp32
     assert "link wait" in " ".join(str(c) for t in at.table for c in t.value.columns)
+
+
+def test_runs_of_two_seeds_compare_as_one_arm_with_a_band(monkeypatch, tmp_path):
+    import json
+
+    db = tmp_path / "seeds.db"
+    for seed in (0, 1):  # as `fedlm sweep --seeds 2` names them
+        run_engine(tiny_config("strategy=diloco", f"seed={seed}",
+                               f"name=sync @ very seed {seed}"), db)
+    run_engine(tiny_config("strategy=fedavg", "name=other"), db)  # another config: no group
+    at = app(monkeypatch, db)
+    groups = at.multiselect(key="groups")
+    assert groups.options == ["sync @ very · seeds 0, 1 (mean of 2, band min–max)"]
+    assert groups.value == []  # nothing grouped until asked: the page as before
+    assert not any("area" in json.dumps(_spec(c)) for c in at.get("vega_lite_chart"))
+    at.multiselect(key="compare").set_value([3])
+    groups.set_value([1]).run()
+    assert not at.exception, at.exception
+    marks = [[_mark(layer) for layer in s.get("layer", [])]
+             for s in map(_spec, at.get("vega_lite_chart"))]
+    banded = [m for m in marks if "area" in m]
+    # vs virtual time, updates, tokens: run 3, the group's band, the group's mean
+    assert banded == [["line", "area", "line"]] * 3
+    assert "band from the lowest to the highest seed" in " ".join(c.value for c in at.caption)
+
+
+def _spec(chart) -> dict:
+    import json
+
+    return json.loads(chart.proto.spec)
+
+
+def _mark(layer: dict) -> str:
+    return layer["mark"]["type"] if isinstance(layer["mark"], dict) else layer["mark"]

@@ -9,7 +9,7 @@
     fedlm replay RUN_ID [--db PATH]                             re-execute a run from its log
     fedlm strategies                                            list strategies and policies
     fedlm dashboard [--db PATH] [--port N]                      the live Streamlit dashboard
-    fedlm sweep SPEC.toml [--quick] [--backend B] [--jobs N]    strategies x profiles, one report
+    fedlm sweep SPEC.toml [--quick] [--jobs N] [--seeds N]      arms x profiles x seeds, one report
     fedlm deploy local --workers N [CONFIG] [--set ...]         SuperLink + SuperNodes on loopback
     fedlm plan --params 1e9 --workers 8 [--plot DIR]            cost model: sync vs async, no run
 

@@ -111,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rerun", action="store_true", help="ignore finished runs of the same name")
     p.add_argument("--jobs", type=_positive_int, default=1, metavar="N",
                    help="runs at once (in-process backend; results do not change; default 1)")
+    p.add_argument("--seeds", type=_positive_int, default=None, metavar="N",
+                   help="run every arm with seeds 0..N-1 (replaces the spec's seeds); the "
+                        "report gives means and 95%% intervals over them")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first failed run "
                    "(default: report it and go on with the others)")
     p.add_argument("--db", type=_db_path, default=None, help="override the spec's run database")

@@ -1,7 +1,7 @@
-"""``fedlm sweep``: run a sweep spec's arms x profiles, then print its report and
+"""``fedlm sweep``: run a sweep spec's arms x profiles x seeds, then print its report and
 what failed. The spec is read and checked by ``fedlm.sweep.load_spec``, the runs
-are ``fedlm.sweep``'s, the report ``fedlm.sweep_report``'s; this module applies --db
-and --out and chooses the exit status (1 if a cell failed, 130 if the sweep was stopped).
+are ``fedlm.sweep``'s, the report ``fedlm.sweep_report``'s; this module applies --db,
+--out and --seeds and chooses the exit status (1 if a cell failed, 130 if the sweep was stopped).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from fedlm import sweep, sweep_report
 
     sweep.check_jobs(args.jobs, args.backend)  # before the spec is read or a run starts
-    spec = sweep.load_spec(args.spec, args.quick)
+    spec = sweep.load_spec(args.spec, args.quick, seeds=args.seeds)
     if args.db:
         spec["db"] = args.db
     if args.out:
@@ -36,9 +36,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(text)
         print(f"wrote {', '.join(str(p) for p in written)}")
     for f in failures:
-        print(f"fedlm: error: sweep cell {f.arm} @ {f.profile} failed: {one_line(f.reason)}",
+        print(f"fedlm: error: sweep cell {f.name} failed: {one_line(f.reason)}",
               file=sys.stderr)
-    total = len(spec["profiles"]) * len(spec["arm"])
+    total = len(sweep.cells_of(spec))  # arms limited to some profiles, and seeds, counted
     if failures or result.stopped:
         print(f"fedlm: {len(cells)} of {total} cells finished, {len(failures)} failed"
               + (" (stopped at the first failure: --fail-fast)" if result.stopped else ""),

@@ -47,6 +47,13 @@ def runs(db: str | Path) -> pd.DataFrame:
                       " owner_started, heartbeat_at FROM runs ORDER BY id")
 
 
+def run_configs(db: str | Path) -> pd.DataFrame:
+    """Every run's name, seed, stored status and config (JSON text), oldest first:
+    what the dashboard groups runs of several seeds by."""
+    return _frame(db, "SELECT id, name, seed, status, strategy, profile, config_json FROM runs"
+                      " ORDER BY id")
+
+
 def headline_rows(db: str | Path, run_id: int) -> dict[str, Any]:
     """The raw numbers behind the top of the page for one run: its row (status,
     virtual time, writer), the latest interval end, updates applied, jobs and
