@@ -29,8 +29,9 @@ jobs that were in flight.
 
 from __future__ import annotations
 
+import math
 import time
-from typing import Callable
+from typing import Callable, NoReturn
 
 from fedlm import compression, faults
 from fedlm.config import Config
@@ -40,13 +41,14 @@ from fedlm.store import IntervalKind, RunWriter
 from fedlm.strategies.base import Strategy
 from fedlm.strategies.local_steps import LocalSteps
 
+from fedlm.engine.divergence import DivergenceWatch, hint
 from fedlm.engine.driver import Driver
 from fedlm.engine.events import VirtualEvents, WallEvents
 from fedlm.engine.inbox import Inbox
 from fedlm.engine.jobs import JobMaker
 from fedlm.engine.runlog import RunLog
-from fedlm.engine.types import (BackOnline, EngineError, Event, InFlight, Progress, Reply,
-                                Transport)
+from fedlm.engine.types import (BackOnline, Diverged, EngineError, Event, InFlight, Progress,
+                                Reply, Transport)
 from fedlm.engine.workers import WorkerPool
 
 
@@ -83,6 +85,8 @@ class Engine:
         self._last_eval_version = -1
         self._checkpoint_due = False
         self.wall_start = time.time()
+        # the best validation loss so far; a resumed run's is seeded from its evaluations
+        self.divergence = DivergenceWatch(cfg.eval.diverge_factor, hint(strategy))
 
     @property
     def now(self) -> float:
@@ -332,11 +336,21 @@ class Engine:
             return
         ev = self.evaluate(self.params)
         self.last_perplexity = ev.perplexity
-        self.log.metric(version=self.version, virtual_time=self.now,
-                        wall_time=time.time() - self.wall_start, tokens=self.tokens,
-                        jobs=self.jobs_done, loss=ev.loss, perplexity=ev.perplexity,
-                        bits_per_byte=ev.bits_per_byte)
+        if math.isfinite(ev.perplexity):  # else no point of a curve (NaN: not even a row)
+            self.log.metric(version=self.version, virtual_time=self.now,
+                            wall_time=time.time() - self.wall_start, tokens=self.tokens,
+                            jobs=self.jobs_done, loss=ev.loss, perplexity=ev.perplexity,
+                            bits_per_byte=ev.bits_per_byte)
         self._report()
+        why = self.divergence.check(self.version, ev.loss)
+        if why is not None:
+            self._diverged(why)
+
+    def _diverged(self, why: str) -> NoReturn:
+        """Stop here: the rest of the run would only train a broken model."""
+        self.log.diverged(self.now, why)
+        self._close_timeline()
+        raise Diverged(why, version=self.version)
 
     def _report(self) -> None:
         if self.progress:

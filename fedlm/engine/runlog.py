@@ -84,6 +84,9 @@ class RunLog:
             self.writer.add_metric(**row)
             self.writer.commit()
 
+    def diverged(self, now: float, why: str) -> None:
+        self._event("diverged", now, detail=why)
+
     def checkpoint(self, now: float, version: int) -> None:
         self._event("checkpoint", now, detail=f"version {version}, op {self.op}")
 
