@@ -68,6 +68,9 @@ def replay(db: str | Path, run_id: int,
            progress: Callable[[int, int], None] | None = None) -> ReplayResult:
     run, jobs, updates = operation_log(db, run_id)
     cfg = from_json(run["config_json"])
+    if run["status"] == "diverged":  # stopped early, with no final hash to compare with
+        raise ReplayError(f"run {run_id} diverged ({run['error'] or 'no reason recorded'}); "
+                          f"only finished runs replay")
     if run["status"] != "finished":
         raise ReplayError(f"run {run_id} is {shown_status(run)}; only finished runs replay")
     if any(j["prev_job"] is None for j in jobs.values()):

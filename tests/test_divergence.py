@@ -3,16 +3,20 @@ where and what to try (eval.diverge_factor; fedlm.engine.divergence)."""
 
 import math
 import sqlite3
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from fedlm import config_load
+from fedlm import config_load, store
 from fedlm.engine import Diverged
 from fedlm.engine.divergence import DivergenceWatch
 from fedlm.errors import ConfigError
 from tests.conftest import tiny_config
 from tests.test_engine import run_engine
 
+ROOT = Path(__file__).resolve().parent.parent
 HINT = "the outer learning rate is likely too high for diloco; try a smaller outer.lr (now 9)"
 # An outer step far too large: the loss goes 5.55, 5.35, then 21.3 at version 2 (4.0x).
 BLOWS_UP = ["model=tiny", "workers=2", "updates=4", "inner.steps=2", "inner.batch_size=2",
@@ -87,3 +91,27 @@ def test_weights_gone_non_finite_stop_the_run_and_the_store_takes_it(tmp_path):
     with sqlite3.connect(tmp_path / "r.db") as conn:
         assert [v for (v,) in conn.execute("SELECT version FROM metrics")] == [0]
 
+
+def test_fedlm_run_says_it_in_one_line_and_exits_3(tmp_path):
+    db = tmp_path / "d.db"
+    cmd = [sys.executable, "-m", "fedlm", "run", "--backend", "inprocess", "--quiet",
+           "--db", str(db)]
+    for kv in BLOWS_UP:
+        cmd += ["--set", kv]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 3, out.stderr[-3000:]
+    (run,) = store.list_runs(db)
+    assert (run["status"], run["updates"], run["final_hash"]) == ("diverged", 2, None)
+    assert run["error"].startswith("validation loss 21.3 at version 2 is 4.0x its best")
+    assert out.stderr.splitlines() == [f"fedlm: run 1 diverged: {run['error']}"]
+
+    show = subprocess.run([sys.executable, "-m", "fedlm", "show", "1", "--db", str(db)],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert (show.returncode, show.stderr.splitlines()) == (3, out.stderr.splitlines())
+    for argv, refusal in ((["replay", "1"], "only finished runs replay"),
+                          (["run", "--resume", "1"], "resuming it would diverge again")):
+        again = subprocess.run([sys.executable, "-m", "fedlm", *argv, "--db", str(db)],
+                               capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert again.returncode == 2 and "Traceback" not in again.stderr, again.stderr
+        assert "fedlm: error: " in again.stderr and "diverged (" in again.stderr
+        assert refusal in again.stderr

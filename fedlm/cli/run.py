@@ -84,9 +84,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         except Exception as exc:  # also re-raised from the ServerApp thread
             if "id" not in started or os.environ.get("FEDLM_DEBUG"):
                 raise
-            from fedlm.engine import Interrupted
+            from fedlm.engine import Diverged, Interrupted
 
-            if not isinstance(exc, Interrupted):  # stopped on request: the summary says so
+            # stopped on request or diverged: the summary says so, in one line
+            if not isinstance(exc, (Interrupted, Diverged)):
                 # the store has the reason too, unless writing it was what failed
                 if bar is not None:
                     bar.close()

@@ -3,7 +3,8 @@
 One SQLite file holds many runs. Tables:
 
     meta       schema version, and the store's id (checkpoints name it)
-    runs       one row per run: config, seed, status, final numbers, its writer
+    runs       one row per run: config, seed, status (running | finished | failed |
+               diverged | interrupted), final numbers, its writer
     workers    each worker's profile (speed, jitter, region link)
     intervals  every download / compute / upload / idle span, virtual time
     jobs       every dispatched job: worker, base version, local steps, data

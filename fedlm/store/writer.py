@@ -25,6 +25,7 @@ from typing import Any, Iterable
 from fedlm import ownership
 from fedlm.store.connection import (StoreError, connect, db_error, transaction, with_retries,
                                     writer_connection)
+from fedlm.store.readers import diverged_refusal
 from fedlm.store.schema import IntervalKind, store_id
 
 
@@ -85,13 +86,15 @@ class RunWriter:
 
         def take_over(conn: sqlite3.Connection) -> float:
             row = conn.execute("SELECT status, owner_host, owner_pid, owner_started,"
-                               " heartbeat_at, created_at FROM runs WHERE id=?",
+                               " heartbeat_at, created_at, error FROM runs WHERE id=?",
                                (run_id,)).fetchone()
             if row is None:
                 raise StoreError(f"--resume: no run {run_id} in {path}")
-            status, host, pid, started, heartbeat_at, created_at = row
+            status, host, pid, started, heartbeat_at, created_at, error = row
             if status == "finished":
                 raise StoreError(f"--resume: run {run_id} in {path} has already finished")
+            if status == "diverged":
+                raise StoreError(diverged_refusal(path, run_id, error))
             if status == "running":
                 alive = ownership.judge(host, pid, started, heartbeat_at)
                 if alive.alive:
