@@ -15,7 +15,7 @@ With the in-process backend ``--jobs N`` trains N runs at once into the one
 run store; the results are the same as one at a time (virtual clock, one seed
 per run), only sooner. A cell that fails is reported with its reason and the
 others go on (``--fail-fast`` stops the sweep at the first); the report shows
-it as failed. Stopping the sweep (Ctrl-C, SIGTERM) stops the runs it started:
+it as failed, or as diverged (``eval.diverge_factor``) with the run's one-line reason. Stopping the sweep (Ctrl-C, SIGTERM) stops the runs it started:
 each is kept, marked interrupted.
 
 The report (``fedlm.sweep_report``): final validation perplexity per arm ×
@@ -47,11 +47,16 @@ class Cell:
     summary: store.RunSummary
 
 
+# `fedlm run`'s exit status for a run that diverged (fedlm.cli.runs.EXIT_STATUS).
+DIVERGED_EXIT = 3
+
+
 @dataclass(frozen=True)
 class Failure:
     arm: str
     profile: str
     reason: str  # one line: the run's own error
+    status: str = "failed"  # failed | diverged (its validation loss blew up)
 
 
 @dataclass
@@ -275,8 +280,10 @@ def run_sweep(spec: dict, *, backend: str = "flower", rerun: bool = False, jobs:
             return  # stopped with the sweep: not a failure of the cell
         status, _, err = result
         if status != 0:
-            failures.append(Failure(arm["label"], profile, _reason(err, status)))
-            log(f"    [{k}/{total}] {name} FAILED: {failures[-1].reason}")
+            failures.append(Failure(arm["label"], profile, _reason(err, status),
+                                    "diverged" if status == DIVERGED_EXIT else "failed"))
+            log(f"    [{k}/{total}] {name} {failures[-1].status.upper()}: "
+                f"{failures[-1].reason}")
             if fail_fast:
                 children.stop()
             return

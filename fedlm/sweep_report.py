@@ -95,6 +95,7 @@ def report(spec: dict, cells: list[Cell], failures: list[Failure] = ()) -> str:
     paper = spec.get("paper", {})
     paper_profiles = spec.get("paper_profiles", profiles)
     get = {(c.arm, c.profile): c for c in cells}
+    ended = {(f.arm, f.profile): f.status for f in failures}  # failed | diverged
     planned = {(arm["label"], profile) for _, profile, arm in cells_of(spec)}
     own_refs = any(a.get("against") for a in spec["arm"])
 
@@ -107,7 +108,8 @@ def report(spec: dict, cells: list[Cell], failures: list[Failure] = ()) -> str:
         for arm in arms:
             row = f"| {arm} | " + " | ".join(
                 fmt(get[(arm, p)]) if (arm, p) in get
-                else "failed" if (arm, p) in planned else "–" for p in profiles) + " |"
+                else ended.get((arm, p), "failed") if (arm, p) in planned else "–"
+                for p in profiles) + " |"
             if with_paper:
                 nums = paper.get(arm)
                 row += (" " + " / ".join(f"{x:.2f}" for x in nums) if nums else " –") + " |"
