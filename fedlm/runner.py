@@ -120,6 +120,8 @@ def execute(cfg: Config, db_path: str, connect: Connect,
         _forget(folder, run_key)
     except BaseException as exc:
         status = end_status(exc)
+        if engine is not None:  # its jobs in flight will never be handed on
+            engine.cancel_in_flight(f"run {status}")
         writer.finish(status=status, virtual_time=engine.now if engine else 0.0,
                       updates=engine.version if engine else 0, final_hash=None,
                       error=str(exc) if status == "diverged" else failure_reason(exc))

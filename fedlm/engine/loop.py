@@ -87,6 +87,7 @@ class Engine:
         self.wall_start = time.time()
         # the best validation loss so far; a resumed run's is seeded from its evaluations
         self.divergence = DivergenceWatch(cfg.eval.diverge_factor, hint(strategy))
+        self._cancelled = False  # the jobs in flight at the end are marked cancelled once
 
     @property
     def now(self) -> float:
@@ -320,15 +321,24 @@ class Engine:
         return [(f.job.worker, kind, min(a, end), min(max(a, b), end), f.job.base_version,
                  f.job.job_id) for kind, a, b in self.events.spans(f, end, compute_seconds)]
 
-    def _close_timeline(self) -> None:
+    def _close_timeline(self, why: str = "run finished") -> None:
         """At the end: free workers were idle until now, offline ones offline;
-        jobs in flight are cut at now."""
+        jobs in flight are cut at now and cancelled (``why``)."""
         end = self.now
         rows = self.pool.closing_rows(end, self.version)
         for _, f in sorted(self.in_flight.items()):
             rows += self._spans(f, end, compute_seconds=0.0)
         self.log.intervals(rows)
+        self.cancel_in_flight(why)
         self.log.commit()
+
+    def cancel_in_flight(self, why: str) -> None:
+        """The run ends (finished, diverged, stopped or failed) with these jobs in
+        flight: none of them will be handed on, so the jobs table says ``cancelled``
+        rather than ``running``. Once; replay walks only their dispatch."""
+        if not self._cancelled:
+            self._cancelled = True
+            self.log.cancelled(sorted(self.in_flight), why)
 
     def _evaluate(self) -> None:
         self._last_eval_version = self.version
@@ -349,7 +359,7 @@ class Engine:
     def _diverged(self, why: str) -> NoReturn:
         """Stop here: the rest of the run would only train a broken model."""
         self.log.diverged(self.now, why)
-        self._close_timeline()
+        self._close_timeline(why="run diverged")
         raise Diverged(why, version=self.version)
 
     def _report(self) -> None:

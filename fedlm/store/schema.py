@@ -79,12 +79,13 @@ CREATE TABLE IF NOT EXISTS jobs (
     base_version INTEGER NOT NULL, local_steps INTEGER NOT NULL, data_seed INTEGER NOT NULL,
     dispatch_op INTEGER NOT NULL,       -- position in the operation log
     t_dispatch REAL NOT NULL,
-    status TEXT NOT NULL,               -- running | done | lost
+    status TEXT NOT NULL,               -- running | done | lost | cancelled (the run ended)
     end_op INTEGER,                     -- op of its update, or of its loss
     computed INTEGER,                   -- schema 2 only: lost but computed (rejected)
     prev_job INTEGER,                   -- the worker state it started from (-1: fresh)
     fault TEXT NOT NULL DEFAULT '',     -- injected fault (fedlm.faults), '' = none
-    reason TEXT,                        -- lost: error | rejected | deadline | retired
+    reason TEXT,                        -- lost: error | rejected | deadline | retired,
+                                        -- cancelled: run finished | run diverged | ...
     down_bytes INTEGER,                 -- bytes sent to the worker (the model)
     up_bytes INTEGER,                   -- bytes of its update on the wire (encoded)
     shard INTEGER,                      -- the data shard it trained (fedlm.shards)

@@ -239,6 +239,13 @@ class RunWriter:
                     " WHERE run_id=? AND job_id=?",
                     (status, op, int(computed), reason, self.run_id, job_id))
 
+    def cancel_jobs(self, job_ids: list[int], *, reason: str) -> None:
+        """Jobs in flight when the run ended: ``cancelled``, no end op (``rewind``
+        makes a checkpoint's ones running again)."""
+        self._queue("UPDATE jobs SET status='cancelled', end_op=NULL, computed=NULL, reason=?"
+                    " WHERE run_id=? AND job_id=? AND status='running'",
+                    [(reason, self.run_id, j) for j in job_ids], many=True)
+
     def mark_applied(self, version: int, seqs: list[int]) -> None:
         """The updates ``seqs`` (held until now) are part of global ``version``."""
         self._queue("UPDATE updates SET applied_version=? WHERE run_id=? AND seq=?",
