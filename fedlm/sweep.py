@@ -15,8 +15,9 @@ With the in-process backend ``--jobs N`` trains N runs at once into the one
 run store; the results are the same as one at a time (virtual clock, one seed
 per run), only sooner. A cell that fails is reported with its reason and the
 others go on (``--fail-fast`` stops the sweep at the first); the report shows
-it as failed, or as diverged (``eval.diverge_factor``) with the run's one-line reason. Stopping the sweep (Ctrl-C, SIGTERM) stops the runs it started:
-each is kept, marked interrupted.
+it as failed, or as diverged (``eval.diverge_factor``; ``fedlm run`` exits 3), with
+the run's one-line reason. Stopping the sweep (Ctrl-C, SIGTERM) stops the runs it
+started: each is kept, marked interrupted.
 
 The report (``fedlm.sweep_report``): final validation perplexity per arm ×
 profile laid out like the paper's table, beside the paper's, per-update and
