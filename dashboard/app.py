@@ -273,6 +273,8 @@ def live(db: str, smoothing: float, log_scale: bool, window: float) -> None:
                f"{run['workers']} workers · local steps {run['local_steps']} · {live_note}")
     if run["status"] == "failed" and run["error"]:
         st.error(run["error"])
+    if run["status"] == "diverged":  # stopped by eval.diverge_factor; the error says where
+        st.error(f"Diverged: {run['error'] or 'no reason recorded'}")
     if run["status"] == "crashed":
         writer = (f"pid {int(run['owner_pid'])} on {run['owner_host']}"
                   if pd.notna(run["owner_pid"]) else "not recorded")

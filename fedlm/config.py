@@ -103,6 +103,11 @@ class EvalConfig:
     every: int = 2  # evaluate every E outer updates (and at start and end)
     batches: int = 8  # validation batches per evaluation (fixed, first ones)
     batch_size: int = 16  # sequences per validation batch
+    # Stop the run as diverged when validation loss is NaN/inf or above this factor times
+    # its best so far (0 = only NaN/inf). On loss (nats), not perplexity: 3x the loss is
+    # perplexity cubed. Healthy tiny-model runs spiked to at most 2x and recovered; from
+    # a fresh model (ln 256 = 5.5) it takes 16.6; blow-ups measured 5x and more.
+    diverge_factor: float = 3.0
 
 
 @dataclass(frozen=True)

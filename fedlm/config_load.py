@@ -265,6 +265,8 @@ def validate(cfg: Config) -> None:
     _require(e.every >= 1, "eval.every", e.every, "must be >= 1")
     _require(e.batches >= 1, "eval.batches", e.batches, "must be >= 1")
     _require(e.batch_size >= 1, "eval.batch_size", e.batch_size, "must be >= 1")
+    _require(e.diverge_factor == 0 or e.diverge_factor > 1, "eval.diverge_factor",
+             e.diverge_factor, "must be 0 (only non-finite losses) or > 1")
 
     f = cfg.fleet
     _require(f.preset in fleet.PRESETS, "fleet.preset", f.preset,

@@ -54,4 +54,7 @@ class Evaluator:
             total += value * n
             count += n
         mean = total / count
-        return Evaluation(mean, math.exp(mean), mean / math.log(2), count)
+        # a diverged model's loss may pass exp's range (~709): infinite perplexity, not an
+        # OverflowError, so that the engine can say the run diverged (eval.diverge_factor)
+        ppl = math.inf if mean > 709.0 else math.exp(mean)
+        return Evaluation(mean, ppl, mean / math.log(2), count)

@@ -65,9 +65,18 @@ class ReplayError(RuntimeError):
 
 
 def replay(db: str | Path, run_id: int,
-           progress: Callable[[int, int], None] | None = None) -> ReplayResult:
+           progress: Callable[[int, int], None] | None = None,
+           pretrain_progress: Callable[[int, int], None] | None = None) -> ReplayResult:
+    """Replay run ``run_id`` of ``db``, in two phases, each with its own progress
+    (called with ``(done, total)``, first with done = 0 as the phase starts):
+    ``pretrain_progress`` while the start is recomputed (only for a run with
+    ``init.pretrain_steps``: steps), then ``progress`` while the log is replayed
+    (operations)."""
     run, jobs, updates = operation_log(db, run_id)
     cfg = from_json(run["config_json"])
+    if run["status"] == "diverged":  # stopped early, with no final hash to compare with
+        raise ReplayError(f"run {run_id} diverged ({run['error'] or 'no reason recorded'}); "
+                          f"only finished runs replay")
     if run["status"] != "finished":
         raise ReplayError(f"run {run_id} is {shown_status(run)}; only finished runs replay")
     if any(j["prev_job"] is None for j in jobs.values()):
@@ -91,8 +100,11 @@ def replay(db: str | Path, run_id: int,
     if run["initial_hash"] and params_hash(start.initial(cfg)) != run["initial_hash"]:
         raise ReplayError("the initial model differs from the recorded one "
                           "(different torch version or model code?)")
+    if pretrain_progress and cfg.init.pretrain_steps:
+        pretrain_progress(0, cfg.init.pretrain_steps)
     try:  # init.from and pretraining again, never from the pretraining cache
-        params = start.starting_point(cfg, db, use_cache=False).params
+        params = start.starting_point(cfg, db, use_cache=False,
+                                      progress=pretrain_progress).params
     except ConfigError as exc:
         raise ReplayError(f"cannot rebuild the run's start: {exc}") from None
     if run["start_hash"] and params_hash(params) != run["start_hash"]:
@@ -108,6 +120,8 @@ def replay(db: str | Path, run_id: int,
         driver.new_version(params)
         versions[driver.version] = params
 
+    if progress:
+        progress(0, len(ops))
     for n, (op, kind, row) in enumerate(ops):
         if kind == "dispatch":
             driver.dispatched(row["worker"], row["base_version"])

@@ -16,11 +16,11 @@ from typing import Callable
 
 from fedlm import checkpoint as ckpt_lib, fleet as fleet_lib, start as start_lib
 from fedlm.config import Config
-from fedlm.engine import Engine, Interrupted, Progress, Transport
+from fedlm.engine import Diverged, Engine, Interrupted, Progress, Transport
 from fedlm.evaluate import Evaluator
 from fedlm.inprocess import InProcessTransport
 from fedlm.params import params_hash
-from fedlm.store import RunWriter, StoreError
+from fedlm.store import RunWriter, StoreError, best_loss
 from fedlm.worker import data_shards, shard_sizes
 from fedlm.worker_state import disk_folder
 from fedlm.strategies import registry
@@ -107,27 +107,47 @@ def execute(cfg: Config, db_path: str, connect: Connect,
         for kind, detail in notes:
             writer.add_event(kind=kind, virtual_time=state["position"]["now"] if state else 0.0,
                              detail=detail)
+        if state is not None:  # the evaluations before the checkpoint are the run's so far
+            best = best_loss(db_path, writer.run_id)
+            if best is not None:
+                engine.divergence.seed(*best)
         final = engine.run(params, resume=state)
         if cfg.reliability.keep_weights:  # what init.from = RUN_ID starts from
             ckpt_lib.write(ckpt_lib.weights_for(db_path, writer.run_id),
                            {"params": final, "run": whose})
         writer.finish(status="finished", virtual_time=engine.now, updates=engine.version,
                       final_hash=params_hash(final))
-        # Finished: the checkpoints and the workers' saved states (where they are on
-        # this machine) are of no further use.
-        shutil.rmtree(folder, ignore_errors=True)
-        shutil.rmtree(disk_folder(run_key, 0).parent, ignore_errors=True)
+        _forget(folder, run_key)
     except BaseException as exc:
-        writer.finish(status="interrupted" if isinstance(exc, Interrupted) else "failed",
-                      virtual_time=engine.now if engine else 0.0,
+        status = end_status(exc)
+        if engine is not None:  # its jobs in flight will never be handed on
+            engine.cancel_in_flight(f"run {status}")
+        writer.finish(status=status, virtual_time=engine.now if engine else 0.0,
                       updates=engine.version if engine else 0, final_hash=None,
-                      error=failure_reason(exc))
+                      error=str(exc) if status == "diverged" else failure_reason(exc))
+        if status == "diverged":  # not resumable: resuming would only diverge again
+            _forget(folder, run_key)
         raise
     finally:
         if hasattr(transport, "close"):  # the in-process backend's job threads
             transport.close()
         writer.close()
     return writer.run_id
+
+
+def _forget(folder, run_key: str) -> None:
+    """A run that ended for good (finished, diverged): its checkpoints and the workers'
+    saved states (where they are on this machine) are of no further use."""
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.rmtree(disk_folder(run_key, 0).parent, ignore_errors=True)
+
+
+def end_status(exc: BaseException) -> str:
+    """The status of a run that ``exc`` stopped: interrupted (asked to stop), diverged
+    (its validation loss blew up: ``Diverged``'s message is the run's error) or failed."""
+    if isinstance(exc, Interrupted):
+        return "interrupted"
+    return "diverged" if isinstance(exc, Diverged) else "failed"
 
 
 def failure_reason(exc: BaseException) -> str:

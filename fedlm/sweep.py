@@ -22,8 +22,9 @@ With the in-process backend ``--jobs N`` trains N runs at once into the one
 run store; the results are the same as one at a time (virtual clock, one seed
 per run), only sooner. A cell that fails is reported with its reason and the
 others go on (``--fail-fast`` stops the sweep at the first); the report shows
-it as failed. Stopping the sweep (Ctrl-C, SIGTERM) stops the runs it started:
-each is kept, marked interrupted.
+it as failed, or as diverged (``eval.diverge_factor``; ``fedlm run`` exits 3), with
+the run's one-line reason. Stopping the sweep (Ctrl-C, SIGTERM) stops the runs it
+started: each is kept, marked interrupted.
 
 The report (``fedlm.sweep_report``): final validation perplexity per arm ×
 profile laid out like the paper's table, beside the paper's, per-update and
@@ -56,12 +57,17 @@ class Cell:
     seed: int | None = None  # None: the spec gives no seeds (one run, the config's seed)
 
 
+# `fedlm run`'s exit status for a run that diverged (fedlm.cli.runs.EXIT_STATUS).
+DIVERGED_EXIT = 3
+
+
 @dataclass(frozen=True)
 class Failure:
     arm: str
     profile: str
     reason: str  # one line: the run's own error
     seed: int | None = None
+    status: str = "failed"  # failed | diverged (its validation loss blew up)
 
     @property
     def name(self) -> str:
@@ -356,8 +362,10 @@ def run_sweep(spec: dict, *, backend: str = "flower", rerun: bool = False, jobs:
         status, _, err = result
         if status != 0:
             failures.append(Failure(cell.arm["label"], cell.profile, _reason(err, status),
-                                    cell.seed))
-            log(f"    [{k}/{total}] {name} FAILED: {failures[-1].reason}")
+                                    cell.seed,
+                                    "diverged" if status == DIVERGED_EXIT else "failed"))
+            log(f"    [{k}/{total}] {name} {failures[-1].status.upper()}: "
+                f"{failures[-1].reason}")
             if fail_fast:
                 children.stop()
             return

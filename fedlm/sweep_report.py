@@ -167,6 +167,10 @@ def report(spec: dict, cells: list[Cell], failures: list[Failure] = ()) -> str:
     paper_profiles = spec.get("paper_profiles", profiles)
     groups = groups_of(cells)
     planned = {(c.arm["label"], c.profile) for c in cells_of(spec)}
+    ended: dict[tuple[str, str], str] = {}  # a cell no seed finished: failed | diverged
+    for f in failures:
+        key = (f.arm, f.profile)
+        ended[key] = f.status if ended.get(key, f.status) == f.status else "failed"
     own_refs = any(a.get("against") for a in spec["arm"])
     seeded = _seeded(spec)
     curves = {c.run_id: _curve(db, c.run_id) for c in cells}
@@ -184,7 +188,8 @@ def report(spec: dict, cells: list[Cell], failures: list[Failure] = ()) -> str:
         for arm in arms:
             row = f"| {arm} | " + " | ".join(
                 fmt(arm, groups[(arm, p)]) if (arm, p) in groups
-                else "failed" if (arm, p) in planned else "–" for p in profiles) + " |"
+                else ended.get((arm, p), "failed") if (arm, p) in planned else "–"
+                for p in profiles) + " |"
             if with_paper:
                 nums = paper.get(arm)
                 row += (" " + " / ".join(f"{x:.2f}" for x in nums) if nums else " –") + " |"

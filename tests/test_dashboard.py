@@ -181,3 +181,18 @@ def _spec(chart) -> dict:
 
 def _mark(layer: dict) -> str:
     return layer["mark"]["type"] if isinstance(layer["mark"], dict) else layer["mark"]
+
+
+def test_a_diverged_run_says_so_and_why(monkeypatch, tmp_path):
+    db = tmp_path / "d.db"
+    cfg = tiny_config()
+    w = RunWriter(db, name="hot", strategy="diloco", local_steps="fixed", profile="moderate",
+                  model="tiny", workers=2, seed=0, mode="virtual", config_json=cfg.to_json())
+    w.add_metric(version=0, virtual_time=0.0, wall_time=0.0, tokens=0, jobs=0, loss=5.0,
+                 perplexity=148.4, bits_per_byte=7.2)
+    why = "validation loss 17.7 at version 12 is 5.3x its best (3.35 at version 6): ..."
+    w.finish(status="diverged", virtual_time=10.0, updates=12, final_hash=None, error=why)
+    w.close()
+    at = app(monkeypatch, db)
+    assert "#1 hot (diverged)" in at.subheader[0].value
+    assert [e.value for e in at.error] == [f"Diverged: {why}"]

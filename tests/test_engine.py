@@ -116,3 +116,18 @@ def test_lost_and_bad_updates_are_logged_redone_and_never_applied(tmp_path):
     applied_jobs = {j for (j,) in conn.execute("SELECT job_id FROM updates")}
     assert not applied_jobs & {1, 4}
     assert len(applied_jobs) == cfg.updates * cfg.workers  # the lost work was redone
+
+
+def test_jobs_in_flight_when_the_run_ends_are_cancelled_not_running(tmp_path):
+    from fedlm.replay import replay
+
+    # async: version 5 comes while the other workers' jobs are still computing
+    cfg = tiny_config("strategy=async-sgd", "updates=5", "fleet.step_times=[1.0, 2.0, 4.0]")
+    engine, _, run_id = run_engine(cfg, tmp_path / "r.db", evaluate=False)
+    in_flight = sorted(engine.in_flight)
+    assert in_flight
+    conn = sqlite3.connect(tmp_path / "r.db")
+    assert conn.execute("SELECT job_id, status, reason, end_op FROM jobs WHERE status NOT IN"
+                        " ('done', 'lost') ORDER BY job_id").fetchall() == [
+        (j, "cancelled", "run finished", None) for j in in_flight]
+    assert replay(tmp_path / "r.db", run_id).identical  # replay walks only their dispatch

@@ -188,3 +188,43 @@ def _zombie(pid: int) -> bool:
     except OSError:
         return True
     return stat[stat.rindex(")") + 2] == "Z"
+
+
+DIVERGING_SPEC = '''
+db = "{db}"
+out = "{out}"
+base = {base}
+profiles = ["homogeneous"]
+
+[[arm]]
+label = "sync"
+set = ["strategy=diloco"]
+reference = true
+
+[[arm]]
+label = "too-fast"
+set = ["strategy=diloco", "outer.lr=3000", "eval.every=1"]
+'''
+
+
+def test_a_sweep_shows_a_diverged_cell_as_diverged_with_its_reason(tmp_path):
+    from fedlm.cli.runs import EXIT_STATUS
+    from fedlm.sweep import DIVERGED_EXIT
+
+    assert DIVERGED_EXIT == EXIT_STATUS["diverged"]  # how the sweep tells it from a failure
+    db, out, spec = tmp_path / "s.db", tmp_path / "report.md", tmp_path / "spec.toml"
+    spec.write_text(DIVERGING_SPEC.format(db=db, out=out, base=repr(TINY).replace("'", '"')))
+    proc = subprocess.run([sys.executable, "-m", "fedlm", "sweep", str(spec), "--backend",
+                           "inprocess"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    runs = {r["name"]: r for r in store.list_runs(db)}
+    diverged = runs["too-fast @ homogeneous"]
+    assert diverged["status"] == "diverged" and "its best" in diverged["error"]
+    reason = f"run {diverged['id']} diverged: {diverged['error']}"
+    assert _error_lines(proc.stderr) == [
+        f"fedlm: error: sweep cell too-fast @ homogeneous diverged: {reason}"]
+    assert "fedlm: 1 of 2 cells finished, 0 failed, 1 diverged" in proc.stderr
+    text = out.read_text()
+    assert "| too-fast | diverged |" in text
+    assert f"- **too-fast @ homogeneous**: {reason}" in text

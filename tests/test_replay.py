@@ -55,3 +55,28 @@ def test_replay_cli(tmp_path):
                           str(tmp_path / "r.db")], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "identical" in out.stdout
+
+
+def test_a_pretrained_runs_replay_reports_its_start_then_its_operations(tmp_path):
+    from fedlm.runner import run_inprocess
+
+    cfg = tiny_config("strategy=async-sgd", "updates=3", "init.pretrain_steps=8")
+    run_id = run_inprocess(cfg, str(tmp_path / "r.db"))
+    calls = []
+    result = replay(tmp_path / "r.db", run_id, lambda d, t: calls.append(("ops", d, t)),
+                    lambda d, t: calls.append(("start", d, t)))
+    assert result.identical
+    phases = [phase for phase, _, _ in calls]
+    first_op = phases.index("ops")
+    assert set(phases[:first_op]) == {"start"} and set(phases[first_op:]) == {"ops"}
+    start, ops = calls[:first_op], calls[first_op:]
+    # each phase says when it begins (0 done) and ends at its own total
+    assert start[0] == ("start", 0, 8) and start[-1] == ("start", 8, 8)
+    assert ops[0][1] == 0 and ops[-1][1] == ops[-1][2] == len(ops) - 1
+
+    out = subprocess.run([sys.executable, "-m", "fedlm", "replay", str(run_id), "--db",
+                          str(tmp_path / "r.db")], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    said = out.stderr.replace("\r", "\n")
+    assert 0 <= said.index("recomputing the start (pretraining 8 steps)") < said.index(
+        f"replaying {len(ops) - 1} operations")

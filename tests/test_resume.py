@@ -103,6 +103,29 @@ def test_killed_run_resumes_to_the_weights_of_an_uninterrupted_one(tmp_path, ext
     assert replay.returncode == 0 and "identical" in replay.stdout, replay.stdout
 
 
+def test_an_interrupted_run_cancels_its_jobs_and_resumes_to_the_same_weights(tmp_path):
+    from fedlm.engine import Interrupted
+
+    sets = [*BASE, "strategy=async-sgd", "fleet.preset=very"]
+    ref_db, db = tmp_path / "reference.db", tmp_path / "stopped.db"
+    run_inprocess(tiny_config(*sets), str(ref_db))
+    stop = []  # asked to stop once version 7 exists: at the next wait for a reply
+    with pytest.raises(Interrupted):
+        run_inprocess(tiny_config(*sets), str(db), should_stop=lambda: bool(stop),
+                      progress=lambda p: stop.append(p.version) if p.version >= 7 else None)
+
+    def jobs(path) -> set:
+        with sqlite3.connect(path) as conn:
+            return set(conn.execute("SELECT status, reason FROM jobs WHERE status NOT IN"
+                                    " ('done', 'lost')"))
+
+    assert jobs(db) == {("cancelled", "run interrupted")}  # none left running
+    run_inprocess(tiny_config(*sets), str(db), resume=1)  # rewind: running again, re-sent
+    (ref,), (run,) = store.list_runs(ref_db), store.list_runs(db)
+    assert (run["status"], run["final_hash"]) == ("finished", ref["final_hash"])
+    assert jobs(db) == jobs(ref_db) == {("cancelled", "run finished")}
+
+
 def test_resume_refuses_a_finished_run_and_a_config(tmp_path):
     db = tmp_path / "r.db"
     run_inprocess(tiny_config("updates=1"), str(db))

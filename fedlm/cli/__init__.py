@@ -14,6 +14,9 @@
     fedlm plan --params 1e9 --workers 8 [--plot DIR]            cost model: sync vs async, no run
 
 Bad input ends with one line, ``fedlm: error: FIELD: ...``, and exit status 2.
+``run``, ``show`` and ``deploy`` exit by how the run ended (``runs.EXIT_STATUS``):
+0 finished, 1 failed (or crashed, or still running), 3 diverged (its validation loss
+blew up; one line says where and what to try), 130 interrupted.
 
 The package only parses and prints: ``parser`` holds the grammar, one module per
 group of commands calls the library and prints what it returns, and ``main`` (here)

@@ -84,9 +84,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         except Exception as exc:  # also re-raised from the ServerApp thread
             if "id" not in started or os.environ.get("FEDLM_DEBUG"):
                 raise
-            from fedlm.engine import Interrupted
+            from fedlm.engine import Diverged, Interrupted
 
-            if not isinstance(exc, Interrupted):  # stopped on request: the summary says so
+            # stopped on request or diverged: the summary says so, in one line
+            if not isinstance(exc, (Interrupted, Diverged)):
                 # the store has the reason too, unless writing it was what failed
                 if bar is not None:
                     bar.close()
@@ -109,14 +110,28 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     store.config_of(args.db or Config().db, args.run_id)  # bad db, unknown run: fail here
     simulation.quiet_libraries()
-    bar = tqdm(unit="op", desc="replaying", dynamic_ncols=True)
+    # One bar per phase, made as the phase starts, so that each ETA counts only its own
+    # work: recomputing the start (init.pretrain_steps) can take longer than the log.
+    bars: dict[str, tqdm] = {}
+
+    def phase(name: str, done: int, total: int, **kwargs) -> None:
+        if name not in bars:
+            for bar in bars.values():
+                bar.close()
+            bars[name] = tqdm(total=total, dynamic_ncols=True, **kwargs)
+        bars[name].update(done - bars[name].n)
+
+    def on_pretrain(done: int, total: int) -> None:
+        phase("start", done, total, unit="step",
+              desc=f"recomputing the start (pretraining {total} steps)")
 
     def on_progress(done: int, total: int) -> None:
-        bar.total = total
-        bar.n = done
-        bar.refresh()
+        phase("replay", done, total, unit="op", desc=f"replaying {total} operations")
 
-    result = replay(args.db or Config().db, args.run_id, on_progress)
-    bar.close()
+    try:
+        result = replay(args.db or Config().db, args.run_id, on_progress, on_pretrain)
+    finally:
+        for bar in bars.values():
+            bar.close()
     print(describe(result))
     return 0 if result.identical else 1

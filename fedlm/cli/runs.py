@@ -15,9 +15,15 @@ import sys
 from fedlm import store
 from fedlm.config import Config
 
+# Exit statuses of `fedlm run` / `show` / `deploy` by how the run ended (anything else
+# that did not finish: 1; bad input: 2, fedlm.cli).
+EXIT_STATUS = {"finished": 0, "diverged": 3, "interrupted": 130}
+
+
 def print_summary(db: str, run_id: int) -> int:
-    """Print run ``run_id``'s summary, or why it did not finish (on stderr). Returns
-    the exit status that says so: 0 finished, 130 interrupted, 1 otherwise."""
+    """Print run ``run_id``'s summary, or why it did not finish (one line on stderr).
+    Returns the exit status that says so (``EXIT_STATUS``): 0 finished, 3 diverged,
+    130 interrupted, 1 otherwise."""
     s = store.summarize(db, run_id)
     if s.status != "finished":
         row = store.run_row(db, run_id)
@@ -27,7 +33,7 @@ def print_summary(db: str, run_id: int) -> int:
                    f"seen {store.last_seen(row)}; `fedlm run --resume {run_id} --db {db}` "
                    f"continues it")
         print(f"fedlm: run {run_id} {s.status}: {why}", file=sys.stderr)
-        return 130 if s.status == "interrupted" else 1
+        return EXIT_STATUS.get(s.status, 1)
     first = f"{s.first_perplexity:.2f}" if s.first_perplexity else "-"
     final = f"{s.final_perplexity:.2f}" if s.final_perplexity else "-"
     print(f"\nrun {s.run_id} ({s.name}): {s.strategy}, {s.profile}, {s.model} model")

@@ -1,7 +1,8 @@
 """``fedlm sweep``: run a sweep spec's arms x profiles x seeds, then print its report and
 what failed. The spec is read and checked by ``fedlm.sweep.load_spec``, the runs
 are ``fedlm.sweep``'s, the report ``fedlm.sweep_report``'s; this module applies --db,
---out and --seeds and chooses the exit status (1 if a cell failed, 130 if the sweep was stopped).
+--out and --seeds and chooses the exit status (1 if a cell failed or diverged, 130 if the
+sweep was stopped).
 """
 
 from __future__ import annotations
@@ -36,11 +37,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(text)
         print(f"wrote {', '.join(str(p) for p in written)}")
     for f in failures:
-        print(f"fedlm: error: sweep cell {f.name} failed: {one_line(f.reason)}",
+        print(f"fedlm: error: sweep cell {f.name} {f.status}: {one_line(f.reason)}",
               file=sys.stderr)
     total = len(sweep.cells_of(spec))  # arms limited to some profiles, and seeds, counted
+    diverged = sum(f.status == "diverged" for f in failures)
     if failures or result.stopped:
-        print(f"fedlm: {len(cells)} of {total} cells finished, {len(failures)} failed"
+        print(f"fedlm: {len(cells)} of {total} cells finished, {len(failures) - diverged} "
+              f"failed" + (f", {diverged} diverged" if diverged else "")
               + (" (stopped at the first failure: --fail-fast)" if result.stopped else ""),
               file=sys.stderr)
         return 1

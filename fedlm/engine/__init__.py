@@ -2,14 +2,14 @@
 and the parts it is made of: what flows through it (``types``), the order
 events happen in (``events``: a virtual clock or the wall clock), the replies
 not yet handed on (``inbox``), the workers' lifecycle (``workers``), every store
-write (``runlog``) and the strategy-facing protocol shared with replay
-(``driver``). docs/architecture.md draws how they fit.
+write (``runlog``), when a run has diverged (``divergence``) and the
+strategy-facing protocol shared with replay (``driver``). docs/architecture.md draws how they fit.
 """
 
 from fedlm.engine.jobs import data_seed
 from fedlm.engine.loop import Engine
-from fedlm.engine.types import (BackOnline, EngineError, InFlight, Interrupted, JobDone,
-                                Progress, Reply, Transport)
+from fedlm.engine.types import (BackOnline, Diverged, EngineError, InFlight, Interrupted,
+                                JobDone, Progress, Reply, Transport)
 
-__all__ = ["BackOnline", "Engine", "EngineError", "InFlight", "Interrupted", "JobDone",
-           "Progress", "Reply", "Transport", "data_seed"]
+__all__ = ["BackOnline", "Diverged", "Engine", "EngineError", "InFlight", "Interrupted",
+           "JobDone", "Progress", "Reply", "Transport", "data_seed"]

@@ -29,8 +29,9 @@ jobs that were in flight.
 
 from __future__ import annotations
 
+import math
 import time
-from typing import Callable
+from typing import Callable, NoReturn
 
 from fedlm import compression, faults
 from fedlm.config import Config
@@ -40,14 +41,15 @@ from fedlm.store import IntervalKind, RunWriter
 from fedlm.strategies.base import Strategy
 from fedlm.strategies.local_steps import LocalSteps
 
+from fedlm.engine.divergence import DivergenceWatch, hint
 from fedlm.engine.driver import Driver
 from fedlm.engine.events import VirtualEvents, WallEvents
 from fedlm.engine.grace import Window, grace_rule
 from fedlm.engine.inbox import Inbox
 from fedlm.engine.jobs import JobMaker
 from fedlm.engine.runlog import RunLog
-from fedlm.engine.types import (BackOnline, EngineError, Event, InFlight, Progress, Reply,
-                                Transport)
+from fedlm.engine.types import (BackOnline, Diverged, EngineError, Event, InFlight, Progress,
+                                Reply, Transport)
 from fedlm.engine.workers import WorkerPool
 
 
@@ -86,6 +88,9 @@ class Engine:
         self._last_eval_version = -1
         self._checkpoint_due = False
         self.wall_start = time.time()
+        # the best validation loss so far; a resumed run's is seeded from its evaluations
+        self.divergence = DivergenceWatch(cfg.eval.diverge_factor, hint(strategy))
+        self._cancelled = False  # the jobs in flight at the end are marked cancelled once
 
     @property
     def now(self) -> float:
@@ -350,15 +355,24 @@ class Engine:
         return [(f.job.worker, kind, min(a, end), min(max(a, b), end), f.job.base_version,
                  f.job.job_id) for kind, a, b in self.events.spans(f, end, compute_seconds)]
 
-    def _close_timeline(self) -> None:
+    def _close_timeline(self, why: str = "run finished") -> None:
         """At the end: free workers were idle until now, offline ones offline;
-        jobs in flight are cut at now."""
+        jobs in flight are cut at now and cancelled (``why``)."""
         end = self.now
         rows = self.pool.closing_rows(end, self.version)
         for _, f in sorted(self.in_flight.items()):
             rows += self._spans(f, end, compute_seconds=0.0)
         self.log.intervals(rows)
+        self.cancel_in_flight(why)
         self.log.commit()
+
+    def cancel_in_flight(self, why: str) -> None:
+        """The run ends (finished, diverged, stopped or failed) with these jobs in
+        flight: none of them will be handed on, so the jobs table says ``cancelled``
+        rather than ``running``. Once; replay walks only their dispatch."""
+        if not self._cancelled:
+            self._cancelled = True
+            self.log.cancelled(sorted(self.in_flight), why)
 
     def _evaluate(self) -> None:
         self._last_eval_version = self.version
@@ -366,11 +380,21 @@ class Engine:
             return
         ev = self.evaluate(self.params)
         self.last_perplexity = ev.perplexity
-        self.log.metric(version=self.version, virtual_time=self.now,
-                        wall_time=time.time() - self.wall_start, tokens=self.tokens,
-                        jobs=self.jobs_done, loss=ev.loss, perplexity=ev.perplexity,
-                        bits_per_byte=ev.bits_per_byte)
+        if math.isfinite(ev.perplexity):  # else no point of a curve (NaN: not even a row)
+            self.log.metric(version=self.version, virtual_time=self.now,
+                            wall_time=time.time() - self.wall_start, tokens=self.tokens,
+                            jobs=self.jobs_done, loss=ev.loss, perplexity=ev.perplexity,
+                            bits_per_byte=ev.bits_per_byte)
         self._report()
+        why = self.divergence.check(self.version, ev.loss)
+        if why is not None:
+            self._diverged(why)
+
+    def _diverged(self, why: str) -> NoReturn:
+        """Stop here: the rest of the run would only train a broken model."""
+        self.log.diverged(self.now, why)
+        self._close_timeline(why="run diverged")
+        raise Diverged(why, version=self.version)
 
     def _report(self) -> None:
         if self.progress:

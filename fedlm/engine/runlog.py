@@ -65,6 +65,11 @@ class RunLog:
             self._event("worker_retired", now, worker=job.worker,
                         detail=f"{failures} failures in a row")
 
+    def cancelled(self, job_ids: list[int], why: str) -> None:
+        """Jobs in flight when the run ended: never handed on, so no op of their own."""
+        if self.writer and job_ids:
+            self.writer.cancel_jobs(job_ids, reason=why)
+
     def ignored(self, reply: Reply, kind: str, now: float) -> None:
         """A reply for a job no longer waited for (``late_reply``, ``duplicate_reply``)."""
         self._event(kind, now, job_id=reply.job_id,
@@ -88,6 +93,9 @@ class RunLog:
         if self.writer:
             self.writer.add_metric(**row)
             self.writer.commit()
+
+    def diverged(self, now: float, why: str) -> None:
+        self._event("diverged", now, detail=why)
 
     def checkpoint(self, now: float, version: int) -> None:
         self._event("checkpoint", now, detail=f"version {version}, op {self.op}")

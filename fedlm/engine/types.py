@@ -22,6 +22,15 @@ class Interrupted(EngineError):
     """The user asked the run to stop (Ctrl-C, SIGTERM)."""
 
 
+class Diverged(EngineError):
+    """The global model's validation loss blew up (``fedlm.engine.divergence``): the
+    run stops, marked ``diverged``; the message is one line with a hint."""
+
+    def __init__(self, message: str, *, version: int) -> None:
+        super().__init__(message)
+        self.version = version
+
+
 @dataclass(frozen=True)
 class Reply:
     """A job's reply as the transport delivers it: a result or an error."""

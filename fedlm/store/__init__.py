@@ -14,7 +14,7 @@ the file read-only. Each run records the process that writes it
                    FEDLM_DB_TIMEOUT, the one-line StoreError (db_error), check_writable
     writer.py      RunWriter (buffered rows, ownership heartbeat), mark_ended
     readers.py     list_runs, summarize, troubles, config_of, shown_status, last_seen,
-                   run_row, operation_log (replay), metric_curve, uploaded_bytes
+                   run_row, operation_log (replay), metric_curve, best_loss, uploaded_bytes
     export.py      export: a run's rows as CSV or Parquet
     dashboard.py   the dashboard's reads, as pandas frames (import it explicitly:
                    ``from fedlm.store import dashboard``; it loads pandas)
@@ -26,15 +26,17 @@ the modules, except for ``fedlm.store.dashboard``.
 from fedlm.store.connection import (StoreError, check_writable, connect, connect_readonly,
                                     db_error, db_timeout, transaction, with_retries)
 from fedlm.store.export import export  # the function; the module is fedlm.store.export too
-from fedlm.store.readers import (OperationLog, RunSummary, Troubles, WorkerSummary, config_of,
-                                 last_seen, list_runs, metric_curve, operation_log, resumable_row,
-                                 run_row, shown_status, summarize, troubles, uploaded_bytes)
+from fedlm.store.readers import (OperationLog, RunSummary, Troubles, WorkerSummary, best_loss,
+                                 config_of, last_seen, list_runs, metric_curve, operation_log,
+                                 resumable_row, run_row, shown_status, summarize, troubles,
+                                 uploaded_bytes)
 from fedlm.store.schema import SCHEMA_VERSION, TABLES, IntervalKind, store_id
 from fedlm.store.writer import RunWriter, mark_ended
 
 __all__ = [
     "SCHEMA_VERSION", "TABLES", "IntervalKind", "OperationLog", "RunSummary", "RunWriter",
-    "StoreError", "Troubles", "WorkerSummary", "check_writable", "config_of", "connect",
+    "StoreError", "Troubles", "WorkerSummary", "best_loss", "check_writable", "config_of",
+    "connect",
     "connect_readonly", "db_error", "db_timeout", "export", "last_seen", "list_runs",
     "mark_ended", "metric_curve", "operation_log", "resumable_row", "run_row", "shown_status", "store_id",
     "summarize", "transaction", "troubles", "uploaded_bytes", "with_retries",

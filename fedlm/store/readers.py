@@ -7,7 +7,8 @@ show is ``shown_status``: a ``running`` run whose writer is gone reads as
 
 Who reads what: the CLI (``list_runs``, ``summarize``, ``troubles``,
 ``run_row``), ``fedlm.replay`` (``operation_log``), ``fedlm.start``
-(``run_row``: a finished run's weights to start from), ``fedlm.sweep``
+(``run_row``: a finished run's weights to start from), ``fedlm.runner``
+(``best_loss``: a resumed run's divergence check), ``fedlm.sweep``
 (``metric_curve``) and ``experiments/compare.py`` (``uploaded_bytes``). The
 dashboard's queries are in ``fedlm.store.dashboard``.
 """
@@ -192,11 +193,19 @@ def resumable_row(path: str | Path, run_id: int) -> sqlite3.Row:
         raise StoreError(f"--resume: no run {run_id} in {path}")
     if row["status"] == "finished":
         raise StoreError(f"--resume: run {run_id} in {path} has already finished")
+    if row["status"] == "diverged":
+        raise StoreError(diverged_refusal(path, run_id, row["error"]))
     if shown_status(row) == "running":
         raise StoreError(f"--resume: run {run_id} in {path} is still running (pid "
                          f"{row['owner_pid']} on {row['owner_host']}); two writers would "
                          f"break its log")
     return row
+
+
+def diverged_refusal(path: str | Path, run_id: int, why: str | None) -> str:
+    """Why a diverged run is not resumed: from its checkpoint it would diverge again."""
+    return (f"--resume: run {run_id} in {path} diverged ({why or 'no reason recorded'}); "
+            f"resuming it would diverge again: start a new run instead")
 
 
 class OperationLog(NamedTuple):
@@ -227,6 +236,15 @@ def metric_curve(path: str | Path, run_id: int) -> list[tuple[float, int, float]
         return [tuple(r) for r in conn.execute("SELECT virtual_time, version, perplexity"
                                                " FROM metrics WHERE run_id=? ORDER BY id",
                                                (run_id,)).fetchall()]
+
+
+def best_loss(path: str | Path, run_id: int) -> tuple[float, int] | None:
+    """Run ``run_id``'s lowest validation loss and the version that reached it first
+    (what a resumed run's divergence check starts from), or None before any."""
+    with closing(connect_readonly(path)) as conn:
+        row = conn.execute("SELECT loss, version FROM metrics WHERE run_id=? ORDER BY loss, id"
+                           " LIMIT 1", (run_id,)).fetchone()
+    return (float(row[0]), int(row[1])) if row else None
 
 
 def uploaded_bytes(path: str | Path, run_id: int) -> float:

@@ -3,7 +3,8 @@
 One SQLite file holds many runs. Tables:
 
     meta       schema version, and the store's id (checkpoints name it)
-    runs       one row per run: config, seed, status, final numbers, its writer
+    runs       one row per run: config, seed, status (running | finished | failed |
+               diverged | interrupted), final numbers, its writer
     workers    each worker's profile (speed, jitter, region link)
     intervals  every download / compute / upload / idle span, virtual time
     jobs       every dispatched job: worker, base version, local steps, data
@@ -78,12 +79,13 @@ CREATE TABLE IF NOT EXISTS jobs (
     base_version INTEGER NOT NULL, local_steps INTEGER NOT NULL, data_seed INTEGER NOT NULL,
     dispatch_op INTEGER NOT NULL,       -- position in the operation log
     t_dispatch REAL NOT NULL,
-    status TEXT NOT NULL,               -- running | done | lost
+    status TEXT NOT NULL,               -- running | done | lost | cancelled (the run ended)
     end_op INTEGER,                     -- op of its update, or of its loss
     computed INTEGER,                   -- schema 2 only: lost but computed (rejected)
     prev_job INTEGER,                   -- the worker state it started from (-1: fresh)
     fault TEXT NOT NULL DEFAULT '',     -- injected fault (fedlm.faults), '' = none
-    reason TEXT,                        -- lost: error | rejected | deadline | retired
+    reason TEXT,                        -- lost: error | rejected | deadline | retired,
+                                        -- cancelled: run finished | run diverged | ...
     down_bytes INTEGER,                 -- bytes sent to the worker (the model)
     up_bytes INTEGER,                   -- bytes of its update on the wire (encoded)
     shard INTEGER,                      -- the data shard it trained (fedlm.shards)

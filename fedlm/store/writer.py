@@ -25,6 +25,7 @@ from typing import Any, Iterable
 from fedlm import ownership
 from fedlm.store.connection import (StoreError, connect, db_error, transaction, with_retries,
                                     writer_connection)
+from fedlm.store.readers import diverged_refusal
 from fedlm.store.schema import IntervalKind, store_id
 
 
@@ -85,13 +86,15 @@ class RunWriter:
 
         def take_over(conn: sqlite3.Connection) -> float:
             row = conn.execute("SELECT status, owner_host, owner_pid, owner_started,"
-                               " heartbeat_at, created_at FROM runs WHERE id=?",
+                               " heartbeat_at, created_at, error FROM runs WHERE id=?",
                                (run_id,)).fetchone()
             if row is None:
                 raise StoreError(f"--resume: no run {run_id} in {path}")
-            status, host, pid, started, heartbeat_at, created_at = row
+            status, host, pid, started, heartbeat_at, created_at, error = row
             if status == "finished":
                 raise StoreError(f"--resume: run {run_id} in {path} has already finished")
+            if status == "diverged":
+                raise StoreError(diverged_refusal(path, run_id, error))
             if status == "running":
                 alive = ownership.judge(host, pid, started, heartbeat_at)
                 if alive.alive:
@@ -235,6 +238,13 @@ class RunWriter:
         self._queue("UPDATE jobs SET status=?, end_op=?, computed=?, reason=?"
                     " WHERE run_id=? AND job_id=?",
                     (status, op, int(computed), reason, self.run_id, job_id))
+
+    def cancel_jobs(self, job_ids: list[int], *, reason: str) -> None:
+        """Jobs in flight when the run ended: ``cancelled``, no end op (``rewind``
+        makes a checkpoint's ones running again)."""
+        self._queue("UPDATE jobs SET status='cancelled', end_op=NULL, computed=NULL, reason=?"
+                    " WHERE run_id=? AND job_id=? AND status='running'",
+                    [(reason, self.run_id, j) for j in job_ids], many=True)
 
     def mark_applied(self, version: int, seqs: list[int]) -> None:
         """The updates ``seqs`` (held until now) are part of global ``version``."""
