@@ -16,6 +16,9 @@ from typing import ClassVar
 
 class LocalSteps(ABC):
     name: ClassVar[str] = ""
+    # Whether it sizes jobs so that the ones handed out together finish together
+    # (then the engine's grace = "auto" waits for them: fedlm/engine/grace.py).
+    even_times: ClassVar[bool] = False
 
     def start(self, *, steps: int, step_times: list[float]) -> None:
         """``steps`` = configured H; ``step_times`` = nominal seconds per step per worker."""
@@ -63,6 +66,7 @@ class DyLU(LocalSteps):
     """
 
     name = "dylu"
+    even_times = True
 
     def speeds(self) -> list[float]:
         return [1.0 / t for t in self.step_times]

@@ -69,8 +69,9 @@ from tests.test_engine import run_engine  # noqa: E402
 
 # Four workers, H = 20, no jitter: three take 20 s a job, the last 24.9 s, the shape
 # of the job that broke the fixed 4 s window (22 s under jitter, 4.9 s after the first).
+# (`adaptive`: with fixed H on uneven workers `auto` opens no window.)
 LATE = ["workers=4", "inner.steps=20", "fleet.step_times=[1.0, 1.0, 1.0, 1.245]",
-        "fleet.jitter=0.0", "strategy=delayed-nesterov", "updates=40"]
+        "fleet.jitter=0.0", "strategy=delayed-nesterov", "updates=40", "grace=adaptive"]
 
 
 def _timing_run(tmp_path, *overrides):
@@ -98,7 +99,7 @@ def test_a_late_job_outside_a_fixed_window_splits_the_fleet(tmp_path):
 
 
 def test_the_adaptive_window_waits_for_the_late_job_and_keeps_the_fleet_together(tmp_path):
-    passes, events = _timing_run(tmp_path)  # grace = auto: delayed Nesterov asks for it
+    passes, events = _timing_run(tmp_path)
     assert all(p == {0, 1, 2, 3} for p in passes)
     assert not [e for e in events if e[0] == "grace_timeout"]
 
@@ -137,10 +138,11 @@ def test_adaptive_window_rule():
 
 def test_grace_settings_name_their_rules():
     def rule(setting, **kw):
-        return grace_rule(setting, 0.5, num_workers=2, **{"wants_grace": True,
-                                                          "synchronous": False, **kw})
+        return grace_rule(setting, 0.5, num_workers=2, **{
+            "wants_grace": True, "synchronous": False, "together": True, **kw})
     assert isinstance(rule("auto"), AdaptiveGrace)
-    assert isinstance(rule("auto", wants_grace=False), NoGrace)
+    assert type(rule("auto", wants_grace=False)) is NoGrace
+    assert type(rule("auto", together=False)) is NoGrace  # fixed H on uneven workers
     assert isinstance(rule("adaptive", wants_grace=False), AdaptiveGrace)
     assert type(rule("off")) is NoGrace and type(rule("0")) is NoGrace
     assert isinstance(rule("4"), FixedGrace) and rule("4").seconds == 4.0
@@ -175,7 +177,7 @@ class PacedTransport:
         return ready
 
 
-@pytest.mark.parametrize("grace", ["off", "auto"])
+@pytest.mark.parametrize("grace", ["off", "adaptive"])
 def test_the_adaptive_window_groups_real_arrivals_too(tmp_path, grace):
     cfg = tiny_config(*LATE, "clock=wall", "updates=12", f"grace={grace}", "grace_span=1.0")
     theta = snapshot(M.build(cfg.model, cfg.data.seq_len, seed=cfg.seed))
@@ -184,7 +186,7 @@ def test_the_adaptive_window_groups_real_arrivals_too(tmp_path, grace):
     conn = sqlite3.connect(tmp_path / "w.db")
     sizes = Counter(t for (t,) in conn.execute("SELECT t_dispatch FROM jobs"))
     conn.close()
-    if grace == "auto":  # every pass hands out work to all four, together
+    if grace == "adaptive":  # every pass hands out work to all four, together
         assert set(sizes.values()) == {4}
     else:
         assert max(list(sizes.values())[1:]) == 1

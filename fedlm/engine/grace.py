@@ -15,19 +15,20 @@ The rules (config ``grace``):
   anyone restarts: the paper's grace period and its toy notebook's ``max_wait_time``.
   On the virtual clock the next finish is known in advance, so (as in the notebook)
   the first worker waits only until the last job that falls in the window.
-- adaptive (``auto`` for the strategies that ask for it, or ``adaptive`` for any):
+- adaptive (``auto``: for the strategies that ask for it, delayed Nesterov, when jobs
+  handed out together are meant to finish together, with DyLU or equally fast
+  workers; ``adaptive``: always):
   the window follows the jobs, not a constant. At the first finish t0, of a job
-  that took d seconds, it waits for the jobs *expected* with it:
-
-    * its cohort: the jobs handed out at the same moment from the same model, which
-      DyLU sized to finish together;
-    * any other job in flight expected to finish by t0 + span·d, so that a worker
-      that fell out of step joins the next group instead of staying apart;
-
-  and closes as soon as all of them are in (or lost), at the latest at t0 + span·d:
-  a crashed or very slow worker holds the others up by at most ``span`` of a job.
-  A job's expected finish comes from what its worker has shown: the median seconds
-  per inner step of its last jobs (before its first job, only the cohort counts).
+  that took d seconds, it waits for the jobs in flight *expected* to finish by
+  t0 + span·d: the jobs handed out with it (its cohort, which DyLU sized to finish
+  together), and a worker that fell out of step, which so joins the next group
+  instead of staying apart; not a job expected much later (a slow worker's full H
+  without DyLU: waiting for it would make the run synchronous). It closes as soon as
+  all of them are in (or lost), at the latest span·d past the last one's expected
+  finish: a crashed or very slow worker holds the others up by at most ``span`` of a
+  job. A job's expected finish comes from what its worker has shown: the median
+  seconds per inner step of its last jobs; a worker not seen yet is expected with
+  its cohort's first.
 
 Nothing here reads a clock: ``now`` is passed in, virtual or wall, and the same
 rule runs on both. What a window decided is in the operation log (which updates
@@ -116,16 +117,20 @@ class AdaptiveGrace(NoGrace):
 
     def open(self, now: float, first: InFlight, flights: Mapping[int, InFlight]) -> Window | None:
         slack = self.span * (now - first.t_dispatch)
-        ends = {job_id: self.expected_end(f) for job_id, f in flights.items()}
-        expected = [job_id for job_id, f in flights.items()
-                    if (f.t_dispatch == first.t_dispatch
-                        and f.job.base_version == first.job.base_version)
-                    or (ends[job_id] is not None and ends[job_id] <= now + slack)]
-        if not expected or slack <= 0:
+        if slack <= 0:
             return None
-        # each one gets `slack` past the time it is expected (no pace known yet: now)
-        latest = max([now, *(ends[j] for j in expected if ends[j] is not None)])
-        return Window(now, latest + slack, frozenset(expected))
+        ends: dict[int, float] = {}  # the jobs expected by now + slack, and when
+        for job_id, f in flights.items():
+            end = self.expected_end(f)
+            if end is None and f.t_dispatch == first.t_dispatch \
+                    and f.job.base_version == first.job.base_version:
+                end = now  # its worker's pace is not known yet: as its cohort's first
+            if end is not None and end <= now + slack:
+                ends[job_id] = end
+        if not ends:
+            return None
+        # each one gets `slack` past the time it is expected
+        return Window(now, max(now, *ends.values()) + slack, frozenset(ends))
 
     def state_dict(self) -> dict:
         return {"pace": [list(h) for h in self.pace]}
@@ -138,13 +143,15 @@ class AdaptiveGrace(NoGrace):
 
 
 def grace_rule(setting: str, span: float, *, wants_grace: bool, synchronous: bool,
-               num_workers: int) -> NoGrace:
-    """The rule a run's ``grace`` setting names, for its strategy: ``auto`` is the
-    adaptive window where the strategy asks for one (``Strategy.wants_grace``), off
-    elsewhere; a synchronous strategy's barrier makes any window moot."""
+               together: bool, num_workers: int) -> NoGrace:
+    """The rule a run's ``grace`` setting names. ``auto`` is the adaptive window where
+    the strategy asks for one (``Strategy.wants_grace``) and the jobs handed out
+    together are meant to finish together (``together``: DyLU sizes them so, or the
+    workers are equally fast); off elsewhere, where waiting would only make a fast
+    worker idle. A synchronous strategy's barrier makes any window moot."""
     if synchronous or setting == "off":
         return NoGrace()
-    if setting == "adaptive" or (setting == "auto" and wants_grace):
+    if setting == "adaptive" or (setting == "auto" and wants_grace and together):
         return AdaptiveGrace(span, num_workers)
     if setting == "auto":
         return NoGrace()

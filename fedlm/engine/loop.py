@@ -81,7 +81,10 @@ class Engine:
                        else WallEvents(self.in_flight, self.inbox, self.pool))
         self.jobs = JobMaker(cfg, fleet, shard_sizes)
         self.grace = grace_rule(cfg.grace, cfg.grace_span, wants_grace=strategy.wants_grace,
-                                synchronous=strategy.synchronous, num_workers=len(fleet))
+                                synchronous=strategy.synchronous,
+                                together=local_steps.even_times
+                                or len({p.step_time for p in fleet}) == 1,
+                                num_workers=len(fleet))
         self.base_params: dict[int, object] = {}  # versions in-flight jobs started from
         self.tokens = self.steps_done = self.jobs_done = 0
         self.last_perplexity: float | None = None
