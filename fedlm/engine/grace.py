@@ -19,16 +19,20 @@ The rules (config ``grace``):
   handed out together are meant to finish together, with DyLU or equally fast
   workers; ``adaptive``: always):
   the window follows the jobs, not a constant. At the first finish t0, of a job
-  that took d seconds, it waits for the jobs in flight *expected* to finish by
-  t0 + span·d: the jobs handed out with it (its cohort, which DyLU sized to finish
-  together), and a worker that fell out of step, which so joins the next group
-  instead of staying apart; not a job expected much later (a slow worker's full H
-  without DyLU: waiting for it would make the run synchronous). It closes as soon as
-  all of them are in (or lost), at the latest span·d past the last one's expected
-  finish: a crashed or very slow worker holds the others up by at most ``span`` of a
-  job. A job's expected finish comes from what its worker has shown: the median
-  seconds per inner step of its last jobs; a worker not seen yet is expected with
-  its cohort's first.
+  that took d seconds, it waits for the jobs *expected* with it:
+
+    * its cohort: the jobs handed out at the same moment from the same model, which
+      DyLU sized to finish together;
+    * any other job in flight expected to finish by t0 + span·d, so that a worker
+      that fell out of step joins the next group instead of staying apart;
+
+  and closes as soon as all of them are in (or lost), at the latest span·d past the
+  last one's expected finish: a crashed or very slow worker holds the others up by
+  at most ``span`` of a job. A job's expected finish comes from what its worker has
+  shown: the median seconds per inner step of its last jobs (a worker not seen yet:
+  with its cohort's first). ``auto`` opens it only where jobs handed out together
+  are meant to finish together; elsewhere (fixed H on uneven workers) waiting for a
+  cohort would only make the fast workers idle.
 
 Nothing here reads a clock: ``now`` is passed in, virtual or wall, and the same
 rule runs on both. What a window decided is in the operation log (which updates
@@ -119,18 +123,18 @@ class AdaptiveGrace(NoGrace):
         slack = self.span * (now - first.t_dispatch)
         if slack <= 0:
             return None
-        ends: dict[int, float] = {}  # the jobs expected by now + slack, and when
+        expected: dict[int, float | None] = {}  # the jobs it waits for: when they are due
         for job_id, f in flights.items():
             end = self.expected_end(f)
-            if end is None and f.t_dispatch == first.t_dispatch \
-                    and f.job.base_version == first.job.base_version:
-                end = now  # its worker's pace is not known yet: as its cohort's first
-            if end is not None and end <= now + slack:
-                ends[job_id] = end
-        if not ends:
+            cohort = (f.t_dispatch == first.t_dispatch
+                      and f.job.base_version == first.job.base_version)
+            if cohort or (end is not None and end <= now + slack):
+                expected[job_id] = end
+        if not expected:
             return None
-        # each one gets `slack` past the time it is expected
-        return Window(now, max(now, *ends.values()) + slack, frozenset(ends))
+        # each one gets `slack` past the time it is expected (pace unknown: now)
+        due = max([now, *(end for end in expected.values() if end is not None)])
+        return Window(now, due + slack, frozenset(expected))
 
     def state_dict(self) -> dict:
         return {"pace": [list(h) for h in self.pace]}
