@@ -85,3 +85,39 @@ def test_concurrency_cap_bounds_jobs_in_flight_and_samples_workers(tmp_path, str
         peak = max(peak, running)
     assert peak == 2
     assert len({w for *_, w in spans}) > 2  # sampled across the fleet, not just workers 0-1
+
+
+# -- the local-step budget ------------------------------------------------------------
+
+def _budget_run(tmp_path, *overrides):
+    """A timing-only run (zero updates) under a local-step budget: the jobs table."""
+    from fedlm import model as M
+    from fedlm.params import snapshot
+    from fedlm.plan.check import InstantTransport
+
+    cfg = tiny_config("updates=100000", "fleet.jitter=0.05", *overrides)
+    theta = snapshot(M.build(cfg.model, cfg.data.seq_len, seed=cfg.seed))
+    engine, _, _ = run_engine(cfg, tmp_path / "b.db", InstantTransport(theta, cfg),
+                              evaluate=False)
+    conn = sqlite3.connect(tmp_path / "b.db")
+    jobs = conn.execute("SELECT status, local_steps FROM jobs").fetchall()
+    conn.close()
+    return engine, jobs
+
+
+@pytest.mark.parametrize("strategy", ["delayed-nesterov", "async-sgd"])
+def test_an_async_budget_ends_on_exactly_the_budget_with_nothing_in_flight(tmp_path, strategy):
+    # DyLU on very: jobs of 20/9/4/2 steps; 1,001 is no sum of whole jobs
+    engine, jobs = _budget_run(tmp_path, "workers=4", "profile=very", "inner.steps=20",
+                               "local_steps=dylu", f"strategy={strategy}",
+                               "local_step_budget=1001")
+    assert engine.steps_done == 1001 == sum(s for _, s in jobs)
+    assert {status for status, _ in jobs} == {"done"}  # every job handed out was applied
+
+
+def test_a_sync_budget_ends_on_a_whole_round(tmp_path):
+    # 8 workers x 5 steps = 40 a round: 100 steps end after the third round (120)
+    engine, jobs = _budget_run(tmp_path, "workers=8", "inner.steps=5", "strategy=diloco",
+                               "local_step_budget=100")
+    assert engine.version == 3 and engine.steps_done == 120
+    assert len(jobs) == 24 and {status for status, _ in jobs} == {"done"}
