@@ -89,6 +89,7 @@ class SweepResult:
     cells: list[Cell]  # the finished ones
     failures: list[Failure] = field(default_factory=list)
     stopped: bool = False  # --fail-fast or a signal ended it before every cell ran
+    not_run: list[str] = field(default_factory=list)  # --report-only: cells not finished
 
 
 class SweepStopped(Exception):
@@ -319,7 +320,7 @@ def _reason(stderr: str, status: int) -> str:
 
 
 def run_sweep(spec: dict, *, backend: str = "flower", rerun: bool = False, jobs: int = 1,
-              fail_fast: bool = False, log=print) -> SweepResult:
+              fail_fast: bool = False, report_only: bool = False, log=print) -> SweepResult:
     """Run every arm x profile x seed not already finished in the spec's database.
 
     ``jobs`` runs that many ``fedlm run`` processes at once (in-process backend
@@ -328,6 +329,8 @@ def run_sweep(spec: dict, *, backend: str = "flower", rerun: bool = False, jobs:
     run has its own seed, so ``jobs`` only changes the wall-clock time. A failed
     cell is logged with its reason and the sweep goes on, unless ``fail_fast``.
     SIGTERM (in the main thread) or Ctrl-C stops every run it started.
+    ``report_only`` runs nothing: the result holds the cells already finished and
+    names the others in ``not_run`` (a report of a sweep still under way, or cut short).
     """
     check_jobs(jobs, backend)
     db = spec["db"]
@@ -335,10 +338,13 @@ def run_sweep(spec: dict, *, backend: str = "flower", rerun: bool = False, jobs:
     total = len(planned)
     finished = {r["name"]: r["id"] for r in (store.list_runs(db) if Path(db).exists() else [])
                 if r["status"] == "finished"}  # the newest finished run of each name
-    todo = []
+    todo, not_run = [], []
     for k, cell in enumerate(planned, 1):
         if cell.name in finished and not rerun:
             log(f"[{k}/{total}] {cell.name}: reusing run {finished[cell.name]}")
+        elif report_only:
+            not_run.append(cell.name)
+            log(f"[{k}/{total}] {cell.name}: not run (--report-only)")
         else:
             todo.append((k, cell))
     children = _Children()
@@ -398,4 +404,4 @@ def run_sweep(spec: dict, *, backend: str = "flower", rerun: bool = False, jobs:
         if run_id is not None and (name in trained or not rerun):
             cells.append(Cell(cell.arm["label"], cell.profile, run_id,
                               store.summarize(db, run_id), cell.seed))
-    return SweepResult(cells, failures, stopped=children.stopping.is_set())
+    return SweepResult(cells, failures, stopped=children.stopping.is_set(), not_run=not_run)

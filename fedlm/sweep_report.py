@@ -123,7 +123,7 @@ def write_report(spec: dict, result: SweepResult) -> tuple[str, list[Path]]:
     out = Path(spec["out"])
     out.parent.mkdir(parents=True, exist_ok=True)
     pngs = plot(spec, result.cells, out.with_suffix(""))
-    text = report(spec, result.cells, result.failures)
+    text = report(spec, result.cells, result.failures, result.not_run)
     text += "\n## Plots\n\n"
     if _seeded(spec):
         text += f"In the plots {BAND_NOTE}.\n\n"
@@ -158,7 +158,8 @@ def shown(est: Estimate | None, fmt: str, seeded: bool, planned: int = 0,
     return text + (f" (n={est.n})" if est.n < planned else "")
 
 
-def report(spec: dict, cells: list[Cell], failures: list[Failure] = ()) -> str:
+def report(spec: dict, cells: list[Cell], failures: list[Failure] = (),
+           not_run: list[str] = ()) -> str:
     db, profiles = spec["db"], spec["profiles"]
     arms = [a["label"] for a in spec["arm"]]
     arm_of = {a["label"]: a for a in spec["arm"]}
@@ -188,7 +189,7 @@ def report(spec: dict, cells: list[Cell], failures: list[Failure] = ()) -> str:
         for arm in arms:
             row = f"| {arm} | " + " | ".join(
                 fmt(arm, groups[(arm, p)]) if (arm, p) in groups
-                else ended.get((arm, p), "failed") if (arm, p) in planned else "–"
+                else ended.get((arm, p), "not run") if (arm, p) in planned else "–"
                 for p in profiles) + " |"
             if with_paper:
                 nums = paper.get(arm)
@@ -288,6 +289,10 @@ def report(spec: dict, cells: list[Cell], failures: list[Failure] = ()) -> str:
            f"Run store: `{db}` (run ids in the last table). Reference (sync): **{ref}**"
            + (" (an arm with `against` is compared with the arm it names)." if own_refs
               else "."), ""]
+    if not_run:
+        out += [f"**{len(not_run)} of {len(cells_of(spec))} planned runs were not run** "
+                "(report written with `--report-only`; they are listed at the end): a cell "
+                "shows `not run` where none of its seeds ran, `(n=k)` where k did.", ""]
     if seeded:
         seeds = sorted({c.seed for c in cells_of(spec)})
         out += [f"Seeds: {', '.join(map(str, seeds))}; each cell is run once per seed "
@@ -334,6 +339,8 @@ def report(spec: dict, cells: list[Cell], failures: list[Failure] = ()) -> str:
     if failures:
         out += ["### Failed runs", ""] + [f"- **{f.name}**: {f.reason}"
                                           for f in failures] + [""]
+    if not_run:
+        out += ["### Not run", ""] + [f"- {name}" for name in not_run] + [""]
     if spec.get("discussion"):
         out += ["## Reading", "", spec["discussion"].strip(), ""]
     return "\n".join(out)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from fedlm import store
 from fedlm.store import RunWriter
 from fedlm.sweep import Failure, cells_of, load_spec, overrides, run_name, run_sweep
 from fedlm.sweep_report import report, write_report
@@ -236,6 +237,35 @@ def test_a_report_without_seeds_looks_as_it_always_did(tmp_path):
     assert "| slow | 80 |" in _section(text, "Virtual time to reach")
     assert "| fast | #2, " in _section(text, "Run id and real time")
 
+
+def test_report_only_runs_nothing_and_says_what_is_missing(tmp_path):
+    spec = _report_spec(tmp_path, [0, 1, 2])
+    for seed in (0, 1):  # seed 2 never ran; slow never ran at all
+        _stored_run(spec["db"], run_name("ref", "very", seed), seed, REF_CURVE, 100)
+        vt, final = FAST[seed]
+        _stored_run(spec["db"], run_name("fast", "very", seed), seed, [(0, 100.0), (vt, final)],
+                    vt)
+    result = run_sweep(spec, backend="inprocess", report_only=True, log=lambda _: None)
+    assert len(result.cells) == 4 and not result.failures
+    assert result.not_run == ["slow @ very seed 0", "slow @ very seed 1", "ref @ very seed 2",
+                              "fast @ very seed 2", "slow @ very seed 2"]  # in the sweep's order
+    assert store.list_runs(spec["db"]) and len(store.list_runs(spec["db"])) == 4  # none started
+    text = report(spec, result.cells, result.failures, result.not_run)
+    assert "**5 of 9 planned runs were not run**" in text
+    assert "| fast | 11.500 ± 6.353 (sd 0.707, n=2) | – |" in text
+    assert "| slow | not run | – |" in text
+    assert "- slow @ very seed 2" in _section(text, "Not run")
+    # the command: exit 0, one line on what is missing; --rerun with it is refused
+    path = _write_spec(tmp_path, spec)
+    cmd = [sys.executable, "-m", "fedlm", "sweep", str(path), "--backend", "inprocess",
+           "--report-only"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "fedlm: report of 4 of 9 cells; 5 not run (--report-only)" in proc.stderr
+    assert "| slow | not run | – |" in (tmp_path / "r.md").read_text()
+    proc = subprocess.run([*cmd, "--rerun"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "--report-only runs nothing" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 # -- end to end: a tiny sweep over seeds ---------------------------------------
 

@@ -116,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "report gives means and 95%% intervals over them")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first failed run "
                    "(default: report it and go on with the others)")
+    p.add_argument("--report-only", action="store_true", help="run nothing: write the report "
+                   "from the runs already finished (the others show as not run)")
     p.add_argument("--db", type=_db_path, default=None, help="override the spec's run database")
     p.add_argument("--out", default=None, help="override the spec's report path")
 

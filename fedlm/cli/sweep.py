@@ -2,7 +2,7 @@
 what failed. The spec is read and checked by ``fedlm.sweep.load_spec``, the runs
 are ``fedlm.sweep``'s, the report ``fedlm.sweep_report``'s; this module applies --db,
 --out and --seeds and chooses the exit status (1 if a cell failed or diverged, 130 if the
-sweep was stopped).
+sweep was stopped; --report-only runs nothing and exits 0 with the report of what finished).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from fedlm.cli.parser import one_line
+from fedlm.errors import ConfigError
 from fedlm.store import check_writable
 
 
@@ -23,10 +24,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         spec["db"] = args.db
     if args.out:
         spec["out"] = args.out
+    if args.report_only and args.rerun:
+        raise ConfigError("--report-only runs nothing; --rerun would ignore every finished "
+                          "run: use one of them")
     check_writable(spec["db"])  # one line now, not one failed cell after another
     try:
         result = sweep.run_sweep(spec, backend=args.backend, rerun=args.rerun, jobs=args.jobs,
-                                 fail_fast=args.fail_fast)
+                                 fail_fast=args.fail_fast, report_only=args.report_only)
     except (KeyboardInterrupt, sweep.SweepStopped):
         print("fedlm: sweep stopped; its runs are kept (interrupted ones marked so)",
               file=sys.stderr)
@@ -36,6 +40,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         text, written = sweep_report.write_report(spec, result)
         print(text)
         print(f"wrote {', '.join(str(p) for p in written)}")
+    if result.not_run:
+        print(f"fedlm: report of {len(cells)} of {len(cells) + len(result.not_run)} cells; "
+              f"{len(result.not_run)} not run (--report-only)", file=sys.stderr)
     for f in failures:
         print(f"fedlm: error: sweep cell {f.name} {f.status}: {one_line(f.reason)}",
               file=sys.stderr)
