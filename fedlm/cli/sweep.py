@@ -36,17 +36,17 @@ def cmd_sweep(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 130
     cells, failures = result.cells, result.failures
+    total = len(sweep.cells_of(spec))  # arms limited to some profiles, and seeds, counted
     if cells:
         text, written = sweep_report.write_report(spec, result)
         print(text)
         print(f"wrote {', '.join(str(p) for p in written)}")
     if result.not_run:
-        print(f"fedlm: report of {len(cells)} of {len(cells) + len(result.not_run)} cells; "
+        print(f"fedlm: report of {len(cells)} of {total} cells; "
               f"{len(result.not_run)} not run (--report-only)", file=sys.stderr)
     for f in failures:
         print(f"fedlm: error: sweep cell {f.name} {f.status}: {one_line(f.reason)}",
               file=sys.stderr)
-    total = len(sweep.cells_of(spec))  # arms limited to some profiles, and seeds, counted
     diverged = sum(f.status == "diverged" for f in failures)
     if failures or result.stopped:
         print(f"fedlm: {len(cells)} of {total} cells finished, {len(failures) - diverged} "
