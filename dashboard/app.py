@@ -27,7 +27,7 @@ import streamlit as st
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `streamlit run` from a checkout
 from fedlm.dashboard import queries as q  # noqa: E402
 from fedlm.store import StoreError  # noqa: E402
-from fedlm.uncertainty import band  # noqa: E402
+from fedlm.sweep.uncertainty import band  # noqa: E402
 
 REFRESH_SECONDS = 2
 KIND_COLORS = {"compute": "#2ca02c", "download": "#1f77b4", "upload": "#9467bd",

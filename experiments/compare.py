@@ -20,7 +20,7 @@ import tomllib
 from pathlib import Path
 
 from fedlm import store
-from fedlm.sweep_report import time_to_reach, value_at
+from fedlm.sweep.report import time_to_reach, value_at
 
 
 def main() -> int:

@@ -18,7 +18,7 @@ from typing import Any
 
 from fedlm.errors import ConfigError  # noqa: F401  (re-exported: the error of a bad config)
 
-# How outer gradients may travel (fedlm.compression).
+# How outer gradients may travel (fedlm.sim.compression).
 COMPRESSIONS = ("fp32", "bf16", "fp16", "int8", "int4")
 
 # Inner learning-rate schedules (InnerConfig.schedule) and shard choices (DataConfig).
@@ -256,7 +256,7 @@ class Config:
     def total_steps(self, nodes: int) -> int:
         """The run's inner steps over all workers: the local-step budget, else what
         ``updates`` synchronous rounds of H steps on every one of ``nodes`` take
-        (``fedlm.fleet.node_count``: the workers, or the region pods if hierarchical)."""
+        (``fedlm.sim.fleet.node_count``: the workers, or the region pods if hierarchical)."""
         return self.local_step_budget or self.updates * self.inner.steps * nodes
 
     def schedule_horizon(self, nodes: int) -> int:

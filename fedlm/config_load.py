@@ -5,7 +5,7 @@ key=value`` overrides. Everything is checked here, at the boundary: an unknown
 key, a value of the wrong type or out of range is refused with a
 ``ConfigError`` whose one-line message names the field and the value. Names are
 checked against what they name: the model presets (``fedlm.presets``), the fleet
-presets and regions (``fedlm.fleet``), the strategy registry; none of these
+presets and regions (``fedlm.sim.fleet``), the strategy registry; none of these
 imports torch, so loading a config does not either.
 
     load(path, overrides)   a TOML file (or the defaults) + ``--set key=value``
@@ -24,7 +24,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, get_type_hints
 
-from fedlm import fleet, presets
+from fedlm.sim import fleet
+from fedlm import presets
 from fedlm.config import (COMPRESSIONS, FAULT_KINDS, GRACE_RULES, PRECISIONS, SCHEDULES,
                           SECTIONS, SHARD_CHOICES, SPELLING, Config)
 from fedlm.data import shakespeare_play_count

@@ -15,7 +15,7 @@ import torch
 
 from fedlm import data, model as model_lib
 from fedlm.config import Config
-from fedlm.params import load_into
+from fedlm.model import load_into
 
 
 @dataclass(frozen=True)

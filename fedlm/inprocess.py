@@ -3,7 +3,7 @@
 Used by ``fedlm run --backend inprocess`` and by tests that exercise the engine
 without Flower. Each worker's optimizer states live in memory (on a GPU, in
 device memory between its jobs), or on disk as a Flower node keeps them
-(``fedlm.worker_state``). ``arrival_seed`` shuffles the order replies come back
+(``fedlm.worker.states``). ``arrival_seed`` shuffles the order replies come back
 in, to show that the engine's result does not depend on it.
 
 ``sim.concurrent_jobs = k`` runs up to k jobs at once, each in a thread of a
@@ -21,11 +21,12 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 import numpy as np
 
-from fedlm import model as model_lib, precision
+from fedlm import model as model_lib
+from fedlm.worker import precision
 from fedlm.config import Config
-from fedlm.engine import Reply
-from fedlm.worker import JobSpec, serve_job
-from fedlm.worker_state import DiskStates, MemoryStates, disk_folder
+from fedlm.job import JobResult, JobSpec
+from fedlm.worker.states import DiskStates, MemoryStates, worker_states
+from fedlm.worker.train import serve_job
 
 
 class InProcessTransport:
@@ -34,7 +35,7 @@ class InProcessTransport:
         self.cfg = cfg
         self.run_key = run_key or uuid.uuid4().hex  # names its disk states
         self.states: dict[int, MemoryStates | DiskStates] = {}
-        self.ready: list[Reply] = []
+        self.ready: list[JobResult] = []
         self.rng = np.random.default_rng(arrival_seed) if arrival_seed is not None else None
         self.device = model_lib.resolve_device(cfg.device)
         k = cfg.sim.concurrent_jobs
@@ -44,19 +45,16 @@ class InProcessTransport:
 
     def _states(self, worker: int):
         if worker not in self.states:
-            self.states[worker] = (DiskStates(disk_folder(self.run_key, worker))
-                                   if self.cfg.state_store() == "disk" else MemoryStates())
+            self.states[worker] = worker_states(self.cfg, self.run_key, worker)
         return self.states[worker]
 
-    def _serve(self, job: JobSpec, params, states) -> Reply:
+    def _serve(self, job: JobSpec, params, states) -> JobResult:
         try:
             with precision.job_stream(self.device):
                 result = serve_job(params, states, job, self.cfg)
         except Exception as exc:  # as a crashed ClientApp: an error reply
-            return Reply(job.job_id, None, error=f"{type(exc).__name__}: {exc}",
-                         wall_arrival=time.time())
-        return Reply(job.job_id, result.outer_grad, result.steps, result.tokens,
-                     result.train_loss, result.compute_seconds, wall_arrival=time.time())
+            return JobResult.failed(job.job_id, f"{type(exc).__name__}: {exc}", time.time())
+        return result.arrived(time.time())
 
     def submit(self, job: JobSpec, params) -> None:
         # The engine never changes a model version's tensors once made (strategies
@@ -68,7 +66,7 @@ class InProcessTransport:
         else:
             self.running[self.pool.submit(self._serve, job, params, states)] = job.job_id
 
-    def collect(self, timeout: float) -> list[Reply]:
+    def collect(self, timeout: float) -> list[JobResult]:
         if self.running:  # wait for a job thread only while nothing is ready yet
             done, _ = wait(list(self.running), timeout=0 if self.ready else timeout,
                            return_when=FIRST_COMPLETED)

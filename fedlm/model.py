@@ -7,6 +7,7 @@ learned positions, tied input/output embeddings. Read top to bottom, nanoGPT sty
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -125,3 +126,20 @@ def resolve_device(choice: str) -> str:
     if choice == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device: 'cuda' asked for but torch sees no CUDA device")
     return choice
+
+
+# -- the model's weights as a name -> tensor dict (fedlm.params) ------------------
+
+def snapshot(model: torch.nn.Module) -> "OrderedDict[str, torch.Tensor]":
+    """A detached CPU copy of the model's trainable parameters, by name.
+
+    Uses ``named_parameters`` so tied weights appear once.
+    """
+    return OrderedDict((n, p.detach().to("cpu", copy=True)) for n, p in model.named_parameters())
+
+
+def load_into(model: torch.nn.Module, params) -> None:
+    """Copy ``params`` into the model's parameters in place."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(params[name])

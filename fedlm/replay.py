@@ -32,16 +32,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from fedlm import fleet, start
-from fedlm.config import Config
+from fedlm.sim import fleet
+from fedlm import start
 from fedlm.config_load import from_json
 from fedlm.engine.driver import Driver
 from fedlm.errors import ConfigError
 from fedlm.params import params_hash
 from fedlm.store import operation_log, shown_status
-from fedlm import compression
-from fedlm.worker import JobSpec, job_update
-from fedlm.worker_state import MemoryStates
+from fedlm.sim import compression
+from fedlm.job import JobSpec
+from fedlm.worker.train import job_update
+from fedlm.worker.states import MemoryStates
 from fedlm.strategies import registry
 
 
@@ -140,8 +141,9 @@ def replay(db: str | Path, run_id: int,
                           **{k: job[k] for k in ("shard", "cursor", "schedule_step")
                              if job[k] is not None})  # schema 4 and older: none
             worker_states = states[job.worker]
-            result = job_update(versions[base], worker_states.load(job.prev_job), job, cfg)
-            worker_states.save(job.job_id, result.opt_state)
+            result, new_state = job_update(versions[base], worker_states.load(job.prev_job),
+                                           job, cfg)
+            worker_states.save(job.job_id, new_state)
             worker_states.prune(job.prev_job)
             grad = compression.decode(result.outer_grad, versions[base], cfg.network)
             if params_hash(grad) != row["update_hash"]:

@@ -14,15 +14,16 @@ import shutil
 import uuid
 from typing import Callable
 
-from fedlm import checkpoint as ckpt_lib, fleet as fleet_lib, start as start_lib
+from fedlm import checkpoint as ckpt_lib, start as start_lib
+from fedlm.sim import fleet as fleet_lib
 from fedlm.config import Config
 from fedlm.engine import Diverged, Engine, Interrupted, Progress, Transport
 from fedlm.evaluate import Evaluator
 from fedlm.inprocess import InProcessTransport
 from fedlm.params import params_hash
 from fedlm.store import RunWriter, StoreError, best_loss
-from fedlm.worker import data_shards, shard_sizes
-from fedlm.worker_state import disk_folder
+from fedlm.shards import data_shards, shard_sizes
+from fedlm.worker.states import disk_folder
 from fedlm.strategies import registry
 
 # connect(run_key) -> (transport, worker -> node id)

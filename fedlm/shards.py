@@ -23,7 +23,14 @@ shards drives ``global``.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
+
+from fedlm import data
+from fedlm.config import Config, DataConfig
+from fedlm.job import JobSpec
+from fedlm.sim import fleet
 
 
 def paper_weights(sizes, consumed) -> np.ndarray:
@@ -77,3 +84,40 @@ class ShardBook:
     def load_state_dict(self, st: dict) -> None:
         self.consumed, self.steps = list(st["consumed"]), list(st["steps"])
         self._rng.bit_generator.state = st["rng"]
+
+
+# -- the shards' sequences, per process (read-only caches) -----------------------
+
+@lru_cache(maxsize=4)
+def data_shards(data_cfg: DataConfig, num_shards: int, seed: int) -> tuple[np.ndarray, ...]:
+    corpus = data.load_corpus(data_cfg)
+    return tuple(data.partition(corpus, data_cfg, num_shards, seed))
+
+
+def node_shard(cfg: Config, node: int) -> np.ndarray:
+    """The sequences a node trains on with ``data.shard_choice = fixed``: its
+    worker's shard, or (hierarchical) the shards of every worker in its region's pod."""
+    shards = data_shards(cfg.data, cfg.shard_count(), cfg.seed)
+    members = fleet.groups(cfg)[node] if cfg.network.hierarchical else [node]
+    return shards[members[0]] if len(members) == 1 else np.concatenate(
+        [shards[w] for w in members])
+
+
+def job_data(cfg: Config, job: JobSpec) -> np.ndarray:
+    """The sequences ``job`` samples its batches from."""
+    if cfg.data.shard_choice == "fixed" or job.shard < 0:
+        return node_shard(cfg, job.worker)
+    return data_shards(cfg.data, cfg.shard_count(), cfg.seed)[job.shard]
+
+
+def shard_sizes(cfg: Config) -> list[int]:
+    """Sequences in each shard the server hands out (``ShardBook``): one per node
+    with ``fixed``, ``data.shards`` with ``paper``."""
+    if cfg.data.shard_choice == "fixed":
+        return [len(node_shard(cfg, n)) for n in range(fleet.node_count(cfg))]
+    return [len(s) for s in data_shards(cfg.data, cfg.shard_count(), cfg.seed)]
+
+
+def pod_size(cfg: Config, node: int) -> int:
+    """Workers training as one data-parallel pod on ``node`` (1 unless hierarchical)."""
+    return len(fleet.groups(cfg)[node]) if cfg.network.hierarchical else 1

@@ -32,9 +32,10 @@ import torch
 from fedlm import checkpoint as ckpt_lib, data, model as model_lib
 from fedlm.config import Config
 from fedlm.errors import ConfigError
-from fedlm.params import load_into, params_hash, snapshot
+from fedlm.params import params_hash
+from fedlm.model import load_into, snapshot
 from fedlm.store import run_row, shown_status
-from fedlm.worker import inner_lr, new_optimizer, train_steps
+from fedlm.worker.train import inner_lr, new_optimizer, train_steps
 
 PRETRAIN_VERSION = "pretrain-v1"  # bump when pretraining changes what it computes
 

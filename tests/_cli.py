@@ -25,7 +25,10 @@ def no_work_fixture(monkeypatch, tmp_path):
     The working directory is empty, so default paths (runs/fedlm.db) do not exist."""
     import subprocess as subprocess_module
 
-    from fedlm import deploy, interrupts, replay, simulation, sweep
+    from fedlm.deploy import local as deploy
+    from fedlm import interrupts, replay
+    from fedlm.flower import simulation
+    from fedlm.sweep import run as sweep
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(simulation, "quiet_libraries", _started)  # run and replay: first step

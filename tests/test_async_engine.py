@@ -92,7 +92,7 @@ def test_concurrency_cap_bounds_jobs_in_flight_and_samples_workers(tmp_path, str
 def _budget_run(tmp_path, *overrides):
     """A timing-only run (zero updates) under a local-step budget: the jobs table."""
     from fedlm import model as M
-    from fedlm.params import snapshot
+    from fedlm.model import snapshot
     from fedlm.plan.check import InstantTransport
 
     cfg = tiny_config("updates=100000", "fleet.jitter=0.05", *overrides)

@@ -1,6 +1,6 @@
 import pytest
 
-from fedlm.clock import VirtualClock
+from fedlm.sim.clock import VirtualClock
 
 
 def test_events_pop_in_time_order_with_fifo_ties():

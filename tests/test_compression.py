@@ -6,7 +6,7 @@ from collections import OrderedDict
 import pytest
 import torch
 
-from fedlm import compression as C
+from fedlm.sim import compression as C, wire_sizes
 from fedlm.config import COMPRESSIONS, NetworkConfig
 from fedlm.params import BadUpdate, num_bytes
 from fedlm.replay import replay
@@ -23,7 +23,7 @@ TOLERANCE = {"fp32": 0.0, "bf16": 8e-3, "fp16": 1e-3, "int8": 8e-3, "int4": 0.15
 def test_payload_bytes_are_the_advertised_size_and_decode_close(codec):
     net = NetworkConfig(compression=codec)
     payload, _ = C.encode(GRAD, {}, net)
-    assert sum(t.numel() * t.element_size() for t in payload.values()) == C.encoded_bytes(
+    assert sum(t.numel() * t.element_size() for t in payload.values()) == wire_sizes.encoded_bytes(
         GRAD, net)
     out = C.decode(payload, GRAD, net)
     for k, g in GRAD.items():
@@ -32,7 +32,7 @@ def test_payload_bytes_are_the_advertised_size_and_decode_close(codec):
 
 
 def test_sizes_shrink_as_promised():
-    sizes = {c: C.encoded_bytes(GRAD, NetworkConfig(compression=c)) for c in COMPRESSIONS}
+    sizes = {c: wire_sizes.encoded_bytes(GRAD, NetworkConfig(compression=c)) for c in COMPRESSIONS}
     n = sum(t.numel() for t in GRAD.values())
     assert sizes["fp32"] == 4 * n and sizes["bf16"] == sizes["fp16"] == 2 * n
     assert n < sizes["int8"] < 1.02 * n  # + one fp32 scale per 256 values
@@ -83,7 +83,7 @@ def test_compressed_runs_send_fewer_bytes_train_and_replay(tmp_path, codec):
         loss = [l for (l,) in conn.execute("SELECT loss FROM metrics ORDER BY id")]
     ratio = {"bf16": 0.5, "int4": 0.5 / 4 + 4 / 256 / 4}[codec]
     assert up == pytest.approx(ratio * down, rel=0.02)  # uploads encoded, downloads fp32
-    assert up / engine.jobs.next_job_id == C.encoded_bytes(final, cfg.network)
+    assert up / engine.jobs.next_job_id == wire_sizes.encoded_bytes(final, cfg.network)
     assert engine.now < fp32.now  # less to push through the shared link
     assert loss[-1] < loss[0]
     assert replay(db, run_id).identical

@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from fedlm import worker
+from fedlm.worker import train as worker
 from fedlm.config_load import ConfigError
 from fedlm.runner import run_inprocess
 from fedlm.store.readers import operation_log

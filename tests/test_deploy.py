@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from fedlm import config_load
-from fedlm.credentials import make_certificates, make_node_key
-from fedlm.deploy import LocalDeployment
+from fedlm.deploy.credentials import make_certificates, make_node_key
+from fedlm.deploy.local import LocalDeployment
 
 pytestmark = pytest.mark.flower
 ROOT = Path(__file__).resolve().parent.parent

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from fedlm import config_load
-from fedlm.deploy import LocalDeployment
+from fedlm.deploy.local import LocalDeployment
 from tests.test_deploy import _processes_mentioning
 
 pytestmark = pytest.mark.flower

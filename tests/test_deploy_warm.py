@@ -1,4 +1,4 @@
-"""The warm ClientApp executor (fedlm.warm_executor) in a real deployment: TLS and
+"""The warm ClientApp executor (fedlm.deploy.warm_executor) in a real deployment: TLS and
 SuperNode authentication on, the SuperNodes in ``--isolation process``.
 
 One run, two SuperNodes, async SGD with injected crashes on worker 1: every task
@@ -16,8 +16,8 @@ import sys
 import pytest
 
 from fedlm import config_load
-from fedlm.deploy import LocalDeployment
-from fedlm.warm_executor import START_MARK
+from fedlm.deploy.local import LocalDeployment
+from fedlm.deploy.warm_executor import START_MARK
 from tests.test_deploy import _processes_mentioning
 
 pytestmark = pytest.mark.flower

@@ -6,11 +6,13 @@ from dataclasses import replace
 import pytest
 import torch
 
-from fedlm import fleet, model as M
-from fedlm.engine import Engine, Reply
+from fedlm.sim import fleet
+from fedlm import model as M
+from fedlm.engine import Engine, JobResult
 from fedlm.evaluate import Evaluator
 from fedlm.inprocess import InProcessTransport
-from fedlm.params import num_bytes, params_hash, snapshot
+from fedlm.params import num_bytes, params_hash
+from fedlm.model import snapshot
 from fedlm.store import RunWriter, summarize
 from fedlm.strategies import registry
 from tests.conftest import tiny_config
@@ -87,7 +89,7 @@ class FlakyTransport(InProcessTransport):
 
     def submit(self, job, params):
         if job.job_id == 1:
-            self.ready.append(Reply(1, None, error="flower error 3: message expired"))
+            self.ready.append(JobResult(1, None, error="flower error 3: message expired"))
         else:
             super().submit(job, params)
 

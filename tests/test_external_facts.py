@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from fedlm import checkpoint, model as M
-from fedlm.params import snapshot
+from fedlm.model import snapshot
 from fedlm.plan.check import InstantTransport
 from fedlm.runner import run_inprocess
 from fedlm.strategies.base import Update

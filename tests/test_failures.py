@@ -209,7 +209,7 @@ set = ["strategy=diloco", "outer.lr=3000", "eval.every=1"]
 
 def test_a_sweep_shows_a_diverged_cell_as_diverged_with_its_reason(tmp_path):
     from fedlm.cli.runs import EXIT_STATUS
-    from fedlm.sweep import DIVERGED_EXIT
+    from fedlm.sweep.run import DIVERGED_EXIT
 
     assert DIVERGED_EXIT == EXIT_STATUS["diverged"]  # how the sweep tells it from a failure
     db, out, spec = tmp_path / "s.db", tmp_path / "report.md", tmp_path / "spec.toml"

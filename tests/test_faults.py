@@ -4,7 +4,7 @@ import sqlite3
 
 import pytest
 
-from fedlm import faults
+from fedlm.sim import faults
 from fedlm.config import FAULT_KINDS
 from fedlm.replay import replay
 from fedlm.runner import run_inprocess

@@ -1,6 +1,6 @@
 import pytest
 
-from fedlm import fleet
+from fedlm.sim import fleet
 from fedlm.config import FleetConfig
 
 

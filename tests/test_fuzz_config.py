@@ -29,7 +29,8 @@ import tomli_w
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from fedlm import cli, config_load, fleet, presets
+from fedlm import cli, config_load, presets
+from fedlm.sim import fleet
 from fedlm.config import Config
 from fedlm.errors import ConfigError
 from fedlm.strategies import registry

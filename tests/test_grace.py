@@ -59,12 +59,12 @@ from collections import Counter  # noqa: E402
 import pytest  # noqa: E402
 
 from fedlm import model as M  # noqa: E402
-from fedlm.engine import Reply  # noqa: E402
+from fedlm.engine import JobResult  # noqa: E402
 from fedlm.engine.grace import AdaptiveGrace, FixedGrace, NoGrace, grace_rule  # noqa: E402
 from fedlm.engine.types import InFlight  # noqa: E402
-from fedlm.params import snapshot  # noqa: E402
+from fedlm.model import snapshot  # noqa: E402
 from fedlm.plan.check import InstantTransport  # noqa: E402
-from fedlm.worker import JobSpec  # noqa: E402
+from fedlm.job import JobSpec  # noqa: E402
 from tests.test_engine import run_engine  # noqa: E402
 
 # Four workers, H = 20, no jitter: three take 20 s a job, the last 24.9 s, the shape
@@ -158,7 +158,7 @@ class PacedTransport:
     def __init__(self, params, cfg, seconds):
         self.instant = InstantTransport(params, cfg)
         self.seconds = seconds
-        self.due: list[tuple[float, Reply]] = []
+        self.due: list[tuple[float, JobResult]] = []
         self.cv = threading.Condition()
 
     def submit(self, job, params_) -> None:

@@ -182,19 +182,19 @@ def test_the_cycle_finder_finds_cycles_and_only_cycles():
 
 
 def test_the_graph_reads_module_level_imports_only():
-    tree = ast.parse("import fedlm.fleet\nfrom fedlm import config, errors\n"
+    tree = ast.parse("import fedlm.sim.fleet\nfrom fedlm import config, errors\n"
                      "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
                      "    from fedlm import model\nelse:\n    from fedlm import data\n"
                      "try:\n    from fedlm.strategies.registry import STRATEGIES\n"
                      "except ImportError:\n    pass\n"
                      "def f():\n    from fedlm import engine\n"
                      "class C:\n    def g(self):\n        import fedlm.store\n")
-    known = {"fedlm", "fedlm.fleet", "fedlm.config", "fedlm.errors", "fedlm.model",
+    known = {"fedlm", "fedlm.sim.fleet", "fedlm.config", "fedlm.errors", "fedlm.model",
              "fedlm.data", "fedlm.engine", "fedlm.store", "fedlm.strategies.registry"}
     found = set()
     for node in _module_level_imports(tree):
         found |= _targets("fedlm.x", False, node, known)
-    assert found == {"fedlm.fleet", "fedlm.config", "fedlm.errors", "fedlm.data",
+    assert found == {"fedlm.sim.fleet", "fedlm.config", "fedlm.errors", "fedlm.data",
                      "fedlm.strategies.registry"}
     relative = ast.parse("from . import config\nfrom .errors import ConfigError\n")
     found = set()

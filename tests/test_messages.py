@@ -4,8 +4,8 @@ from collections import OrderedDict
 
 import torch
 
-from fedlm import messages
-from fedlm.worker import JobSpec
+from fedlm.flower import messages
+from fedlm.job import JobResult, JobSpec
 
 
 def test_a_train_request_reads_back_as_sent():
@@ -21,8 +21,7 @@ def test_a_train_request_reads_back_as_sent():
 
 def test_a_train_reply_reads_back_as_sent():
     grad = OrderedDict(w=torch.randn(2, 3).t())  # not contiguous: the reply makes it so
-    sent = messages.TrainReply(9, grad, steps=20, tokens=5120, train_loss=2.5,
-                               compute_seconds=0.25)
+    sent = JobResult(9, grad, steps=20, tokens=5120, train_loss=2.5, compute_seconds=0.25)
     content = messages.train_reply(sent, batch_size=8)
     got = messages.read_train_reply(content, job_id=9)
     assert (got.job_id, got.steps, got.tokens, got.train_loss, got.compute_seconds) == \

@@ -4,8 +4,8 @@ import sqlite3
 
 import pytest
 
-from fedlm import fleet
-from fedlm.network import Flow, Network, fair_rates
+from fedlm.sim import fleet
+from fedlm.sim.network import Flow, Network, fair_rates
 from fedlm.params import num_bytes
 from tests.conftest import tiny_config
 from tests.test_engine import run_engine

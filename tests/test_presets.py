@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from fedlm import fleet
+from fedlm.sim import fleet
 from fedlm.strategies.registry import STRATEGIES
 from tests.conftest import tiny_config
 from tests.test_engine import run_engine

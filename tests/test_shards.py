@@ -7,14 +7,16 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from fedlm import checkpoint, fleet, model as M, start
+from fedlm import checkpoint, model as M, start
+from fedlm.sim import fleet
 from fedlm.config_load import from_dict
 from fedlm.errors import ConfigError
-from fedlm.params import params_hash, snapshot
+from fedlm.params import params_hash
+from fedlm.model import snapshot
 from fedlm.replay import replay
 from fedlm.runner import run_inprocess
 from fedlm.shards import ShardBook, paper_weights
-from fedlm.worker import JobSpec, run_job
+from fedlm.worker.train import JobSpec, run_job
 from tests.conftest import tiny_config
 
 PAPER = ["data.partition=iid", "data.shards=5", "data.shard_choice=paper",
@@ -61,7 +63,7 @@ def test_take_returns_the_shards_and_the_runs_position_before_the_job():
 
 def _grad_hash(cfg, job, state):
     theta = snapshot(M.build(cfg.model, cfg.data.seq_len, seed=0))
-    return params_hash(run_job(theta, state, job, cfg).outer_grad)
+    return params_hash(run_job(theta, state, job, cfg).result.outer_grad)
 
 
 @pytest.mark.parametrize("schedule", ["shard", "global"])

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from fedlm.uncertainty import band, estimate, paired, paired_estimate, ratio, \
+from fedlm.sweep.uncertainty import band, estimate, paired, paired_estimate, ratio, \
     relative_difference, t975
 
 

@@ -1,5 +1,5 @@
-"""Wire sizes and the daily bandwidth cycle (fedlm.wire): one definition, and the
-simulator (fedlm.compression, fedlm.network) and the planner (fedlm.plan) agree on it."""
+"""Wire sizes and the daily bandwidth cycle (fedlm.sim.wire_sizes): one definition, and the
+simulator (fedlm.sim.compression, fedlm.sim.network) and the planner (fedlm.plan) agree on it."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from collections import OrderedDict
 import pytest
 import torch
 
-from fedlm import compression, wire
+from fedlm.sim import compression, wire_sizes as wire
 from fedlm.config import COMPRESSIONS, NetworkConfig
 from fedlm.errors import ConfigError
-from fedlm.network import Network
+from fedlm.sim.network import Network
 
 
 def test_the_encodings_are_the_configs():
@@ -25,15 +25,15 @@ def test_the_encodings_are_the_configs():
 def test_payload_bytes_are_the_encoded_bytes(codec, block, n):
     params = OrderedDict(w=torch.zeros(n))
     net = NetworkConfig(compression=codec, block_size=block)
-    want = compression.encoded_bytes(params, net)
+    want = wire.encoded_bytes(params, net)
     assert wire.payload_bytes(n, codec, block) == want
     # a model of three alike tensors: rounding and scales per tensor
     three = OrderedDict((name, torch.zeros(n)) for name in "abc")
     assert wire.payload_bytes(3 * n, codec, block, tensors=3) == \
-        compression.encoded_bytes(three, net)
+        wire.encoded_bytes(three, net)
     payload, _ = compression.encode(three, {}, net)
     assert sum(t.numel() * t.element_size() for t in payload.values()) == \
-        compression.encoded_bytes(three, net)
+        wire.encoded_bytes(three, net)
 
 
 def test_payload_bytes_refuses_an_unknown_encoding():

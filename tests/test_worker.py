@@ -2,8 +2,11 @@ import torch
 
 from fedlm import data, model as M
 from fedlm.config import InnerConfig
-from fedlm.params import load_into, params_hash, snapshot
-from fedlm.worker import JobSpec, inner_lr, run_job, data_shards
+from fedlm.params import params_hash
+from fedlm.model import load_into, snapshot
+from fedlm.job import JobSpec
+from fedlm.shards import data_shards
+from fedlm.worker.train import inner_lr, run_job
 from tests.conftest import tiny_config
 
 
@@ -21,7 +24,7 @@ def test_job_returns_the_outer_gradient_and_carries_optimizer_state():
     theta = snapshot(M.build(cfg.model, cfg.data.seq_len, seed=0))
     job = JobSpec(job_id=0, worker=1, base_version=0, local_steps=3, data_seed=7)
     r1 = run_job(theta, {}, job, cfg)
-    assert r1.steps == 3 and r1.tokens == 3 * cfg.inner.batch_size * cfg.data.seq_len
+    assert r1.result.steps == 3 and r1.result.tokens == 3 * cfg.inner.batch_size * cfg.data.seq_len
     assert r1.opt_state["schedule_step"] == 3
     # Sign convention g = θ_start − θ_end: θ − g is the worker's end model, which
     # fits the job's own batches better than θ does.
@@ -35,7 +38,7 @@ def test_job_returns_the_outer_gradient_and_carries_optimizer_state():
         with torch.no_grad():
             return net(seqs[:, :-1], seqs[:, 1:])[1].item()
 
-    end = {n: theta[n] - r1.outer_grad[n] for n in theta}
+    end = {n: theta[n] - r1.result.outer_grad[n] for n in theta}
     assert loss_of(end) < loss_of(theta) - 0.01
     r2 = run_job(theta, r1.opt_state, JobSpec(1, 1, 0, 3, 8), cfg)
     assert r2.opt_state["schedule_step"] == 6
@@ -47,6 +50,6 @@ def test_job_is_a_pure_function_of_params_state_and_job():
     job = JobSpec(job_id=0, worker=0, base_version=0, local_steps=3, data_seed=11)
     a = run_job(theta, {}, job, cfg)
     b = run_job(theta, {}, job, cfg)
-    assert params_hash(a.outer_grad) == params_hash(b.outer_grad)
+    assert params_hash(a.result.outer_grad) == params_hash(b.result.outer_grad)
     c = run_job(theta, {}, JobSpec(0, 0, 0, 3, 12), cfg)
-    assert params_hash(a.outer_grad) != params_hash(c.outer_grad)
+    assert params_hash(a.result.outer_grad) != params_hash(c.result.outer_grad)

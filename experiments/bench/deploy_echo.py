@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 from fedlm import config_load
-from fedlm.deploy import LocalDeployment
+from fedlm.deploy.local import LocalDeployment
 
 
 ECHO_APP = '''"""Round trips of one message through a deployment, by number of arrays."""

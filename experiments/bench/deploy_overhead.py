@@ -13,12 +13,12 @@ short jobs, for each model in these variants, interleaved ``--rounds`` times
   fedlm (``FEDLM_WORKER_PROCESS=0``), plain ``flower-supernode`` (3 s sleep
   after an empty poll); the SuperExec task poll 0.2 s, telemetry off;
 * ``worker-process``: the light ClientApp handing each job to the node's
-  long-lived worker process (``fedlm.node_client``), plain ``flower-supernode``;
-* ``new``: the worker process and ``python -m fedlm.supernode`` (the
+  long-lived worker process (``fedlm.deploy.node_client``), plain ``flower-supernode``;
+* ``new``: the worker process and ``python -m fedlm.deploy.supernode`` (the
   SuperNode's waits capped), a ClientApp process per message;
 * ``warm-filedb``: ``new`` with the warm ClientApp executor
-  (``fedlm.warm_executor``: no process per message; object pulls retried after
-  20 ms, ``fedlm.object_pull``);
+  (``fedlm.deploy.warm_executor``: no process per message; object pulls retried after
+  20 ms, ``fedlm.deploy.object_pull``);
 * ``warm``: what ``fedlm deploy local`` does now: ``warm-filedb`` with the
   SuperLink's state and objects in memory (Flower's default) instead of a
   SQLite file (the four variants above keep the file, as before);
@@ -26,7 +26,7 @@ short jobs, for each model in these variants, interleaved ``--rounds`` times
   ``warm-insecure`` (warm without TLS and authentication).
 
 Messages of every variant carry their tensors packed in one array
-(``fedlm.messages.pack``): that is the message format, not a setting.
+(``fedlm.flower.messages.pack``): that is the message format, not a setting.
 
 Per job the run store gives the wall latency ``t_done - t_dispatch`` and the
 job's own ``compute_seconds``; overhead = latency - compute. The SuperNode
@@ -77,9 +77,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from fedlm import config_load  # noqa: E402
-from fedlm.deploy import FAST_TASK_POLL, LocalDeployment  # noqa: E402
-from fedlm.warm_executor import DEFAULT_POLL_S, DONE_MARK as WARM_DONE  # noqa: E402
-from fedlm.warm_executor import START_MARK as WARM_START  # noqa: E402
+from fedlm.deploy.local import FAST_TASK_POLL, LocalDeployment  # noqa: E402
+from fedlm.deploy.warm_executor import DEFAULT_POLL_S, DONE_MARK as WARM_DONE  # noqa: E402
+from fedlm.deploy.warm_executor import START_MARK as WARM_START  # noqa: E402
 from experiments.bench.deploy_echo import echo_round_trips  # noqa: E402
 
 OLD = {"FEDLM_WORKER_PROCESS": "0"}  # every message in a fresh ClientApp process
@@ -371,7 +371,7 @@ def main() -> int:
         "process_start_flwr_clientapp_seconds": import_seconds(
             "flwr.supernode.cli.flwr_clientapp"),
         "process_start_fedlm_client_app_seconds": import_seconds(
-            "flwr.supernode.cli.flwr_clientapp, fedlm.client_app"),
+            "flwr.supernode.cli.flwr_clientapp, fedlm.flower.client_app"),
         "echo_app": echo,
         "summary": summary,
         "runs": [{**r, "jobs": [{k: (round(v, 4) if isinstance(v, float) else v)

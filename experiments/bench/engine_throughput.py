@@ -26,8 +26,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from fedlm import config_load, fleet  # noqa: E402
-from fedlm.engine import Engine, Reply  # noqa: E402
+from fedlm import config_load  # noqa: E402
+from fedlm.sim import fleet  # noqa: E402
+from fedlm.engine import Engine, JobResult  # noqa: E402
 from fedlm.store import RunWriter  # noqa: E402
 from fedlm.strategies import registry  # noqa: E402
 
@@ -36,14 +37,14 @@ class NoOpTransport:
     """Every job is done the moment it is submitted."""
 
     def __init__(self) -> None:
-        self.ready: list[Reply] = []
+        self.ready: list[JobResult] = []
         self.grad = OrderedDict(w=torch.zeros(1))
 
     def submit(self, job, params) -> None:
-        self.ready.append(Reply(job.job_id, self.grad, steps=job.local_steps, tokens=1,
+        self.ready.append(JobResult(job.job_id, self.grad, steps=job.local_steps, tokens=1,
                                 train_loss=0.0))
 
-    def collect(self, timeout: float) -> list[Reply]:
+    def collect(self, timeout: float) -> list[JobResult]:
         out, self.ready = self.ready, []
         return out
 

@@ -46,7 +46,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from fedlm import config_load, data, model as model_lib, precision  # noqa: E402
+from fedlm import config_load, data, model as model_lib  # noqa: E402
+from fedlm.worker import precision  # noqa: E402
 from fedlm.presets import PRESETS  # noqa: E402
 
 # Dense bf16 peak FLOP/s by a substring of torch.cuda.get_device_name() (first match).

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import torch
 
-from fedlm import config_load, fleet
+from fedlm import config_load
+from fedlm.sim import fleet
 from fedlm.engine import Engine
 from fedlm.plan.check import InstantTransport
 from fedlm.strategies import registry

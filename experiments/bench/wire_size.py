@@ -25,7 +25,8 @@ from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects  
 import torch  # noqa: E402
 
 from fedlm import config_load, model as model_lib  # noqa: E402
-from fedlm.params import num_bytes, snapshot  # noqa: E402
+from fedlm.params import num_bytes  # noqa: E402
+from fedlm.model import snapshot  # noqa: E402
 
 
 def wire_bytes(content: RecordDict) -> int:

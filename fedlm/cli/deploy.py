@@ -1,5 +1,5 @@
 """``fedlm deploy local``: the run on Flower's deployment engine (a SuperLink and
-SuperNodes on this machine, ``fedlm.deploy``), then its summary. SIGTERM and SIGHUP
+SuperNodes on this machine, ``fedlm.deploy.local``), then its summary. SIGTERM and SIGHUP
 stop it as Ctrl-C does, so that every process it started is stopped too."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from fedlm.store import check_writable
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    from fedlm import config_load, deploy
+    from fedlm import config_load
+    from fedlm.deploy import local as deploy
 
     overrides = list(args.overrides)
     if args.workers is not None:

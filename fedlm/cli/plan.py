@@ -81,9 +81,9 @@ def parse_list(text: str, what: str, parse=float) -> tuple:
 
 def input_from_args(args) -> PlanInput:
     """A checked ``PlanInput`` from ``fedlm plan``'s arguments (bandwidths in bits/s)."""
-    from fedlm import fleet
+    from fedlm.sim import fleet
     from fedlm.plan import PlanInput
-    from fedlm.wire import BYTES_PER_VALUE
+    from fedlm.sim.wire_sizes import BYTES_PER_VALUE
 
     workers = args.workers
     if workers < 1:

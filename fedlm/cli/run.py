@@ -2,7 +2,7 @@
 the commands that train, with their progress bars and what they print at the end.
 
 The run itself is the library's: ``fedlm.runner`` (resume check, data, in-process
-backend), ``fedlm.simulation`` (Flower's simulation engine), ``fedlm.interrupts``
+backend), ``fedlm.flower.simulation`` (Flower's simulation engine), ``fedlm.interrupts``
 (Ctrl-C and SIGTERM stop the engine, the run is kept).
 """
 
@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from fedlm import config_load, simulation
+    from fedlm import config_load
+    from fedlm.flower import simulation
 
     if args.resume is not None:
         if args.config or args.overrides:
@@ -105,7 +106,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_replay(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from fedlm import simulation, store
+    from fedlm.flower import simulation
+    from fedlm import store
     from fedlm.replay import describe, replay
 
     store.config_of(args.db or Config().db, args.run_id)  # bad db, unknown run: fail here

@@ -1,6 +1,6 @@
 """``fedlm sweep``: run a sweep spec's arms x profiles x seeds, then print its report and
-what failed. The spec is read and checked by ``fedlm.sweep.load_spec``, the runs
-are ``fedlm.sweep``'s, the report ``fedlm.sweep_report``'s; this module applies --db,
+what failed. The spec is read and checked by ``fedlm.sweep.run.load_spec``, the runs
+are ``fedlm.sweep.run``'s, the report ``fedlm.sweep.report``'s; this module applies --db,
 --out and --seeds and chooses the exit status (1 if a cell failed or diverged, 130 if the
 sweep was stopped; --report-only runs nothing and exits 0 with the report of what finished).
 """
@@ -16,7 +16,7 @@ from fedlm.store import check_writable
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from fedlm import sweep, sweep_report
+    from fedlm.sweep import run as sweep, report as sweep_report
 
     sweep.check_jobs(args.jobs, args.backend)  # before the spec is read or a run starts
     spec = sweep.load_spec(args.spec, args.quick, seeds=args.seeds)

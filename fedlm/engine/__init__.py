@@ -9,7 +9,7 @@ strategy-facing protocol shared with replay (``driver``). docs/architecture.md d
 from fedlm.engine.jobs import data_seed
 from fedlm.engine.loop import Engine
 from fedlm.engine.types import (BackOnline, Diverged, EngineError, InFlight, Interrupted,
-                                JobDone, Progress, Reply, Transport)
+                                JobDone, Progress, JobResult, Transport)
 
 __all__ = ["BackOnline", "Diverged", "Engine", "EngineError", "InFlight", "Interrupted",
-           "JobDone", "Progress", "Reply", "Transport", "data_seed"]
+           "JobDone", "Progress", "JobResult", "Transport", "data_seed"]

@@ -2,7 +2,7 @@
 
 - ``VirtualEvents`` (simulation): a job's duration is known when it is
   dispatched (download + compute + upload from the worker's profile, or moved
-  along a shared server link by ``fedlm.network``), so its completion goes on a
+  along a shared server link by ``fedlm.sim.network``), so its completion goes on a
   virtual clock, and finished jobs are handed on in virtual-completion order,
   whatever order their real replies arrive in. A simulated run is then a pure
   function of its config and seed.
@@ -21,10 +21,10 @@ import time
 from dataclasses import dataclass
 from typing import Mapping
 
-from fedlm.clock import VirtualClock
+from fedlm.sim.clock import VirtualClock
 from fedlm.config import Config
-from fedlm.fleet import JobTimer, JobTiming, WorkerProfile
-from fedlm.network import Network
+from fedlm.sim.fleet import JobTimer, JobTiming, WorkerProfile
+from fedlm.sim.network import Network
 from fedlm.store import IntervalKind
 
 from fedlm.engine.inbox import Inbox

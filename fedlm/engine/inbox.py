@@ -13,7 +13,7 @@ import time
 from typing import Callable, Mapping
 
 from fedlm.engine.runlog import RunLog
-from fedlm.engine.types import InFlight, Interrupted, Reply, Transport
+from fedlm.engine.types import InFlight, Interrupted, JobResult, Transport
 
 
 class Inbox:
@@ -27,7 +27,7 @@ class Inbox:
         self.now, self.version, self.should_stop = now, version, should_stop
         self.reply_timeout = reply_timeout
         self.recent = recent  # finished jobs remembered, to classify late replies
-        self.arrived: dict[int, Reply] = {}  # in arrival order (dicts keep insertion order)
+        self.arrived: dict[int, JobResult] = {}  # in arrival order (dicts keep insertion order)
         self.settled: dict[int, str] = {}  # recent finished job -> done | lost
 
     def receive(self, timeout: float) -> None:
@@ -41,25 +41,25 @@ class Inbox:
                 self.ignore(reply, "duplicate_reply" if reply.job_id in self.arrived
                             or self.settled.get(reply.job_id) == "done" else "late_reply")
 
-    def wait_for(self, job_id: int) -> Reply:
+    def wait_for(self, job_id: int) -> JobResult:
         """Block until the reply of ``job_id`` has arrived; keep the others for later."""
         deadline = time.monotonic() + self.reply_timeout
         while job_id not in self.arrived:
             left = deadline - time.monotonic()
             if left <= 0:
-                return Reply(job_id, None, error=f"no reply within {self.reply_timeout} s",
+                return JobResult(job_id, None, error=f"no reply within {self.reply_timeout} s",
                              wall_arrival=time.time())
             self.receive(min(left, 1.0))
         return self.arrived.pop(job_id)
 
-    def first(self) -> tuple[int, Reply] | None:
+    def first(self) -> tuple[int, JobResult] | None:
         """The earliest arrival not yet handed on, if any."""
         if not self.arrived:
             return None
         job_id = next(iter(self.arrived))
         return job_id, self.arrived.pop(job_id)
 
-    def ignore(self, reply: Reply, kind: str) -> None:
+    def ignore(self, reply: JobResult, kind: str) -> None:
         self.log.ignored(reply, kind, self.now())
 
     def settle(self, job_id: int, how: str) -> None:

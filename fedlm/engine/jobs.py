@@ -2,7 +2,7 @@
 position), the fault it is to act out, and how long it may take.
 
 All of it is decided at dispatch, from seeded draws that depend only on the
-worker and its job count (``data_seed``, ``fedlm.faults``) or on the shards'
+worker and its job count (``data_seed``, ``fedlm.sim.faults``) or on the shards'
 progress (``fedlm.shards``), and written to the job's row, so replay reads it
 back instead of drawing again.
 """
@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedlm import faults, worker as worker_lib
+from fedlm import shards
 from fedlm.config import Config
-from fedlm.fleet import JobTiming, WorkerProfile
-from fedlm.shards import ShardBook
-from fedlm.worker import JobSpec
+from fedlm.job import JobSpec
+from fedlm.sim import faults
+from fedlm.sim.fleet import JobTiming, WorkerProfile
 
 
 def data_seed(seed: int, worker: int, job_index: int) -> int:
@@ -29,9 +29,9 @@ class JobMaker:
         self.cfg, self.fleet = cfg, fleet
         # Only the paper's shard draw reads the shards' sizes (default: loaded from cfg).
         if shard_sizes is None:
-            shard_sizes = (worker_lib.shard_sizes(cfg) if cfg.data.shard_choice == "paper"
+            shard_sizes = (shards.shard_sizes(cfg) if cfg.data.shard_choice == "paper"
                            else [1] * len(fleet))
-        self.shards = ShardBook(shard_sizes, cfg.data.shard_choice, cfg.seed)
+        self.shards = shards.ShardBook(shard_sizes, cfg.data.shard_choice, cfg.seed)
         self._sequences_per_step = [cfg.inner.batch_size * p.members for p in fleet]
         self.next_job_id = 0
 

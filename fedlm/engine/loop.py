@@ -22,7 +22,7 @@ A dispatched job goes to a ``Transport`` (Flower's Grid in ``server_app``; an
 in-process trainer in tests, sweeps and replay) and computes while the loop
 goes on. Each job names the worker state it starts from (the worker's last
 *accepted* job), so a lost job leaves no trace on the worker either
-(``fedlm.worker_state``). Checkpoints are taken at the top of the loop, where
+(``fedlm.worker.states``). Checkpoints are taken at the top of the loop, where
 the whole state is in ``state_dict``; ``run(..., resume=state)`` re-sends the
 jobs that were in flight.
 """
@@ -33,9 +33,9 @@ import math
 import time
 from typing import Callable, NoReturn
 
-from fedlm import compression, faults
+from fedlm.sim import faults, wire_sizes
 from fedlm.config import Config
-from fedlm.fleet import WorkerProfile
+from fedlm.sim.fleet import WorkerProfile
 from fedlm.params import BadUpdate, check_update, num_bytes
 from fedlm.store import IntervalKind, RunWriter
 from fedlm.strategies.base import Strategy
@@ -49,7 +49,7 @@ from fedlm.engine.inbox import Inbox
 from fedlm.engine.jobs import JobMaker
 from fedlm.engine.runlog import RunLog
 from fedlm.engine.types import (BackOnline, Diverged, EngineError, Event, InFlight, Progress,
-                                Reply, Transport)
+                                JobResult, Transport)
 from fedlm.engine.workers import WorkerPool
 
 
@@ -143,7 +143,7 @@ class Engine:
                           step_times=[p.step_time for p in self.fleet])
         if resume is None:
             self.model_bytes = num_bytes(params)
-            self.up_bytes = compression.encoded_bytes(params, self.cfg.network)
+            self.up_bytes = wire_sizes.encoded_bytes(params, self.cfg.network)
             self.events.set_payload(self.model_bytes, self.up_bytes)
             self.pool.start(now=0.0)
             self._evaluate()
@@ -227,7 +227,7 @@ class Engine:
             return None
         return self._finished(event.job_id, event.reply)
 
-    def _finished(self, job_id: int, reply: Reply) -> InFlight:
+    def _finished(self, job_id: int, reply: JobResult) -> InFlight:
         flight = self.in_flight.pop(job_id)
         job, w, now = flight.job, flight.job.worker, self.now
         self.log.intervals(self._spans(flight, now, reply.compute_seconds))
@@ -237,6 +237,9 @@ class Engine:
         grad = None
         if error is None:  # decode what came over the wire, then check it
             try:
+                # The one place tensors are unpacked: torch loads with the first update,
+                # so the scheduling core imports (and is benchmarked) without it.
+                from fedlm.sim import compression
                 grad = compression.decode(reply.outer_grad, self.params, self.cfg.network)
                 check_update(grad, self.params)
             except BadUpdate as exc:

@@ -11,9 +11,9 @@ from typing import Iterable
 
 from fedlm.params import params_hash
 from fedlm.store import IntervalKind, RunWriter
-from fedlm.worker import JobSpec
+from fedlm.job import JobSpec
 
-from fedlm.engine.types import Reply
+from fedlm.engine.types import JobResult
 
 # (worker, kind, start, end, model version, job id or None)
 IntervalRow = tuple[int, IntervalKind, float, float, int, int | None]
@@ -70,7 +70,7 @@ class RunLog:
         if self.writer and job_ids:
             self.writer.cancel_jobs(job_ids, reason=why)
 
-    def ignored(self, reply: Reply, kind: str, now: float) -> None:
+    def ignored(self, reply: JobResult, kind: str, now: float) -> None:
         """A reply for a job no longer waited for (``late_reply``, ``duplicate_reply``)."""
         self._event(kind, now, job_id=reply.job_id,
                     detail="ignored" + (f" ({reply.error})" if reply.error else ""))

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from fedlm.fleet import JobTiming
-from fedlm.worker import JobSpec
+from fedlm.sim.fleet import JobTiming
+from fedlm.job import JobResult, JobSpec
 
 
 class EngineError(RuntimeError):
@@ -31,26 +31,12 @@ class Diverged(EngineError):
         self.version = version
 
 
-@dataclass(frozen=True)
-class Reply:
-    """A job's reply as the transport delivers it: a result or an error."""
-
-    job_id: int
-    outer_grad: object | None  # OrderedDict[str, Tensor], None on error
-    steps: int = 0
-    tokens: int = 0
-    train_loss: float = float("nan")
-    compute_seconds: float = 0.0
-    error: str | None = None
-    wall_arrival: float = 0.0
-
-
 class Transport(Protocol):
     """Runs jobs somewhere and hands back their replies in any order."""
 
     def submit(self, job: JobSpec, params) -> None: ...
 
-    def collect(self, timeout: float) -> list[Reply]:
+    def collect(self, timeout: float) -> list[JobResult]:
         """Replies that have arrived; waits up to ``timeout`` seconds for at least one."""
         ...
 
@@ -70,10 +56,10 @@ class InFlight:
 @dataclass(frozen=True)
 class JobDone:
     """A job to hand on: ``reply`` is its result, or an error (its own, or a missed
-    deadline: ``Reply.error`` starting with "deadline")."""
+    deadline: ``JobResult.error`` starting with "deadline")."""
 
     job_id: int
-    reply: Reply
+    reply: JobResult
 
 
 @dataclass(frozen=True)
@@ -98,7 +84,7 @@ class Progress:
     budget: int  # local_step_budget (0: none)
 
 
-def missed_deadline(job_id: int, flight: InFlight, wall_arrival: float) -> Reply:
+def missed_deadline(job_id: int, flight: InFlight, wall_arrival: float) -> JobResult:
     """The reply the engine acts on for a job that missed its deadline."""
-    return Reply(job_id, None, wall_arrival=wall_arrival,
-                 error=f"deadline: no reply within {flight.deadline - flight.t_dispatch:.1f} s")
+    return JobResult.failed(job_id, f"deadline: no reply within "
+                            f"{flight.deadline - flight.t_dispatch:.1f} s", wall_arrival)

@@ -3,17 +3,17 @@
 It also keeps, per worker, the job count (which seeds each job's data and
 faults), the run of failures that retires a worker, and the last job whose
 update was accepted: the optimizer state its next job starts from
-(``fedlm.worker_state``). Checkpoints pin those states so that resume finds them.
+(``fedlm.worker.states``). Checkpoints pin those states so that resume finds them.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from fedlm import faults
+from fedlm.sim import faults
 from fedlm.config import Config
 from fedlm.store import IntervalKind
-from fedlm.worker_state import FRESH
+from fedlm.job import FRESH
 
 
 class WorkerPool:

@@ -9,9 +9,9 @@ computing, and to waiting, for a synchronous strategy (DiLoCo, FedAvg: a
 barrier every round) and an asynchronous one (async SGD, delayed Nesterov:
 every update applied on arrival)?
 
-It is the simulator's timing model (``fedlm.fleet``, ``fedlm.network``,
+It is the simulator's timing model (``fedlm.sim.fleet``, ``fedlm.sim.network``,
 ``fedlm.engine``) solved on paper, with the simulator's wire sizes and daily
-bandwidth cycle (``fedlm.wire``). The parts, in the order they build on each other:
+bandwidth cycle (``fedlm.sim.wire_sizes``). The parts, in the order they build on each other:
 
     inputs      PlanInput (what is planned), its nodes grouped into Classes
     fluid       sharing a link: max-min fair levels, transfers through a shared link
@@ -22,7 +22,7 @@ bandwidth cycle (``fedlm.wire``). The parts, in the order they build on each oth
     check       the plan against fedlm's real engine (imports torch; not imported here)
 
 Everything imported here is plain numpy and arithmetic: no torch, no
-simulation. Bandwidths are bytes per second, like ``fedlm.fleet`` (the CLI,
+simulation. Bandwidths are bytes per second, like ``fedlm.sim.fleet`` (the CLI,
 ``fedlm.cli.plan``, takes bits).
 """
 
@@ -33,7 +33,7 @@ from fedlm.plan.model import (Phases, Prediction, async_cycle, expected_max, pre
                               predict_async, predict_sync, sync_round)
 from fedlm.plan.report import (describe, human, input_dict, jsonable, prediction_dict,
                                report_dict, seconds, table)
-from fedlm.wire import daily_factors, payload_bytes
+from fedlm.sim.wire_sizes import daily_factors, payload_bytes
 
 __all__ = [
     "PlanInput", "Classes", "from_config",

@@ -18,8 +18,9 @@ from collections import OrderedDict
 
 import torch
 
-from fedlm import compression, config_load, fleet
-from fedlm.engine import Engine, Reply
+from fedlm.sim import compression, fleet
+from fedlm import config_load
+from fedlm.engine import Engine, JobResult
 from fedlm.plan.inputs import from_config
 from fedlm.plan.model import predict
 from fedlm.strategies import registry
@@ -35,7 +36,7 @@ class InstantTransport:
         self.ready: list = []
 
     def submit(self, job, params_) -> None:
-        self.ready.append(Reply(job.job_id, self.payload, steps=job.local_steps, tokens=1,
+        self.ready.append(JobResult(job.job_id, self.payload, steps=job.local_steps, tokens=1,
                                 train_loss=0.0))
 
     def collect(self, timeout: float) -> list:

@@ -3,7 +3,7 @@
 ``water_level`` is the fair share of a link among flows with caps (each flow
 possibly counted a fraction of a time: the async model's expected crowd);
 ``fluid_finish_times`` plays a set of transfers through one link event by
-event, as ``fedlm.network`` does; ``mean_crowd`` says how many transfers a
+event, as ``fedlm.sim.network`` does; ``mean_crowd`` says how many transfers a
 transfer shares the link with on average.
 """
 
@@ -53,7 +53,7 @@ def fluid_finish_times(start: np.ndarray, size: np.ndarray, cap: np.ndarray,
     are in progress they split the link's ``capacity`` max-min fairly, and the
     rates change whenever one starts or ends. With capacity 0 (unlimited)
     every transfer runs at its cap. This is the simulator's fluid model
-    (``fedlm.network``), solved event by event.
+    (``fedlm.sim.network``), solved event by event.
     """
     start, size, cap = (np.asarray(x, float) for x in (start, size, cap))
     weight = np.ones(len(start)) if weight is None else np.asarray(weight, float)

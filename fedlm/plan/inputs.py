@@ -6,7 +6,7 @@ over the data centres), the server's own shared link, how updates are
 encoded, H and the compute jitter. ``PlanInput.check`` refuses impossible
 values in one line; ``classes`` groups identical nodes so that everything
 downstream is computed once per kind of node. ``from_config`` builds the plan
-of a fedlm run config. Bandwidths are bytes per second, like ``fedlm.fleet``.
+of a fedlm run config. Bandwidths are bytes per second, like ``fedlm.sim.fleet``.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedlm import fleet
+from fedlm.sim import fleet
 from fedlm.errors import ConfigError
-from fedlm.wire import BYTES_PER_VALUE, payload_bytes
+from fedlm.sim.wire_sizes import BYTES_PER_VALUE, payload_bytes
 
 
 @dataclass(frozen=True)

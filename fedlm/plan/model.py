@@ -18,7 +18,7 @@
   apart (they stay in step, as in the simulator) and are treated as one block.
 
 ``predict`` gives both as ``Prediction``s, averaged over the hours of the daily
-bandwidth cycle (``fedlm.wire.daily_factors``) when there is one.
+bandwidth cycle (``fedlm.sim.wire_sizes.daily_factors``) when there is one.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import numpy as np
 
 from fedlm.plan.fluid import fluid_finish_times, mean_crowd, water_level
 from fedlm.plan.inputs import PlanInput
-from fedlm.wire import HOUR, daily_factors
+from fedlm.sim.wire_sizes import HOUR, daily_factors
 
 
 # ---------------------------------------------------------------------------

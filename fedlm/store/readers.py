@@ -8,7 +8,7 @@ show is ``shown_status``: a ``running`` run whose writer is gone reads as
 Who reads what: the CLI (``list_runs``, ``summarize``, ``troubles``,
 ``run_row``), ``fedlm.replay`` (``operation_log``), ``fedlm.start``
 (``run_row``: a finished run's weights to start from), ``fedlm.runner``
-(``best_loss``: a resumed run's divergence check), ``fedlm.sweep``
+(``best_loss``: a resumed run's divergence check), ``fedlm.sweep.run``
 (``metric_curve``) and ``experiments/compare.py`` (``uploaded_bytes``). The
 dashboard's queries are in ``fedlm.store.dashboard``.
 """

@@ -83,7 +83,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     end_op INTEGER,                     -- op of its update, or of its loss
     computed INTEGER,                   -- schema 2 only: lost but computed (rejected)
     prev_job INTEGER,                   -- the worker state it started from (-1: fresh)
-    fault TEXT NOT NULL DEFAULT '',     -- injected fault (fedlm.faults), '' = none
+    fault TEXT NOT NULL DEFAULT '',     -- injected fault (fedlm.sim.faults), '' = none
     reason TEXT,                        -- lost: error | rejected | deadline | retired,
                                         -- cancelled: run finished | run diverged | ...
     down_bytes INTEGER,                 -- bytes sent to the worker (the model)

@@ -1,10 +1,10 @@
-"""A node's long-lived worker process (see ``fedlm.node_client``).
+"""A node's long-lived worker process (see ``fedlm.deploy.node_client``).
 
-    python -m fedlm.node_worker --socket PATH --watch-pid PID [--idle SECONDS]
+    python -m fedlm.deploy.node_worker --socket PATH --watch-pid PID [--idle SECONDS]
 
 Serves one request at a time on the Unix socket PATH: a query or a train
 message's contents, answered with the reply's contents, through the same code
-the in-process ClientApp runs (``fedlm.client_app.query_answer`` /
+the in-process ClientApp runs (``fedlm.flower.client_app.query_answer`` /
 ``train_answer``). The node's state RecordDict lives here, in place of Flower's
 ``context.state``, for the process's whole life: the worker's optimizer states
 keep their semantics (by job id, ``prev_job``, ``keep_from``). Exits when
@@ -23,9 +23,9 @@ from pathlib import Path
 
 from flwr.app import RecordDict
 
-from fedlm import client_app
+from fedlm.flower import client_app
 from fedlm.ownership import pid_alive
-from fedlm.node_client import decode, encode, recv_obj, send_obj
+from fedlm.deploy.node_client import decode, encode, recv_obj, send_obj
 
 WATCH_SECONDS = 0.5
 

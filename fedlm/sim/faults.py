@@ -25,7 +25,6 @@ import time
 from collections import OrderedDict
 
 import numpy as np
-import torch
 
 from fedlm.config import FAULT_KINDS, Config
 
@@ -72,7 +71,7 @@ def before_job(fault: str, cfg: Config) -> None:
         raise InjectedFault("injected hang: the worker never replied")
 
 
-def corrupt(grad: "OrderedDict[str, torch.Tensor]", fault: str):
+def corrupt(grad: OrderedDict, fault: str) -> OrderedDict:
     """The payload a faulty worker sends instead of ``grad`` (its encoded update)."""
     if fault not in ("nan", "bad_shape", "bad_dtype", "bad_size"):
         return grad

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 
-from fedlm import fleet
+from fedlm.sim import fleet
 from fedlm.config import Config
 
 
@@ -58,7 +58,7 @@ def backend_config(cfg: Config) -> dict:
 def run_flower(cfg: Config, db_path: str, **kwargs) -> None:
     """Run ``cfg`` into the store at ``db_path`` on Flower's simulation engine.
 
-    ``kwargs`` are ``fedlm.server_app.make_server_app``'s (``progress``, ``on_start``,
+    ``kwargs`` are ``fedlm.flower.server_app.make_server_app``'s (``progress``, ``on_start``,
     ``should_stop``, ``resume``, ``pretrain_progress``). An error of the run is
     re-raised here from the ServerApp's thread; when ``should_stop`` turns true the
     ServerApp returns and ``run_simulation`` shuts Ray down, so no actor outlives
@@ -71,8 +71,8 @@ def run_flower(cfg: Config, db_path: str, **kwargs) -> None:
     # the engine, and run_simulation then shuts Ray down as on a normal end.
     ray._private.utils.set_sigterm_handler = lambda handler: None
 
-    from fedlm.client_app import app as client_app
-    from fedlm.server_app import make_server_app
+    from fedlm.flower.client_app import app as client_app
+    from fedlm.flower.server_app import make_server_app
 
     run_simulation(server_app=make_server_app(cfg, db_path, **kwargs), client_app=client_app,
                    num_supernodes=fleet.node_count(cfg), backend_config=backend_config(cfg))

@@ -1,6 +1,6 @@
 """A warm ClientApp executor for one SuperNode: no process started per message.
 
-    python -m fedlm.warm_executor --runtime-api-address 127.0.0.1:PORT
+    python -m fedlm.deploy.warm_executor --runtime-api-address 127.0.0.1:PORT
         --superexec-auth-secret-file FILE --parent-pid PID [--insecure | --root-certificates CA]
 
 Flower 1.41's SuperNode (``--isolation subprocess``) starts ``flower-superexec``,
@@ -9,7 +9,7 @@ which polls the SuperNode's Runtime API (``AcquireTask``) and starts a fresh
 installing the FAB and loading the ClientApp, for each message (1.5-4 s on a
 quiet machine, the "launch" phase of docs/deployment.md). With
 ``--isolation process`` the SuperNode starts no SuperExec and waits for one
-started next to it; this is that process, run by ``fedlm.supernode
+started next to it; this is that process, run by ``fedlm.deploy.supernode
 --warm-executor`` (``fedlm deploy local`` does it by default). It
 
 * polls ``AcquireTask`` as Flower's SuperExec does (same ``RuntimeHttpClient``,
@@ -33,7 +33,7 @@ started next to it; this is that process, run by ``fedlm.supernode
   (Flower's ``SubprocessExecutor``): modules cannot be unloaded cleanly;
 * exits when its SuperNode exits (Flower's parent-process monitor, 0.2 s), on
   SIGTERM/SIGINT (the in-flight task is reported FAILED first), or when the
-  Runtime API refuses its secret. ``fedlm.supernode`` restarts it if it dies.
+  Runtime API refuses its secret. ``fedlm.deploy.supernode`` restarts it if it dies.
 
 What changes against a ``flwr-clientapp`` process: a heartbeat the SuperNode
 refuses (task expired) is logged and the ClientApp runs to its end instead of
@@ -60,7 +60,7 @@ import flwr
 FLWR_SERIES = "1.41."
 if not flwr.__version__.startswith(FLWR_SERIES):  # pragma: no cover - depends on install
     raise ImportError(
-        f"fedlm.warm_executor reuses Flower {FLWR_SERIES}x internals "
+        f"fedlm.deploy.warm_executor reuses Flower {FLWR_SERIES}x internals "
         f"(flwr.supernode.runtime.run_clientapp, the Runtime API client); flwr "
         f"{flwr.__version__} is installed. Run the SuperNodes without it "
         f"(FEDLM_WARM_EXECUTOR=0 / LocalDeployment(warm_exec=False)) or port this module.")
@@ -92,7 +92,7 @@ from flwr.supercore.superexec.executor import ExecutionSpec  # noqa: E402
 from flwr.supercore.superexec.executor.subprocess_executor import SubprocessExecutor  # noqa: E402
 from flwr.supercore.superexec.run_superexec import _SUPEREXEC_AUTH_METHODS  # noqa: E402
 from flwr.supercore.telemetry import EventType  # noqa: E402
-from fedlm.object_pull import shorten_object_pull_backoff  # noqa: E402
+from fedlm.deploy.object_pull import shorten_object_pull_backoff  # noqa: E402
 from flwr.supernode.runtime.run_clientapp import (  # noqa: E402
     pull_task_input,
     push_message,

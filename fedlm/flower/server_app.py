@@ -23,11 +23,13 @@ from flwr.app import Context, Message, MessageType
 from flwr.serverapp import Grid, ServerApp
 from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
-from fedlm import config_load, fleet, messages
+from fedlm import config_load
+from fedlm.sim import fleet
+from fedlm.flower import messages
 from fedlm.config import Config
-from fedlm.engine import EngineError, Progress, Reply
+from fedlm.engine import EngineError, Progress, JobResult
 from fedlm.runner import execute
-from fedlm.worker import JobSpec
+from fedlm.job import JobSpec
 
 log = logging.getLogger("fedlm")
 
@@ -53,7 +55,7 @@ class FlowerTransport:
         # other reply back that long. (Simulation: one pull for all, no threads.)
         self.per_message = not isinstance(grid, InMemoryGrid)
         if self.per_message:  # a reply's objects lag its announcement: retry in 20 ms, not 1 s
-            from fedlm.object_pull import shorten_object_pull_backoff
+            from fedlm.deploy.object_pull import shorten_object_pull_backoff
 
             shorten_object_pull_backoff("flwr.superlink.grid.http_grid")
         self._pulled: queue.SimpleQueue = queue.SimpleQueue()  # Messages or exceptions
@@ -96,7 +98,7 @@ class FlowerTransport:
         (msg_id,) = list(self.grid.push_messages([msg]))
         self.pending[msg_id] = job.job_id
 
-    def collect(self, timeout: float) -> list[Reply]:
+    def collect(self, timeout: float) -> list[JobResult]:
         if self.per_message:
             return self._collect_per_message(timeout)
         deadline = time.monotonic() + timeout
@@ -111,7 +113,7 @@ class FlowerTransport:
                 return out
             time.sleep(POLL_SECONDS)
 
-    def _collect_per_message(self, timeout: float) -> list[Reply]:
+    def _collect_per_message(self, timeout: float) -> list[JobResult]:
         self._pullers &= self.pending.keys()  # one puller per message, ever
         for msg_id in list(self.pending):
             if msg_id not in self._pullers:
@@ -145,15 +147,12 @@ class FlowerTransport:
             self._pulled.put(exc)
 
     @staticmethod
-    def _to_reply(job_id: int, reply: Message) -> Reply:
+    def _to_reply(job_id: int, reply: Message) -> JobResult:
         now = time.time()
         if reply.has_error():
-            return Reply(job_id, None, error=f"flower error {reply.error.code}: "
-                         f"{reply.error.reason}", wall_arrival=now)
-        r = messages.read_train_reply(reply.content, job_id)
-        return Reply(job_id, r.outer_grad, steps=r.steps, tokens=r.tokens,
-                     train_loss=r.train_loss, compute_seconds=r.compute_seconds,
-                     wall_arrival=now)
+            return JobResult.failed(job_id, f"flower error {reply.error.code}: "
+                                    f"{reply.error.reason}", now)
+        return messages.read_train_reply(reply.content, job_id).arrived(now)
 
 
 def run_on_grid(grid: Grid, cfg: Config, db_path: str,

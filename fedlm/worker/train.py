@@ -17,55 +17,27 @@ from __future__ import annotations
 import math
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
-from functools import lru_cache
+from dataclasses import replace
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from fedlm import compression, data, faults, fleet, model as model_lib, precision
-from fedlm.config import Config, DataConfig, InnerConfig
-from fedlm.params import load_into
+from fedlm.sim import compression, faults, fleet
+from fedlm import data, model as model_lib
+from fedlm.shards import data_shards, job_data, pod_size
+from fedlm.worker import precision
+from fedlm.config import Config, InnerConfig
+from fedlm.job import JobResult, JobSpec
+from fedlm.model import load_into
 
 
-@dataclass(frozen=True)
-class JobSpec:
-    """What the server asks of one job (sent in the message's config)."""
+class Trained(NamedTuple):
+    """A job run on a worker: what goes back to the server, and the worker's new
+    inner-optimizer state (which stays on the worker)."""
 
-    job_id: int
-    worker: int
-    base_version: int
-    local_steps: int
-    data_seed: int
-    prev_job: int = -1  # the job whose optimizer state to start from (-1: fresh)
-    keep_from: int = -1  # the worker may delete its states of older jobs
-    fault: str = ""  # injected fault to act out (fedlm.faults); "" = none
-    shard: int = -1  # data shard it trains (data.shard_choice = paper); -1: the worker's own
-    cursor: int = 0  # inner steps handed out from that shard before this job
-    schedule_step: int = -1  # inner-schedule position of its first step; -1: the worker's own
-
-    def to_message(self) -> dict[str, int | str]:
-        """The job as the flat config a Flower message carries (``from_message`` reads it)."""
-        return {name.replace("_", "-"): getattr(self, name) for name in self.__dataclass_fields__}
-
-    @classmethod
-    def from_message(cls, spec) -> "JobSpec":
-        kwargs = {}
-        for name, f in cls.__dataclass_fields__.items():
-            key = name.replace("_", "-")
-            if key in spec:
-                kwargs[name] = str(spec[key]) if f.type == "str" else int(spec[key])
-        return cls(**kwargs)
-
-
-@dataclass(frozen=True)
-class JobResult:
-    outer_grad: "OrderedDict[str, torch.Tensor]"  # θ_start − θ_end
-    opt_state: dict  # the worker's new inner-optimizer state (stays on the worker)
-    steps: int
-    tokens: int
-    train_loss: float  # mean training loss over the job's steps
-    compute_seconds: float  # real seconds the inner loop took
+    result: JobResult
+    opt_state: dict
 
 
 def inner_lr(step: int, cfg: InnerConfig, decay_steps: int) -> float:
@@ -84,41 +56,6 @@ def inner_lr(step: int, cfg: InnerConfig, decay_steps: int) -> float:
 
 
 # -- per-process caches (read-only or scratch; never per-node state) ----------
-
-@lru_cache(maxsize=4)
-def data_shards(data_cfg: DataConfig, num_shards: int, seed: int) -> tuple[np.ndarray, ...]:
-    corpus = data.load_corpus(data_cfg)
-    return tuple(data.partition(corpus, data_cfg, num_shards, seed))
-
-
-def node_shard(cfg: Config, node: int) -> np.ndarray:
-    """The sequences a node trains on with ``data.shard_choice = fixed``: its
-    worker's shard, or (hierarchical) the shards of every worker in its region's pod."""
-    shards = data_shards(cfg.data, cfg.shard_count(), cfg.seed)
-    members = fleet.groups(cfg)[node] if cfg.network.hierarchical else [node]
-    return shards[members[0]] if len(members) == 1 else np.concatenate(
-        [shards[w] for w in members])
-
-
-def job_data(cfg: Config, job: JobSpec) -> np.ndarray:
-    """The sequences ``job`` samples its batches from."""
-    if cfg.data.shard_choice == "fixed" or job.shard < 0:
-        return node_shard(cfg, job.worker)
-    return data_shards(cfg.data, cfg.shard_count(), cfg.seed)[job.shard]
-
-
-def shard_sizes(cfg: Config) -> list[int]:
-    """Sequences in each shard the server hands out (``fedlm.shards``): one per node
-    with ``fixed``, ``data.shards`` with ``paper``."""
-    if cfg.data.shard_choice == "fixed":
-        return [len(node_shard(cfg, n)) for n in range(fleet.node_count(cfg))]
-    return [len(s) for s in data_shards(cfg.data, cfg.shard_count(), cfg.seed)]
-
-
-def pod_size(cfg: Config, node: int) -> int:
-    """Workers training as one data-parallel pod on ``node`` (1 unless hierarchical)."""
-    return len(fleet.groups(cfg)[node]) if cfg.network.hierarchical else 1
-
 
 _THREAD = threading.local()
 
@@ -241,7 +178,7 @@ def mean_loss(losses: torch.Tensor) -> float:
 
 
 def run_job(params, opt_state: dict, job: JobSpec, cfg: Config,
-            state_on_device: bool = False) -> JobResult:
+            state_on_device: bool = False) -> Trained:
     """Run one job; pure in (params, opt_state, job, cfg) for a fixed thread count.
 
     On a GPU the job's work stays on the device: its start point goes there in one
@@ -286,36 +223,35 @@ def run_job(params, opt_state: dict, job: JobSpec, cfg: Config,
         grad = OrderedDict((k, start_params[k] - end[k].detach()) for k in start_params)
     if device != "cpu":  # on the CPU the difference is already a fresh host tensor
         grad = precision.to_host(grad)
-    return JobResult(grad, new_state, job.local_steps,
-                     job.local_steps * batch_size * cfg.data.seq_len,
-                     train_loss, seconds)
+    result = JobResult(job.job_id, grad, job.local_steps,
+                       job.local_steps * batch_size * cfg.data.seq_len, train_loss, seconds)
+    return Trained(result, new_state)
 
 
 def job_update(params, state: dict, job: JobSpec, cfg: Config,
-               state_on_device: bool = False) -> JobResult:
-    """``run_job`` plus encoding its outer gradient for the wire (``fedlm.compression``):
-    the result's ``outer_grad`` is the payload, its ``opt_state`` carries the
+               state_on_device: bool = False) -> Trained:
+    """``run_job`` plus encoding its outer gradient for the wire (``fedlm.sim.compression``):
+    the result's ``outer_grad`` is the payload, the new ``opt_state`` carries the
     error-feedback tensors on. Replay calls this too."""
-    result = run_job(params, state, job, cfg, state_on_device)
+    result, new_state = run_job(params, state, job, cfg, state_on_device)
     payload, errors = compression.encode(result.outer_grad, state, cfg.network)
-    return JobResult(payload, {**result.opt_state, **errors}, result.steps, result.tokens,
-                     result.train_loss, result.compute_seconds)
+    return Trained(replace(result, outer_grad=payload), {**new_state, **errors})
 
 
 def serve_job(params, states, job: JobSpec, cfg: Config,
               step_time: float | None = None) -> JobResult:
     """A worker's whole handling of one job, the same under Flower and in process.
 
-    ``states`` is the worker's state store (``fedlm.worker_state``);
+    ``states`` is the worker's state store (``fedlm.worker.states``);
     ``step_time`` its seconds per step if the node was told (deployment),
     else the profile's.
     """
     import time
 
     faults.before_job(job.fault, cfg)
-    result = job_update(params, states.load(job.prev_job), job, cfg,
-                        state_on_device=getattr(states, "device_resident", False))
-    states.save(job.job_id, result.opt_state)
+    result, new_state = job_update(params, states.load(job.prev_job), job, cfg,
+                                   state_on_device=getattr(states, "device_resident", False))
+    states.save(job.job_id, new_state)
     states.prune(job.keep_from)
     seconds = result.compute_seconds
     if cfg.clock == "wall" and cfg.fleet.emulate_speed:
@@ -326,5 +262,5 @@ def serve_job(params, states, job: JobSpec, cfg: Config,
         padded = seconds * mine / min(times)
         time.sleep(max(0.0, padded - seconds))
         seconds = padded
-    return JobResult(faults.corrupt(result.outer_grad, job.fault), result.opt_state,
-                     result.steps, result.tokens, result.train_loss, seconds)
+    return replace(result, outer_grad=faults.corrupt(result.outer_grad, job.fault),
+                   compute_seconds=seconds)

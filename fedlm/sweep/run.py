@@ -26,10 +26,10 @@ it as failed, or as diverged (``eval.diverge_factor``; ``fedlm run`` exits 3), w
 the run's one-line reason. Stopping the sweep (Ctrl-C, SIGTERM) stops the runs it
 started: each is kept, marked interrupted.
 
-The report (``fedlm.sweep_report``): final validation perplexity per arm ×
+The report (``fedlm.sweep.report``): final validation perplexity per arm ×
 profile laid out like the paper's table, beside the paper's, per-update and
 per-wall-clock comparisons, idle fractions, and PNG plots; over several seeds,
-means with 95% intervals and differences paired by seed (``fedlm.uncertainty``).
+means with 95% intervals and differences paired by seed (``fedlm.sweep.uncertainty``).
 """
 
 from __future__ import annotations

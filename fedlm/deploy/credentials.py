@@ -1,6 +1,6 @@
 """TLS certificates and SuperNode keys for a Flower deployment, in the formats Flower reads.
 
-``fedlm deploy local`` makes them at start (fedlm.deploy); on real machines the same
+``fedlm deploy local`` makes them at start (fedlm.deploy.local); on real machines the same
 functions make a CA and a server certificate for the SuperLink's addresses and one key
 pair per SuperNode (docs/deployment.md has the commands).
 """

@@ -1,4 +1,4 @@
-"""``flower-supernode`` with shorter waits: ``python -m fedlm.supernode ARGS``.
+"""``flower-supernode`` with shorter waits: ``python -m fedlm.deploy.supernode ARGS``.
 
 Flower 1.41's SuperNode loop (``flwr/supernode/start_client_internal.py``) has
 two hard-coded waits and no setting for them: ``time.sleep(3)`` after a poll
@@ -15,7 +15,7 @@ the upstream issue.
 
 ``--warm-executor`` (fedlm's own flag, taken out before Flower parses the
 arguments): the SuperNode runs with ``--isolation process`` and this process
-starts ``fedlm.warm_executor`` next to it, as Flower's SuperNode starts
+starts ``fedlm.deploy.warm_executor`` next to it, as Flower's SuperNode starts
 ``flower-superexec`` in subprocess mode: same process group, ``--parent-pid``,
 the Runtime API address from ``--host``/``--port``, TLS from ``--ssl-*`` and the
 SuperExec auth secret of ``--superexec-auth-secret-file``. A warm executor that
@@ -34,7 +34,7 @@ import time
 
 from flwr.supernode import start_client_internal as _loop
 
-from fedlm.object_pull import shorten_object_pull_backoff
+from fedlm.deploy.object_pull import shorten_object_pull_backoff
 
 EMPTY_POLL_S = float(os.environ.get("FEDLM_SUPERNODE_POLL_S", "0.25"))
 LOCAL_WAIT_S = 0.05
@@ -62,7 +62,7 @@ RESTART_DELAY_S = 1.0
 
 
 def warm_executor_command(argv: list[str]) -> list[str]:
-    """``fedlm.warm_executor``'s command line for a SuperNode started with ``argv``."""
+    """``fedlm.deploy.warm_executor``'s command line for a SuperNode started with ``argv``."""
     from flwr.supercore.constant import SUPERNODE_UVICORN_DEFAULT_PORT, UVICORN_DEFAULT_HOST
 
     ap = argparse.ArgumentParser(add_help=False)
@@ -73,7 +73,7 @@ def warm_executor_command(argv: list[str]) -> list[str]:
     ap.add_argument("--superexec-auth-secret-file")
     args, _ = ap.parse_known_args(argv)
     host = f"[{args.host}]" if ":" in args.host else args.host
-    cmd = [sys.executable, "-m", "fedlm.warm_executor",
+    cmd = [sys.executable, "-m", "fedlm.deploy.warm_executor",
            "--runtime-api-address", f"{host}:{args.port}", "--parent-pid", str(os.getpid())]
     cmd += (["--root-certificates", args.ssl_ca_certfile] if args.ssl_certfile
             else ["--insecure"])
@@ -86,7 +86,7 @@ def _supervise(cmd: list[str]) -> None:
     """Run the warm executor; start it again if it exits while this SuperNode lives."""
     while True:
         code = subprocess.Popen(cmd).wait()
-        print(f"fedlm.supernode: the warm executor exited with {code}; starting it again",
+        print(f"fedlm.deploy.supernode: the warm executor exited with {code}; starting it again",
               file=sys.stderr, flush=True)
         time.sleep(RESTART_DELAY_S)
 

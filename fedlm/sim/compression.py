@@ -13,7 +13,7 @@ sizes.
     int4        the same with 15 levels, two values a byte    0.5 byte / value
                                                                 + 4 bytes / block
 
-(The sizes are ``fedlm.wire``'s, shared with the planner.)
+(The sizes are ``fedlm.sim.wire_sizes``'s, shared with the planner.)
 
 Error feedback (int8, int4; ``network.error_feedback``): the worker adds the
 rounding error it made last time to this gradient before quantising and keeps
@@ -32,18 +32,12 @@ from collections import OrderedDict
 
 import torch
 
-from fedlm import wire
+from fedlm.sim import wire_sizes as wire
 from fedlm.config import NetworkConfig
 from fedlm.params import BadUpdate
 
 EF_PREFIX = "ef/"
 _LEVELS = {"int8": 127, "int4": 7}
-
-
-def encoded_bytes(params, net: NetworkConfig) -> int:
-    """Bytes of an encoded update of a model shaped like ``params``."""
-    return sum(wire.tensor_bytes(t.numel(), net.compression, net.block_size)
-               for t in params.values())
 
 
 def _quantise(x: torch.Tensor, levels: int, block: int) -> tuple[torch.Tensor, torch.Tensor]:

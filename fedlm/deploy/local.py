@@ -30,12 +30,12 @@ ClientApp process for each message, polls for new tasks every second; the
 supported ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` environment variable sets that
 (``fast_poll``, on by default: 0.2 s, for the SuperNodes only). Telemetry is switched off
 (``FLWR_TELEMETRY_ENABLED=0``): every ClientApp process otherwise waits for its
-telemetry request at exit. The SuperNodes run as ``python -m fedlm.supernode``
+telemetry request at exit. The SuperNodes run as ``python -m fedlm.deploy.supernode``
 (Flower's SuperNode with its hard-coded 3 s idle poll capped; ``node_poll``),
 and each one's ClientApps hand their jobs to a long-lived worker process
-(``fedlm.node_client``); with ``--warm-executor`` (``warm_exec``, on by
+(``fedlm.deploy.node_client``); with ``--warm-executor`` (``warm_exec``, on by
 default) each SuperNode's ClientApps run in one warm process
-(``fedlm.warm_executor``), not a process per message. The SuperLink keeps its
+(``fedlm.deploy.warm_executor``), not a process per message. The SuperLink keeps its
 state and objects in memory (Flower's default; ``link_db_file`` puts them in a
 SQLite file, which cost ~1 s per hop for 7 MB messages). See
 docs/deployment.md for the measurements.
@@ -57,8 +57,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fedlm import data as data_lib, fleet as fleet_lib
-from fedlm.credentials import make_certificates, make_node_key, make_secret
+from fedlm import data as data_lib
+from fedlm.sim import fleet as fleet_lib
+from fedlm.deploy.credentials import make_certificates, make_node_key, make_secret
 from fedlm.config import Config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,7 +70,7 @@ CONNECTION = "fedlm-local"  # the connection name written to $FLWR_HOME/config.t
 # (flwr/supercore/superexec/run_superexec.py; accepted range 0.01 to 60).
 TASK_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
 FAST_TASK_POLL = 0.2
-WARM_ENV = "FEDLM_WARM_EXECUTOR"  # fedlm.warm_executor.ENV_SWITCH ("0": a process per message)
+WARM_ENV = "FEDLM_WARM_EXECUTOR"  # fedlm.deploy.warm_executor.ENV_SWITCH ("0": a process per message)
 
 
 def warm_enabled(env) -> bool:
@@ -105,8 +106,8 @@ class LocalDeployment:
     tls: bool = True  # serve the SuperLink over TLS (certificates made at start)
     auth: bool = True  # SuperNode authentication (needs tls)
     fast_poll: bool = True  # FLWR_SUPEREXEC_TASK_POLL_INTERVAL = FAST_TASK_POLL
-    node_poll: bool = True  # SuperNodes as `python -m fedlm.supernode` (shorter waits)
-    # ClientApps in a warm executor per SuperNode (fedlm.warm_executor), not a process
+    node_poll: bool = True  # SuperNodes as `python -m fedlm.deploy.supernode` (shorter waits)
+    # ClientApps in a warm executor per SuperNode (fedlm.deploy.warm_executor), not a process
     # per message; None: on unless FEDLM_WARM_EXECUTOR=0. Needs node_poll.
     warm_exec: bool | None = None
     # the SuperLink's state and object store: in memory (Flower's default), or a
@@ -126,9 +127,9 @@ class LocalDeployment:
             self.warm_exec = self.node_poll and warm_enabled({**os.environ, **self.extra_env})
         if self.warm_exec:
             if not self.node_poll:
-                raise ValueError("the warm executor is started by fedlm.supernode: "
+                raise ValueError("the warm executor is started by fedlm.deploy.supernode: "
                                  "it needs node_poll=True")
-            from fedlm import warm_executor  # noqa: F401 - refuses another flwr version now
+            from fedlm.deploy import warm_executor  # noqa: F401 - refuses another flwr version now
 
     def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None
                ) -> subprocess.Popen:
@@ -216,7 +217,7 @@ class LocalDeployment:
 
     def _spawn_supernode(self, name: str, node_config: str, key: Path | None
                          ) -> subprocess.Popen:
-        exe = [sys.executable, "-m", "fedlm.supernode"] if self.node_poll else ["flower-supernode"]
+        exe = [sys.executable, "-m", "fedlm.deploy.supernode"] if self.node_poll else ["flower-supernode"]
         args = [*exe, *self._tls_args("supernode"), "--superlink", self.address,
                 "--port", str(free_port()), "--node-config", node_config]
         if key is not None:

@@ -53,7 +53,7 @@ def shorten_object_pull_backoff(*modules: str) -> list[str]:
         return []
     if not flwr.__version__.startswith(FLWR_SERIES):
         raise RuntimeError(
-            f"fedlm.object_pull rebinds Flower {FLWR_SERIES}x internals; flwr "
+            f"fedlm.deploy.object_pull rebinds Flower {FLWR_SERIES}x internals; flwr "
             f"{flwr.__version__} is installed (set {ENV_SWITCH}=0 or port this module)")
     from flwr.supercore.inflatable import inflatable_utils as utils
 

@@ -1,8 +1,8 @@
 """Uncertainty over seeds: means, sample standard deviations, 95% intervals of the
 mean, paired differences, and bands around curves. Pure functions, no store.
 
-A sweep runs each arm over a few seeds (``fedlm.sweep``); its report
-(``fedlm.sweep_report``) and the dashboard's seed groups summarise them here.
+A sweep runs each arm over a few seeds (``fedlm.sweep.run``); its report
+(``fedlm.sweep.report``) and the dashboard's seed groups summarise them here.
 With n seeds the interval of the mean is ``mean ± t(0.975, n-1) · sd / √n``
 (Student t: with 2 or 3 seeds the normal 1.96 would claim far too much). scipy
 is not a dependency, so the t quantile comes from a table (df 1..30, scipy's

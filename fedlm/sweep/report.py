@@ -7,7 +7,7 @@ reach the reference's final perplexity, idle fractions, and perplexity against
 virtual time and against updates.
 
 Over several seeds (``seeds`` in the spec, ``--seeds N``) each number is the mean
-over seeds with the half-width of its 95% interval (``fedlm.uncertainty``), and
+over seeds with the half-width of its 95% interval (``fedlm.sweep.uncertainty``), and
 every comparison with the reference is paired: each seed against the reference's
 run of the same profile and seed. The plots draw the mean curve of such an arm
 with a band from its lowest to its highest seed. A sweep without seeds (one run
@@ -20,8 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fedlm import store
-from fedlm.sweep import Cell, Failure, SweepResult, cells_of, reference_of, seeds_of
-from fedlm.uncertainty import Estimate, band, estimate, paired_estimate, ratio, \
+from fedlm.sweep.run import Cell, Failure, SweepResult, cells_of, reference_of, seeds_of
+from fedlm.sweep.uncertainty import Estimate, band, estimate, paired_estimate, ratio, \
     relative_difference
 
 Curve = list[tuple[float, int, float]]  # (virtual time, version, perplexity)

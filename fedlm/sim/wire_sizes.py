@@ -1,6 +1,6 @@
 """Wire sizes and bandwidth cycles: what the simulator and the planner share.
 
-Both ``fedlm.compression`` / ``fedlm.network`` (the simulator) and ``fedlm.plan``
+Both ``fedlm.sim.compression`` / ``fedlm.sim.network`` (the simulator) and ``fedlm.plan``
 (the cost model on paper) need to know how many bytes an update takes on the
 wire and how the links' bandwidth changes over a virtual day. They are defined
 here, once, torch-free:
@@ -24,6 +24,7 @@ import math
 
 import numpy as np
 
+from fedlm.config import NetworkConfig
 from fedlm.errors import ConfigError
 
 BYTES_PER_VALUE = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "int8": 1.0, "int4": 0.5}
@@ -47,6 +48,12 @@ def tensor_bytes(n: int, compression: str, block_size: int) -> int:
     if compression in QUANTISED:
         nbytes += int(SCALE_BYTES) * scale_blocks(n, block_size)
     return nbytes
+
+
+def encoded_bytes(params, net: NetworkConfig) -> int:
+    """Bytes of an encoded update of a model shaped like ``params``."""
+    return sum(tensor_bytes(t.numel(), net.compression, net.block_size)
+               for t in params.values())
 
 
 def payload_bytes(params: float, compression: str = "fp32", block_size: int = 256,

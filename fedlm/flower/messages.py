@@ -5,7 +5,7 @@ Two exchanges, both Flower ``RecordDict`` contents:
 - QUERY: the server asks a node which partition (worker) it holds, and sends the
   run's config so the node can warm its caches; the node answers
   ``partition-id`` and ``num-partitions``.
-- TRAIN: the server sends a job (``fedlm.worker.JobSpec``), the global params it
+- TRAIN: the server sends a job (``fedlm.worker.train.JobSpec``), the global params it
   starts from, the run's config (``run_simulation`` gives the nodes an empty run
   config) and the run key that names the node's worker-state files; the node
   answers with the outer gradient and the job's metrics.
@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from fedlm.worker import JobSpec
+from fedlm.job import JobResult, JobSpec
 
 
 # -- QUERY: which partition does a node hold ----------------------------------------
@@ -103,17 +103,7 @@ def read_train_request(content: RecordDict) -> TrainRequest:
                         str(spec["config"]), str(spec["run-key"]))
 
 
-@dataclass(frozen=True)
-class TrainReply:
-    job_id: int
-    outer_grad: Any  # OrderedDict[str, Tensor]: θ_start − θ_end
-    steps: int
-    tokens: int
-    train_loss: float
-    compute_seconds: float
-
-
-def train_reply(reply: TrainReply, batch_size: int) -> RecordDict:
+def train_reply(reply: JobResult, batch_size: int) -> RecordDict:
     metrics = MetricRecord({"steps": reply.steps, "tokens": reply.tokens,
                             "train-loss": reply.train_loss,
                             "compute-seconds": reply.compute_seconds,
@@ -122,7 +112,7 @@ def train_reply(reply: TrainReply, batch_size: int) -> RecordDict:
                        "job": ConfigRecord({"job-id": reply.job_id})})
 
 
-def read_train_reply(content: RecordDict, job_id: int) -> TrainReply:
+def read_train_reply(content: RecordDict, job_id: int) -> JobResult:
     m = content["metrics"]
-    return TrainReply(job_id, unpack(content["arrays"]), int(m["steps"]),
-                      int(m["tokens"]), float(m["train-loss"]), float(m["compute-seconds"]))
+    return JobResult(job_id, unpack(content["arrays"]), int(m["steps"]),
+                     int(m["tokens"]), float(m["train-loss"]), float(m["compute-seconds"]))

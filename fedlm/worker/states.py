@@ -28,9 +28,10 @@ from pathlib import Path
 import torch
 from flwr.app import ArrayRecord, ConfigRecord
 
+from fedlm.config import Config
 from fedlm.data import cache_dir
+from fedlm.job import FRESH
 
-FRESH = -1  # prev_job of a worker's first job: a new optimizer
 _SCHEDULE = "schedule_step"
 
 
@@ -137,3 +138,13 @@ class DiskStates:
 def disk_folder(run_key: str, worker: int) -> Path:
     """Where a worker of run ``run_key`` keeps its states on this node."""
     return cache_dir() / "worker-state" / run_key / f"worker{worker}"
+
+
+def worker_states(cfg: Config, run_key: str, worker: int, context_state=None):
+    """The store a worker keeps its optimizer states in: node-local files with
+    ``inner.state_store = disk`` (they survive a crashed process, which resume needs,
+    and keep memory flat with thousands of simulated nodes); else the node's Flower
+    ``context.state`` when there is one, or a plain dict in this process."""
+    if cfg.state_store() == "disk":
+        return DiskStates(disk_folder(run_key, worker))
+    return ContextStates(context_state) if context_state is not None else MemoryStates()

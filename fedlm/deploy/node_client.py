@@ -4,10 +4,10 @@ Flower 1.41's SuperNode starts a fresh ClientApp process for every message;
 importing torch and fedlm there cost about 4 s a message. This ClientApp
 imports flwr and this module only (no torch, no numpy of its own): it forwards
 the message's contents, as raw bytes over a Unix domain socket, to a
-long-lived worker process (``fedlm.node_worker``) that keeps torch, the model,
+long-lived worker process (``fedlm.deploy.node_worker``) that keeps torch, the model,
 the tokenized shards and the worker's optimizer states warm, and turns the
 answer back into the reply Message. What a message holds is still defined in
-``fedlm.messages`` alone: the worker process reads and writes it.
+``fedlm.flower.messages`` alone: the worker process reads and writes it.
 
 The worker process, one per SuperNode and run:
 
@@ -24,7 +24,7 @@ The worker process, one per SuperNode and run:
   ``disk`` state store keeps them.
 
 ``FEDLM_WORKER_PROCESS=0`` (environment of the SuperNode) runs every message in
-the ClientApp process itself, as before (``fedlm.client_app``). Outside a
+the ClientApp process itself, as before (``fedlm.flower.client_app``). Outside a
 SuperNode (Flower's simulation engine) messages always run in process.
 """
 
@@ -121,7 +121,7 @@ def supernode_pid() -> int | None:
             stat = Path(f"/proc/{pid}/stat").read_text()
         except OSError:
             return None
-        if b"flower-supernode" in cmd or b"fedlm.supernode" in cmd:
+        if b"flower-supernode" in cmd or b"fedlm.deploy.supernode" in cmd:
             return pid
         pid = int(stat.rsplit(")", 1)[1].split()[1])  # the parent's pid
     return None
@@ -156,7 +156,7 @@ def _start_worker(path: Path, node_pid: int) -> socket.socket:
         path.unlink(missing_ok=True)
         log = open(path.with_suffix(".log"), "ab")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "fedlm.node_worker", "--socket", str(path),
+            [sys.executable, "-m", "fedlm.deploy.node_worker", "--socket", str(path),
              "--watch-pid", str(node_pid), "--idle", os.environ.get(ENV_IDLE, "1800")],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True, close_fds=True)
@@ -202,7 +202,7 @@ def _in_process() -> bool:
 def _handle(kind: str, msg: Message, context: Context) -> Message:
     node_pid = None if _in_process() else supernode_pid()
     if node_pid is None:
-        from fedlm import client_app  # torch and all: the old path
+        from fedlm.flower import client_app  # torch and all: the old path
 
         handler = client_app.query if kind == "query" else client_app.train
         return handler(msg, context)

@@ -15,7 +15,7 @@ centre uploading at once gets a twentieth of it. The model:
   same either way);
 - optionally every bandwidth follows a daily cycle: multiplied by
   ``1 − a·(1 + cos(2π(h − peak)/24))/2`` in hour ``h`` of the virtual day
-  (constant within an hour), least at ``peak_hour`` (``fedlm.wire``, shared
+  (constant within an hour), least at ``peak_hour`` (``fedlm.sim.wire_sizes``, shared
   with the planner).
 
 The engine asks ``next_finish()`` for the next time something changes and
@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from fedlm.wire import HOUR, daily_factor
+from fedlm.sim.wire_sizes import HOUR, daily_factor
 
 
 @dataclass
