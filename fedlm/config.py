@@ -32,6 +32,16 @@ PRECISIONS = ("auto", "fp32", "tf32", "bf16")
 # The grace rules by name (Config.grace also takes a number of seconds).
 GRACE_RULES = ("auto", "adaptive", "off")
 
+# Where the inner loop runs (Config.device), and the order results are applied in
+# (Config.clock: virtual = simulated-completion order, wall = real arrival order).
+DEVICES = ("auto", "cpu", "cuda")
+CLOCKS = ("virtual", "wall")
+
+# Where a worker keeps its optimizer states (InnerConfig.state_store) and how the
+# corpus is split over shards (DataConfig.partition).
+STATE_STORES = ("auto", "context", "disk")
+PARTITIONS = ("iid", "by-play", "dirichlet")
+
 # Per-job fault kinds of the [faults] section (at most one per job), in draw order.
 FAULT_KINDS = ("crash", "hang", "nan", "bad_shape", "bad_dtype", "bad_size", "duplicate")
 
@@ -74,7 +84,7 @@ class DataConfig:
     hf_split: str = "train"  # split to stream for hf: sources
     max_documents: int = 2000  # documents taken from an hf: stream
     text_column: str = "text"  # column holding the text in hf: sources
-    partition: str = "by-play"  # "iid" | "by-play" | "dirichlet"
+    partition: str = "by-play"  # one of PARTITIONS
     shards: int = 0  # data shards the training data is split into; 0 = one per worker
     # Which shard a job trains: fixed (worker w always shard w) | paper (a free worker
     # draws an under-sampled shard, fedlm.shards; the delayed-Nesterov paper's rule).
@@ -216,7 +226,7 @@ class Config:
     # this fraction of its job's time (0.5 at 20 s jobs: 10 s; jitter spreads them ~2-5 s).
     grace_span: float = 0.5
     clock: str = "virtual"  # virtual: apply in simulated-completion order; wall: real arrival order
-    device: str = "auto"  # auto | cpu | cuda
+    device: str = "auto"  # one of DEVICES
     db: str = "runs/fedlm.db"  # run store (SQLite); `--db` overrides
     outer: dict[str, Any] = field(default_factory=dict)  # strategy keyword arguments
     init: InitConfig = field(default_factory=InitConfig)

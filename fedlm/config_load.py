@@ -26,8 +26,9 @@ from typing import Any, get_type_hints
 
 from fedlm.sim import fleet
 from fedlm import presets
-from fedlm.config import (COMPRESSIONS, FAULT_KINDS, GRACE_RULES, PRECISIONS, SCHEDULES,
-                          SECTIONS, SHARD_CHOICES, SPELLING, Config)
+from fedlm.config import (CLOCKS, COMPRESSIONS, DEVICES, FAULT_KINDS, GRACE_RULES, PARTITIONS,
+                          PRECISIONS, SCHEDULES, SECTIONS, SHARD_CHOICES, SPELLING, STATE_STORES,
+                          Config)
 from fedlm.data import shakespeare_play_count
 from fedlm.errors import ConfigError
 from fedlm.strategies import registry
@@ -169,6 +170,12 @@ def _require(ok: bool, path: str, value: Any, why: str) -> None:
         raise ConfigError(f"{path}: {why}, got {_repr(value)}")
 
 
+def _require_choice(path: str, value: Any, choices: tuple[str, ...]) -> None:
+    """``value`` must be one of the schema's ``choices`` (fedlm.config's constants)."""
+    _require(value in choices, path, value,
+             f"must be {', '.join(choices[:-1])} or {choices[-1]}")
+
+
 def _first_line(exc: BaseException) -> str:
     lines = str(exc).splitlines()
     return lines[0] if lines else type(exc).__name__
@@ -196,8 +203,7 @@ def validate(cfg: Config) -> None:
     _require(cfg.db.strip() != "", "db", cfg.db, "must be a path (the run database)")
     _require(cfg.model in presets.PRESETS, "model", cfg.model,
              f"unknown preset (known: {', '.join(presets.PRESETS)})")
-    _require(cfg.device in ("auto", "cpu", "cuda"), "device", cfg.device,
-             "must be auto, cpu or cuda")
+    _require_choice("device", cfg.device, DEVICES)
     _require(cfg.local_step_budget >= 0, "local_step_budget", cfg.local_step_budget,
              "must be >= 0")
     _require(cfg.time_budget >= 0, "time_budget", cfg.time_budget, "must be >= 0")
@@ -205,7 +211,7 @@ def validate(cfg: Config) -> None:
     _require(cfg.grace in GRACE_RULES or _seconds(cfg.grace) is not None, "grace", cfg.grace,
              f"must be {', '.join(GRACE_RULES)} or a number of seconds >= 0")
     _require(0 < cfg.grace_span <= 10, "grace_span", cfg.grace_span, "must be in (0, 10]")
-    _require(cfg.clock in ("virtual", "wall"), "clock", cfg.clock, "must be virtual or wall")
+    _require_choice("clock", cfg.clock, CLOCKS)
     try:
         _check_outer_types(registry.strategy_class(cfg.strategy), cfg.outer)
         registry.check_strategy(cfg.strategy, cfg.outer)
@@ -228,12 +234,9 @@ def validate(cfg: Config) -> None:
     _require(0 <= i.beta2 < 1, "inner.beta2", i.beta2, "must be in [0, 1)")
     _require(i.grad_clip >= 0, "inner.grad_clip", i.grad_clip, "must be >= 0")
     _require(i.threads >= 1, "inner.threads", i.threads, "must be >= 1")
-    _require(i.state_store in ("auto", "context", "disk"), "inner.state_store", i.state_store,
-             "must be auto, context or disk")
-    _require(i.schedule in SCHEDULES, "inner.schedule", i.schedule,
-             f"must be one of {', '.join(SCHEDULES)}")
-    _require(i.precision in PRECISIONS, "inner.precision", i.precision,
-             f"must be one of {', '.join(PRECISIONS)}")
+    _require_choice("inner.state_store", i.state_store, STATE_STORES)
+    _require_choice("inner.schedule", i.schedule, SCHEDULES)
+    _require_choice("inner.precision", i.precision, PRECISIONS)
 
     _require(cfg.init.pretrain_steps >= 0, "init.pretrain_steps", cfg.init.pretrain_steps,
              "must be >= 0")
@@ -242,12 +245,10 @@ def validate(cfg: Config) -> None:
     _require(d.source == "shakespeare" or (d.source.startswith(("hf:", "text:"))
                                            and d.source.split(":", 1)[1].strip() != ""),
              "data.source", d.source, "must be shakespeare, hf:NAME or text:GLOB")
-    _require(d.partition in ("iid", "by-play", "dirichlet"), "data.partition",
-             d.partition, "must be iid, by-play or dirichlet")
+    _require_choice("data.partition", d.partition, PARTITIONS)
     _require(d.alpha > 0, "data.alpha", d.alpha, "must be > 0")
     _require(d.shards >= 0, "data.shards", d.shards, "must be >= 0 (0: one per worker)")
-    _require(d.shard_choice in SHARD_CHOICES, "data.shard_choice", d.shard_choice,
-             f"must be one of {', '.join(SHARD_CHOICES)}")
+    _require_choice("data.shard_choice", d.shard_choice, SHARD_CHOICES)
     _require(d.shard_choice != "fixed" or d.shards in (0, cfg.workers), "data.shards", d.shards,
              f"must be 0 or the number of workers ({cfg.workers}) with data.shard_choice = "
              f"'fixed' (one shard per worker); use data.shard_choice = 'paper' for more")
@@ -304,14 +305,12 @@ def validate(cfg: Config) -> None:
     _require(0 <= n.daily_amplitude < 1, "network.daily_amplitude", n.daily_amplitude,
              "must be in [0, 1)")
     _require(0 <= n.peak_hour < 24, "network.peak_hour", n.peak_hour, "must be in [0, 24)")
-    _require(n.compression in COMPRESSIONS, "network.compression", n.compression,
-             f"must be one of {', '.join(COMPRESSIONS)}")
+    _require_choice("network.compression", n.compression, COMPRESSIONS)
     _require(n.block_size >= 0, "network.block_size", n.block_size, "must be >= 0")
     _require(n.intra_bw > 0, "network.intra_bw", n.intra_bw, "must be > 0")
 
     fa = cfg.faults
-    for name in ("crash", "hang", "nan", "bad_shape", "bad_dtype", "bad_size", "duplicate",
-                 "offline"):
+    for name in (*FAULT_KINDS, "offline"):
         p = getattr(fa, name)
         _require(0 <= p <= 1, f"faults.{name}", p, "must be a probability in [0, 1]")
     total = sum(getattr(fa, n) for n in FAULT_KINDS)
@@ -379,26 +378,30 @@ def apply_override(raw: dict[str, Any], assignment: str) -> None:
     node[parts[-1]] = parse_value(text.strip())
 
 
+def read_toml(path: str | Path, what: str) -> dict[str, Any]:
+    """A TOML file as a dict; anything wrong with it is a one-line ``ConfigError``
+    starting with ``what`` (a config, a sweep spec)."""
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{what}: {_show(str(p))} is a directory, not a TOML file")
+    if not p.is_file():
+        raise ConfigError(f"{what}: no such file {str(p)!r}")
+    try:
+        return tomllib.loads(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{what}: cannot read {_show(str(p))}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{what}: {_show(str(p))}: not UTF-8 text ({exc.reason} at byte "
+                          f"{exc.start})") from None
+    except RecursionError:
+        raise ConfigError(f"{what}: {_show(str(p))}: nested too deeply") from None
+    except ValueError as exc:  # TOMLDecodeError; an int past 4300 digits
+        raise ConfigError(f"{what}: {_show(str(p))}: {_first_line(exc)}") from None
+
+
 def load(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Read a TOML config (or the defaults), apply ``--set`` overrides, validate."""
-    raw: dict[str, Any] = {}
-    if path is not None:
-        p = Path(path)
-        if p.is_dir():
-            raise ConfigError(f"config: {_show(str(p))} is a directory, not a TOML file")
-        if not p.is_file():
-            raise ConfigError(f"config: no such file {str(p)!r}")
-        try:
-            raw = tomllib.loads(p.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ConfigError(f"config: cannot read {_show(str(p))}: {exc.strerror}") from None
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"config: {_show(str(p))}: not UTF-8 text ({exc.reason} at byte "
-                              f"{exc.start})") from None
-        except RecursionError:
-            raise ConfigError(f"config: {_show(str(p))}: nested too deeply") from None
-        except ValueError as exc:  # TOMLDecodeError; an int past 4300 digits
-            raise ConfigError(f"config: {_show(str(p))}: {_first_line(exc)}") from None
+    raw: dict[str, Any] = {} if path is None else read_toml(path, "config")
     for assignment in overrides:
         apply_override(raw, assignment)
     return from_dict(raw)

@@ -116,7 +116,7 @@ def test_a_config_that_is_a_directory_is_called_one(no_work):
     (no_work / "conf").mkdir()
     for argv in (["config", "conf"], ["run", "conf"], ["deploy", "local", "conf"]):
         assert_refused(*run_cli(argv), "config: conf is a directory, not a TOML file")
-    assert_refused(*run_cli(["sweep", "conf"]), "sweep spec: 'conf' is a directory, not a "
+    assert_refused(*run_cli(["sweep", "conf"]), "sweep spec: conf is a directory, not a "
                    "TOML file")
 
 

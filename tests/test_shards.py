@@ -184,7 +184,7 @@ def test_init_from_a_run_of_another_model_is_refused(tmp_path):
 def test_config_checks_and_the_from_spelling():
     with pytest.raises(ConfigError, match="data.shards: must be 0 or the number of workers"):
         tiny_config("data.shards=5")
-    with pytest.raises(ConfigError, match="inner.schedule: must be one of worker, shard"):
+    with pytest.raises(ConfigError, match="inner.schedule: must be worker, shard or global"):
         tiny_config("inner.schedule=round")
     with pytest.raises(ConfigError, match="data.shard_choice"):
         tiny_config("data.shard_choice=random")

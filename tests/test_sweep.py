@@ -10,7 +10,8 @@ import pytest
 
 from fedlm import store
 from fedlm.store import RunWriter
-from fedlm.sweep.run import Failure, cells_of, load_spec, overrides, run_name, run_sweep
+from fedlm.sweep.run import Failure, run_sweep
+from fedlm.sweep.spec import cells_of, load_spec, overrides, run_name
 from fedlm.sweep.report import report, write_report
 from tests._cli import assert_refused, no_work_fixture, run_cli  # noqa: F401 (a fixture)
 from tests.conftest import tiny_config

@@ -1,5 +1,5 @@
 """``fedlm sweep``: run a sweep spec's arms x profiles x seeds, then print its report and
-what failed. The spec is read and checked by ``fedlm.sweep.run.load_spec``, the runs
+what failed. The spec is read and checked by ``fedlm.sweep.spec.load_spec``, the runs
 are ``fedlm.sweep.run``'s, the report ``fedlm.sweep.report``'s; this module applies --db,
 --out and --seeds and chooses the exit status (1 if a cell failed or diverged, 130 if the
 sweep was stopped; --report-only runs nothing and exits 0 with the report of what finished).
@@ -16,10 +16,10 @@ from fedlm.store import check_writable
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from fedlm.sweep import run as sweep, report as sweep_report
+    from fedlm.sweep import report as sweep_report, run as sweep, spec as sweep_spec
 
     sweep.check_jobs(args.jobs, args.backend)  # before the spec is read or a run starts
-    spec = sweep.load_spec(args.spec, args.quick, seeds=args.seeds)
+    spec = sweep_spec.load_spec(args.spec, args.quick, seeds=args.seeds)
     if args.db:
         spec["db"] = args.db
     if args.out:
@@ -36,7 +36,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 130
     cells, failures = result.cells, result.failures
-    total = len(sweep.cells_of(spec))  # arms limited to some profiles, and seeds, counted
+    total = len(sweep_spec.cells_of(spec))  # arms limited to some profiles, and seeds, counted
     if cells:
         text, written = sweep_report.write_report(spec, result)
         print(text)

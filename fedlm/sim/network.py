@@ -75,10 +75,6 @@ class Network:
             out.update(zip(keys, fair_rates(flows, cap)))
         return out
 
-    def nominal_seconds(self, nbytes: float, cap: float, t: float) -> float:
-        """How long ``nbytes`` take on the worker's own link alone (no sharing)."""
-        return nbytes / (cap * self.factor(t))
-
     def add(self, t: float, key: tuple[int, str], link: str, nbytes: float, cap: float) -> None:
         self._integrate(t)
         self.flows[key] = Flow(link, float(nbytes), float(cap))

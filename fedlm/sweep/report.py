@@ -20,7 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fedlm import store
-from fedlm.sweep.run import Cell, Failure, SweepResult, cells_of, reference_of, seeds_of
+from fedlm.sweep.run import Cell, Failure, SweepResult
+from fedlm.sweep.spec import cells_of, reference_of, seeds_of
 from fedlm.sweep.uncertainty import Estimate, band, estimate, paired_estimate, ratio, \
     relative_difference
 

@@ -39,13 +39,13 @@ import subprocess
 import sys
 import threading
 import time
-import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fedlm import config_load, store
+from fedlm import store
 from fedlm.errors import ConfigError
+from fedlm.sweep.spec import cells_of, overrides, run_name
 
 
 @dataclass(frozen=True)
@@ -74,16 +74,6 @@ class Failure:
         return run_name(self.arm, self.profile, self.seed)
 
 
-@dataclass(frozen=True)
-class Planned:
-    """One run of the sweep: an arm on a profile with a seed."""
-
-    name: str
-    profile: str
-    arm: dict
-    seed: int | None  # None: no ``seed=`` override (the spec gives no seeds)
-
-
 @dataclass
 class SweepResult:
     cells: list[Cell]  # the finished ones
@@ -94,171 +84,6 @@ class SweepResult:
 
 class SweepStopped(Exception):
     """SIGTERM reached the sweep."""
-
-
-def run_name(arm: str, profile: str, seed: int | None = None) -> str:
-    """The name a cell's run is stored (and reused) under; without seeds, the name
-    sweeps gave before seeds existed."""
-    return f"{arm} @ {profile}" + ("" if seed is None else f" seed {seed}")
-
-
-def seeds_of(spec: dict, arm: dict) -> list[int | None]:
-    """The seeds ``arm`` runs with: its own ``seeds``, else the spec's, else one run
-    with no seed override (``[None]``)."""
-    return list(arm.get("seeds", spec.get("seeds", [None])))
-
-
-def cells_of(spec: dict) -> list[Planned]:
-    """Every run of the sweep: each arm on the spec's profiles (or the subset its own
-    ``profiles`` names), once per seed. Seed by seed, so that an interrupted sweep
-    has whole seeds done rather than every seed of a few arms; with one seed, in the
-    order of profiles then arms, as always."""
-    seeds = list(dict.fromkeys(s for arm in spec["arm"] for s in seeds_of(spec, arm)))
-    return [Planned(run_name(arm["label"], profile, seed), profile, arm, seed)
-            for seed in seeds for profile in spec["profiles"] for arm in spec["arm"]
-            if profile in arm.get("profiles", spec["profiles"]) and seed in seeds_of(spec, arm)]
-
-
-def overrides(spec: dict, cell: Planned) -> list[str]:
-    """The ``--set`` overrides of ``cell``'s run, in the order they apply: the
-    spec's base, the profile, the arm's own, then the seed (last: it wins)."""
-    seed = [] if cell.seed is None else [f"seed={cell.seed}"]
-    return [*spec.get("base", []), f"profile={cell.profile}", *cell.arm["set"], *seed]
-
-
-def reference_of(spec: dict, arm: dict) -> str:
-    """The label of the arm ``arm`` is compared with: its ``against``, else the
-    spec's reference (``reference = true``)."""
-    if arm.get("against"):
-        return arm["against"]
-    if any(a.get("against") == arm["label"] for a in spec["arm"]):
-        return arm["label"]  # the reference of a group of its own
-    return next(a["label"] for a in spec["arm"] if a.get("reference"))
-
-
-def load_spec(path: str | Path, quick: bool, seeds: int | None = None) -> dict:
-    """The sweep spec at ``path``, its ``[quick]`` version if ``quick``, checked: its
-    shape, then every run's config, so that a bad spec fails in one line
-    (``ConfigError``, naming the spec and the field) before the first run starts.
-    ``seeds`` (``--seeds N``) replaces the spec's seeds, and every arm's, by 0..N-1."""
-    where = f"sweep spec {path}"
-    spec = _read_toml(path, where)
-    _check_shape(spec, where)
-    for key in ("db", "out", "arm", "profiles"):
-        if key not in spec:
-            raise ConfigError(f"{where}: missing {key!r}")
-    if sum(bool(a.get("reference")) for a in spec["arm"]) != 1:
-        raise ConfigError(f"{where}: exactly one [[arm]] needs reference = true")
-    labels = [a["label"] for a in spec["arm"]]
-    for arm in spec["arm"]:
-        if arm.get("against", arm["label"]) not in labels:
-            raise ConfigError(f"{where}: arm {arm['label']!r}: against names no arm "
-                              f"({arm['against']!r})")
-    if quick:
-        q = spec.get("quick", {})
-        if "arms" in q:  # --quick runs only these arms
-            unknown = sorted(set(q["arms"]) - set(labels))
-            if unknown:
-                raise ConfigError(f"{where}: quick.arms: no arm {unknown[0]!r}")
-            spec["arm"] = [a for a in spec["arm"] if a["label"] in q["arms"]]
-        spec["base"] = [*spec.get("base", []), *q.get("base", [])]
-        spec["profiles"] = q.get("profiles", spec["profiles"])
-        spec["db"] = q.get("db", spec["db"])
-        spec["out"] = q.get("out", spec["out"])
-    if not spec["profiles"]:
-        raise ConfigError(f"{where}: profiles: must name at least one profile")
-    if seeds is not None:
-        check_seeds_count(seeds)
-        spec["seeds"] = list(range(seeds))
-        for arm in spec["arm"]:
-            arm.pop("seeds", None)
-    checked = set()
-    for cell in cells_of(spec):  # every run's config, as `fedlm run` loads it
-        if (cell.profile, cell.arm["label"]) in checked:
-            continue  # the seed alone cannot make it invalid: _check_shape checked each
-        checked.add((cell.profile, cell.arm["label"]))
-        try:
-            config_load.load(None, overrides(spec, cell))
-        except ConfigError as exc:
-            raise ConfigError(f"{where}: arm {cell.arm['label']!r} @ {cell.profile}: "
-                              f"{exc}") from None
-    return spec
-
-
-def check_seeds_count(n: int) -> None:
-    """Refuse a ``--seeds`` count below 1 (``ConfigError``)."""
-    if n < 1:
-        raise ConfigError(f"--seeds: must be at least 1, got {n}")
-
-
-def _read_toml(path: str | Path, where: str) -> dict:
-    p = Path(path)
-    if p.is_dir():
-        raise ConfigError(f"sweep spec: {str(path)!r} is a directory, not a TOML file")
-    if not p.is_file():
-        raise ConfigError(f"sweep spec: no such file {str(path)!r}")
-    try:
-        return tomllib.loads(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"{where}: cannot read it ({exc.strerror})") from None
-    except (ValueError, RecursionError) as exc:  # TOML, UTF-8, nesting, huge ints
-        text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-        raise ConfigError(f"{where}: not a TOML file ({text or 'too deep'})") from None
-
-
-def _check_shape(raw: dict, where: str) -> None:
-    """The types of what ``load_spec`` reads (tables, strings, lists of strings), so
-    that a wrong one is named rather than failing as a KeyError or TypeError later."""
-    def need(ok: bool, what: str) -> None:
-        if not ok:
-            raise ConfigError(f"{where}: {what}")
-
-    def strings(value: object) -> bool:
-        return isinstance(value, list) and all(isinstance(v, str) for v in value)
-
-    quick_part = raw.get("quick", {})
-    need(isinstance(quick_part, dict), "quick: must be a [quick] table")
-    for part, prefix in ((raw, ""), (quick_part, "quick.")):
-        for key in ("db", "out"):
-            need(isinstance(part.get(key, ""), str), f"{prefix}{key}: must be a string")
-            if key in part:
-                need(part[key].strip() != "", f"{prefix}{key}: must be a path, got {part[key]!r}")
-        need(strings(part.get("base", [])), f"{prefix}base: must be a list of key=value strings")
-        need(strings(part.get("profiles", [])), f"{prefix}profiles: must be a list of names")
-    arms = raw.get("arm", [])
-    need(isinstance(arms, list) and all(isinstance(a, dict) for a in arms),
-         "arm: must be [[arm]] tables")
-    for k, arm in enumerate(arms):
-        need(isinstance(arm.get("label"), str) and arm["label"] != "",
-             f"arm[{k}].label: must be a non-empty string")
-        need(strings(arm.get("set")), f"arm[{k}].set: must be a list of key=value strings")
-        need(isinstance(arm.get("reference", False), bool), f"arm[{k}].reference: must be "
-             f"true or false")
-        need(strings(arm.get("profiles", [])), f"arm[{k}].profiles: must be a list of names")
-        need(isinstance(arm.get("against", ""), str), f"arm[{k}].against: must be an arm's label")
-        if "seeds" in arm:
-            _check_seeds(arm["seeds"], f"arm[{k}].seeds", need)
-            # else its runs could pair with no reference run: those have no seed
-            need("seeds" in raw, f"arm[{k}].seeds: needs the spec's own seeds too (top "
-                 f"level, e.g. seeds = [0, 1, 2])")
-    if "seeds" in raw:
-        _check_seeds(raw["seeds"], "seeds", need)
-    need(strings(quick_part.get("arms", [])), "quick.arms: must be a list of arm labels")
-    labels = [a["label"] for a in arms]
-    need(len(set(labels)) == len(labels), "arm: labels must be unique")
-
-
-def _check_seeds(value: object, key: str, need) -> None:
-    """A ``seeds`` list: distinct ints, at least one (a bool is not a seed, though
-    Python counts it as an int). Each in [0, 2**63): numpy's generators refuse a
-    negative seed, and the run store holds 64 signed bits."""
-    need(isinstance(value, list) and value != [], f"{key}: must be a non-empty list of "
-         f"integers, got {value!r}")
-    need(all(isinstance(s, int) and not isinstance(s, bool) for s in value),
-         f"{key}: must be a list of integers, got {value!r}")
-    need(all(0 <= s < 2**63 for s in value), f"{key}: each seed must be in [0, 2**63), "
-         f"got {value!r}")
-    need(len(set(value)) == len(value), f"{key}: seeds must be distinct, got {value!r}")
 
 
 def check_jobs(jobs: int, backend: str) -> None:
