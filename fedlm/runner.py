@@ -55,7 +55,7 @@ def execute(cfg: Config, db_path: str, connect: Connect,
         writer = RunWriter(db_path, name=cfg.name or f"{cfg.strategy}-{cfg.fleet.preset}",
                            strategy=cfg.strategy, local_steps=cfg.local_steps,
                            profile=cfg.fleet.preset, model=cfg.model, workers=cfg.workers,
-                           seed=cfg.seed, mode=cfg.clock, config_json=cfg.to_json(),
+                           seed=cfg.seed, clock=cfg.clock, config_json=cfg.to_json(),
                            strategy_summary=strategy.summary())
         run_key = uuid.uuid4().hex
     else:

@@ -28,7 +28,7 @@ FOREIGN_VERSIONS = [v for v in (1, 99) if v != store.SCHEMA_VERSION
 def make_db(path) -> None:
     """A good run database holding one finished run (id 1)."""
     w = store.RunWriter(path, name="t", strategy="diloco", local_steps="fixed",
-                        profile="homogeneous", model="tiny", workers=1, seed=0, mode="virtual",
+                        profile="homogeneous", model="tiny", workers=1, seed=0, clock="virtual",
                         config_json=config_load.load(None, ["model=tiny"]).to_json())
     w.add_metric(version=1, virtual_time=1.0, wall_time=0.1, tokens=64, jobs=1, loss=4.0,
                  perplexity=54.6, bits_per_byte=1.5)
@@ -228,15 +228,22 @@ def test_readers_upgrade_a_db_this_version_migrates(no_work, good_db):
     if not migrations:
         pytest.skip("no migrations in this schema version")
     old = max(migrations)
-    added = [re.fullmatch(r"ALTER TABLE (\w+) ADD COLUMN (\w+)\b.*", s, re.S)
-             for s in migrations[old]]
-    if not all(added):
-        pytest.skip("only ADD COLUMN migrations can be undone here")
+    undo = []  # the statements that take the newest migration back
+    for s in migrations[old]:
+        if m := re.fullmatch(r"ALTER TABLE (\w+) ADD COLUMN (\w+)\b.*", s, re.S):
+            undo.append(f"ALTER TABLE {m[1]} DROP COLUMN {m[2]}")
+        elif m := re.fullmatch(r"ALTER TABLE (\w+) RENAME COLUMN (\w+) TO (\w+)", s):
+            undo.append(f"ALTER TABLE {m[1]} RENAME COLUMN {m[3]} TO {m[2]}")
+        else:
+            pytest.skip(f"cannot undo {s!r} here")
     with closing(sqlite3.connect(good_db)) as conn, conn:  # back to the old schema
-        for m in added:
-            conn.execute(f"ALTER TABLE {m[1]} DROP COLUMN {m[2]}")
+        for statement in undo:
+            conn.execute(statement)
         conn.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(old),))
     rc, out, err = run_cli(["runs", "--db", str(good_db)])
     assert (rc, err) == (0, ""), err
+    assert "finished" in out  # the run is listed, read through the upgraded schema
     with closing(sqlite3.connect(good_db)) as conn:
         assert conn.execute("SELECT value FROM meta").fetchone()[0] == str(store.SCHEMA_VERSION)
+        columns = {r[1] for r in conn.execute("PRAGMA table_info(runs)")}
+        assert "clock" in columns and "mode" not in columns

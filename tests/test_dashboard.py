@@ -56,7 +56,7 @@ def test_a_growing_run_updates_between_reruns(monkeypatch, tmp_path):
     db = tmp_path / "live.db"
     cfg = tiny_config()
     w = RunWriter(db, name="live", strategy="diloco", local_steps="fixed", profile="moderate",
-                  model="tiny", workers=2, seed=0, mode="virtual", config_json=cfg.to_json())
+                  model="tiny", workers=2, seed=0, clock="virtual", config_json=cfg.to_json())
     w.add_workers({"worker": k, "node_id": None, "step_time": 1.0 + k, "jitter": 0.0,
                    "region": "local", "latency": 0.0, "down_bw": 1e9, "up_bw": 1e9,
                    "shard_sequences": 10} for k in range(2))
@@ -92,7 +92,7 @@ def test_a_big_run_renders_with_a_bounded_timeline(monkeypatch, tmp_path, n):
     db = tmp_path / "big.db"
     cfg = tiny_config()
     w = RunWriter(db, name="big", strategy="async-sgd", local_steps="fixed", profile="very",
-                  model="tiny", workers=16, seed=0, mode="virtual", config_json=cfg.to_json())
+                  model="tiny", workers=16, seed=0, clock="virtual", config_json=cfg.to_json())
     w.add_workers({"worker": k, "node_id": None, "step_time": 1.0, "jitter": 0.0,
                    "region": "local", "latency": 0.0, "down_bw": 1e9, "up_bw": 1e9,
                    "shard_sequences": 10} for k in range(16))
@@ -187,7 +187,7 @@ def test_a_diverged_run_says_so_and_why(monkeypatch, tmp_path):
     db = tmp_path / "d.db"
     cfg = tiny_config()
     w = RunWriter(db, name="hot", strategy="diloco", local_steps="fixed", profile="moderate",
-                  model="tiny", workers=2, seed=0, mode="virtual", config_json=cfg.to_json())
+                  model="tiny", workers=2, seed=0, clock="virtual", config_json=cfg.to_json())
     w.add_metric(version=0, virtual_time=0.0, wall_time=0.0, tokens=0, jobs=0, loss=5.0,
                  perplexity=148.4, bits_per_byte=7.2)
     why = "validation loss 17.7 at version 12 is 5.3x its best (3.35 at version 6): ..."

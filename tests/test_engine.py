@@ -21,7 +21,7 @@ from tests.conftest import tiny_config
 def run_engine(cfg, db, transport=None, evaluate=True):
     writer = RunWriter(db, name=cfg.name or "t", strategy=cfg.strategy, local_steps=cfg.local_steps,
                        profile=cfg.fleet.preset, model=cfg.model, workers=cfg.workers,
-                       seed=cfg.seed, mode=cfg.clock, config_json=cfg.to_json())
+                       seed=cfg.seed, clock=cfg.clock, config_json=cfg.to_json())
     profiles = fleet.node_profiles(cfg)
     writer.add_workers({"worker": p.worker, "node_id": None, "step_time": p.step_time,
                         "jitter": p.jitter, "region": p.region.name, "latency": p.region.latency,

@@ -58,7 +58,7 @@ def test_a_writer_beats_while_it_writes(tmp_path, monkeypatch):
     monkeypatch.setattr(ownership, "HEARTBEAT_EVERY", 0.05)
     db = tmp_path / "h.db"
     writer = store.RunWriter(db, name="t", strategy="diloco", local_steps="fixed",
-                             profile="p", model="tiny", workers=1, seed=0, mode="virtual",
+                             profile="p", model="tiny", workers=1, seed=0, clock="virtual",
                              config_json="{}")
     first = store.list_runs(db)[0]["heartbeat_at"]
     deadline = time.monotonic() + 10
@@ -72,7 +72,7 @@ def test_a_writer_beats_while_it_writes(tmp_path, monkeypatch):
 def test_a_writer_taken_over_writes_no_more(tmp_path):
     db = tmp_path / "t.db"
     writer = store.RunWriter(db, name="t", strategy="diloco", local_steps="fixed",
-                             profile="p", model="tiny", workers=1, seed=0, mode="virtual",
+                             profile="p", model="tiny", workers=1, seed=0, clock="virtual",
                              config_json="{}")
     writer.add_event(kind="before", virtual_time=0.0)
     writer.commit()

@@ -65,7 +65,7 @@ def test_a_writer_waits_for_the_lock_instead_of_failing(tmp_path, monkeypatch):
     monkeypatch.setenv("FEDLM_DB_TIMEOUT", "20")
     db = tmp_path / "w.db"
     writer = store.RunWriter(db, name="t", strategy="diloco", local_steps="fixed",
-                             profile="p", model="tiny", workers=1, seed=0, mode="virtual",
+                             profile="p", model="tiny", workers=1, seed=0, clock="virtual",
                              config_json="{}")
     holder = sqlite3.connect(db, isolation_level=None, timeout=0, check_same_thread=False)
     holder.execute("BEGIN IMMEDIATE")
@@ -91,7 +91,7 @@ def test_a_failed_run_is_recorded_even_when_its_rows_cannot_be(tmp_path, monkeyp
     monkeypatch.setenv("FEDLM_DB_TIMEOUT", "0.5")
     db = tmp_path / "s.db"
     writer = store.RunWriter(db, name="t", strategy="diloco", local_steps="fixed",
-                             profile="p", model="tiny", workers=1, seed=0, mode="virtual",
+                             profile="p", model="tiny", workers=1, seed=0, clock="virtual",
                              config_json="{}")
     writer.add_event(kind="x", virtual_time=0.0)
     holder = sqlite3.connect(db, isolation_level=None, timeout=0)

@@ -150,7 +150,7 @@ def test_a_seeds_count_below_one_is_refused(no_work, n):
 def _stored_run(db, name, seed, curve, virtual_time):
     """A finished run whose evaluations are ``curve``: (virtual time, perplexity)."""
     w = RunWriter(db, name=name, strategy="diloco", local_steps="fixed", profile="very",
-                  model="tiny", workers=1, seed=seed or 0, mode="virtual",
+                  model="tiny", workers=1, seed=seed or 0, clock="virtual",
                   config_json=tiny_config().to_json())
     w.add_workers([{"worker": 0, "node_id": None, "step_time": 1.0, "jitter": 0.0,
                     "region": "local", "latency": 0.0, "down_bw": 1e9, "up_bw": 1e9,

@@ -33,7 +33,7 @@ KINDS = [IntervalKind.DOWNLOAD, IntervalKind.COMPUTE, IntervalKind.UPLOAD, Inter
 
 def make_db(path: Path, n: int) -> None:
     w = RunWriter(path, name=f"{n} intervals", strategy="async-sgd", local_steps="fixed",
-                  profile="very", model="tiny", workers=16, seed=0, mode="virtual",
+                  profile="very", model="tiny", workers=16, seed=0, clock="virtual",
                   config_json=Config().to_json())
     w.add_workers({"worker": k, "node_id": None, "step_time": 1.0 + k, "jitter": 0.0,
                    "region": "local", "latency": 0.0, "down_bw": 1e9, "up_bw": 1e9,

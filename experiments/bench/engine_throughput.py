@@ -60,7 +60,7 @@ def measure(workers: int, strategy: str, events: int, store: bool) -> dict:
         if store:
             writer = RunWriter(Path(tmp) / "b.db", name="bench", strategy=strategy,
                                local_steps="fixed", profile="very", model="tiny",
-                               workers=workers, seed=0, mode="virtual",
+                               workers=workers, seed=0, clock="virtual",
                                config_json=cfg.to_json())
         engine = Engine(cfg, strategy=registry.build_strategy(strategy, {}),
                         local_steps=registry.build_local_steps("fixed"),

@@ -73,7 +73,7 @@ def _hammer(db: str, seconds: float, queue) -> None:
     from fedlm.store import IntervalKind, RunWriter
 
     w = RunWriter(db, name="hammer", strategy="async-sgd", local_steps="fixed", profile="p",
-                  model="tiny", workers=1, seed=0, mode="virtual", config_json="{}")
+                  model="tiny", workers=1, seed=0, clock="virtual", config_json="{}")
     flushes, slowest, k = 0, 0.0, 0
     end = time.monotonic() + seconds
     while time.monotonic() < end:

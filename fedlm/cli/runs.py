@@ -38,7 +38,7 @@ def print_summary(db: str, run_id: int) -> int:
     final = f"{s.final_perplexity:.2f}" if s.final_perplexity else "-"
     print(f"\nrun {s.run_id} ({s.name}): {s.strategy}, {s.profile}, {s.model} model")
     print(f"  validation perplexity {first} -> {final} (best {s.best_perplexity:.2f})")
-    clock = "virtual time" if s.mode == "virtual" else "wall-clock time"
+    clock = "virtual time" if s.clock == "virtual" else "wall-clock time"
     print(f"  {s.updates} updates from {s.jobs} jobs, {s.local_steps:,} local steps, "
           f"{s.tokens:,} tokens; {clock} {s.virtual_time:.1f} s, real time {s.wall_time:.1f} s")
     print(f"  {'worker':>6} {'s/step':>7} {'region':>6} {'jobs':>5} {'compute':>9} "

@@ -42,7 +42,7 @@ def change_marker(db: str | Path) -> tuple:
 def runs(db: str | Path) -> pd.DataFrame:
     """Every run, oldest first, with its stored status and its writer's columns."""
     return _frame(db, "SELECT id, name, status, strategy, local_steps, profile, model, workers,"
-                      " seed, mode, strategy_summary, num_parameters, created_at, finished_at,"
+                      " seed, clock, strategy_summary, num_parameters, created_at, finished_at,"
                       " virtual_time, updates, final_hash, error, owner_host, owner_pid,"
                       " owner_started, heartbeat_at FROM runs ORDER BY id")
 

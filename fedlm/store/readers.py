@@ -47,7 +47,7 @@ class RunSummary:
     strategy: str
     profile: str
     model: str
-    mode: str  # virtual | wall
+    clock: str  # virtual | wall (Config.clock)
     workers: list[WorkerSummary]
     updates: int
     jobs: int
@@ -123,7 +123,7 @@ def summarize(path: str | Path, run_id: int) -> RunSummary:
     ppl = [m["perplexity"] for m in metrics]
     return RunSummary(
         run_id, run["name"], shown_status(run), run["strategy"], run["profile"], run["model"],
-        run["mode"], workers, run["updates"] or (metrics[-1]["version"] if metrics else 0), jobs, tokens,
+        run["clock"], workers, run["updates"] or (metrics[-1]["version"] if metrics else 0), jobs, tokens,
         steps, end, ((run["finished_at"] or time.time()) - run["created_at"]),
         ppl[0] if ppl else None, ppl[-1] if ppl else None, min(ppl) if ppl else None,
         run["final_hash"])

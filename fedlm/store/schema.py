@@ -26,7 +26,7 @@ import sqlite3
 import uuid
 from enum import Enum
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # Older schemas this version upgrades in place, a version at a time:
 # version -> the statements that make it the next one.
 MIGRATIONS = {
@@ -43,6 +43,8 @@ MIGRATIONS = {
         "ALTER TABLE jobs ADD COLUMN shard INTEGER",
         "ALTER TABLE jobs ADD COLUMN cursor INTEGER",
         "ALTER TABLE jobs ADD COLUMN schedule_step INTEGER"],
+    # the config's name for the order results are applied in (was ``mode``)
+    5: ["ALTER TABLE runs RENAME COLUMN mode TO clock"],
 }
 
 SCHEMA = """
@@ -52,7 +54,7 @@ CREATE TABLE IF NOT EXISTS runs (
     name TEXT NOT NULL, status TEXT NOT NULL,
     strategy TEXT NOT NULL, local_steps TEXT NOT NULL, profile TEXT NOT NULL,
     model TEXT NOT NULL, workers INTEGER NOT NULL, seed INTEGER NOT NULL,
-    mode TEXT NOT NULL,                 -- virtual (simulation) | wall (arrival order)
+    clock TEXT NOT NULL,                -- virtual (simulation) | wall (arrival order)
     config_json TEXT NOT NULL, strategy_summary TEXT NOT NULL DEFAULT '',
     num_parameters INTEGER, initial_hash TEXT,
     created_at REAL NOT NULL, finished_at REAL,

@@ -42,7 +42,7 @@ class RunWriter:
     FLUSH_EVERY = 0.25
 
     def __init__(self, path: str | Path, *, name: str, strategy: str, local_steps: str,
-                 profile: str, model: str, workers: int, seed: int, mode: str,
+                 profile: str, model: str, workers: int, seed: int, clock: str,
                  config_json: str, strategy_summary: str = "") -> None:
         self._open(path)
         me = self.owner
@@ -51,10 +51,10 @@ class RunWriter:
         def insert(conn: sqlite3.Connection) -> int:
             cur = conn.execute(
                 "INSERT INTO runs (name, status, strategy, local_steps, profile, model, workers,"
-                " seed, mode, config_json, strategy_summary, created_at, owner_host, owner_pid,"
+                " seed, clock, config_json, strategy_summary, created_at, owner_host, owner_pid,"
                 " owner_started, heartbeat_at)"
                 " VALUES (?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (name, strategy, local_steps, profile, model, workers, seed, mode, config_json,
+                (name, strategy, local_steps, profile, model, workers, seed, clock, config_json,
                  strategy_summary, now, me.host, me.pid, me.started, now))
             return int(cur.lastrowid)
 
