@@ -162,11 +162,11 @@ class SimConfig:
     """How many jobs run at once on one machine: Flower simulation engine (Ray)
     resources, and the in-process backend's job threads."""
 
-    actors: int = 0  # Ray actors running ClientApps; 0 = min(workers, CPU cores)
+    ray_actors: int = 0  # Ray actors running ClientApps; 0 = min(workers, CPU cores)
     # In-process backend: jobs run at once, each in a thread with its own model copy
     # (and CUDA stream on a GPU: docs/gpu.md); 1 = one after another. Results and
     # the virtual clock do not depend on it.
-    concurrent_jobs: int = 1
+    job_threads: int = 1
     cpus: int = 0  # CPUs given to Ray; 0 = all cores
     ttl: float = 3600.0  # Flower message time-to-live, seconds (counts queueing too)
     reply_timeout: float = 900.0  # give up on a job whose reply has not come in this long
@@ -216,7 +216,7 @@ class Config:
     updates: int = 10  # outer updates of the global model to apply, then stop
     local_step_budget: int = 0  # also stop once workers have run this many inner steps (0: off)
     time_budget: float = 0.0  # also stop at this virtual time, seconds (0: off)
-    concurrency: int = 0  # most jobs in flight at once (sampled among free workers); 0 = all
+    max_in_flight: int = 0  # most jobs in flight at once (sampled among free workers); 0 = all
     # Async: which finished jobs are applied together before their workers get new work
     # (fedlm/engine/grace.py): auto (the adaptive window for strategies that ask for it:
     # delayed-nesterov; none for the others) | adaptive (for any async strategy) | off |

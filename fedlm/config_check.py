@@ -125,7 +125,7 @@ def validate(cfg: Config) -> None:
     _require(cfg.local_step_budget >= 0, "local_step_budget", cfg.local_step_budget,
              "must be >= 0")
     _require(cfg.time_budget >= 0, "time_budget", cfg.time_budget, "must be >= 0")
-    _require(cfg.concurrency >= 0, "concurrency", cfg.concurrency, "must be >= 0")
+    _require(cfg.max_in_flight >= 0, "max_in_flight", cfg.max_in_flight, "must be >= 0")
     _require(cfg.grace in GRACE_RULES or _seconds(cfg.grace) is not None, "grace", cfg.grace,
              f"must be {', '.join(GRACE_RULES)} or a number of seconds >= 0")
     _require(0 < cfg.grace_span <= 10, "grace_span", cfg.grace_span, "must be in (0, 10]")
@@ -251,8 +251,8 @@ def validate(cfg: Config) -> None:
              "must be >= 2 (a corrupt newest one falls back to the one before)")
 
     s = cfg.sim
-    _require(s.actors >= 0, "sim.actors", s.actors, "must be >= 0")
-    _require(s.concurrent_jobs >= 1, "sim.concurrent_jobs", s.concurrent_jobs, "must be >= 1")
+    _require(s.ray_actors >= 0, "sim.ray_actors", s.ray_actors, "must be >= 0")
+    _require(s.job_threads >= 1, "sim.job_threads", s.job_threads, "must be >= 1")
     _require(s.cpus >= 0, "sim.cpus", s.cpus, "must be >= 0")
     _require(s.ttl > 0, "sim.ttl", s.ttl, "must be > 0")
     _require(s.reply_timeout > 0, "sim.reply_timeout", s.reply_timeout, "must be > 0")

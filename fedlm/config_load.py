@@ -32,6 +32,10 @@ from fedlm.errors import ConfigError, first_line, shown, shown_key
 
 # TOML spelling -> attribute name (``SPELLING`` the other way).
 _ATTRIBUTE = {v: k for k, v in SPELLING.items()}
+# Keys renamed to say what they mean: the old name still reads (configs and sweep
+# specs written before, and the config every stored run keeps), as the new one.
+RENAMED = {"concurrency": "max_in_flight", "sim.actors": "sim.ray_actors",
+           "sim.concurrent_jobs": "sim.job_threads"}
 # Text keys that may hold a bare number (``--set init.from=7`` parses 7 as an int).
 _NUMBER_AS_TEXT = {"from_", "grace"}
 
@@ -44,6 +48,11 @@ def _build(cls: type, raw: dict[str, Any], prefix: str) -> Any:
         raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a table, got {shown(raw)}")
     for key, value in raw.items():
         path = f"{prefix}{key}"
+        if path in RENAMED:
+            new = RENAMED[path].rsplit(".", 1)[-1]
+            if new in raw:
+                raise ConfigError(f"{path}: the old name of {RENAMED[path]}; give only one")
+            key, path = new, RENAMED[path]
         if key not in known:
             raise ConfigError(f"{shown_key(path)}: unknown key (known: {', '.join(sorted(known))})")
         key = _ATTRIBUTE.get(key, key)
@@ -96,6 +105,7 @@ def apply_override(raw: dict[str, Any], assignment: str) -> None:
         raise ConfigError(f"--set {shown_key(assignment)}: expected key=value")
     key, text = assignment.split("=", 1)
     key = ALIASES.get(key.strip(), key.strip())
+    key = RENAMED.get(key, key)
     if not key:
         raise ConfigError(f"--set {shown_key(assignment)}: empty key")
     parts = key.split(".")

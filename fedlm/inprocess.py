@@ -6,7 +6,7 @@ device memory between its jobs), or on disk as a Flower node keeps them
 (``fedlm.worker.states``). ``arrival_seed`` shuffles the order replies come back
 in, to show that the engine's result does not depend on it.
 
-``sim.concurrent_jobs = k`` runs up to k jobs at once, each in a thread of a
+``sim.job_threads = k`` runs up to k jobs at once, each in a thread of a
 pool with its own scratch model and, on CUDA, its own stream, so the jobs of
 several simulated workers share one GPU (or, on a CPU, several cores). A job
 computes the same bits in any thread: what it reads is fixed by its message,
@@ -38,7 +38,7 @@ class InProcessTransport:
         self.ready: list[JobResult] = []
         self.rng = np.random.default_rng(arrival_seed) if arrival_seed is not None else None
         self.device = model_lib.resolve_device(cfg.device)
-        k = cfg.sim.concurrent_jobs
+        k = cfg.sim.job_threads
         self.pool = (ThreadPoolExecutor(max_workers=k, thread_name_prefix="fedlm-job")
                      if k > 1 else None)
         self.running: dict[Future, int] = {}  # job thread -> its job id

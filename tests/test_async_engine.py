@@ -71,7 +71,7 @@ def test_dylu_gives_slow_workers_fewer_steps_and_evens_job_times(tmp_path):
 
 @pytest.mark.parametrize("strategy", ["async-sgd", "fedavg"])
 def test_concurrency_cap_bounds_jobs_in_flight_and_samples_workers(tmp_path, strategy):
-    cfg = tiny_config("workers=6", "concurrency=2", f"strategy={strategy}", "updates=8",
+    cfg = tiny_config("workers=6", "max_in_flight=2", f"strategy={strategy}", "updates=8",
                       "fleet.jitter=0.0")
     engine, _, run_id = run_engine(cfg, tmp_path / "r.db", evaluate=False)
     conn = sqlite3.connect(tmp_path / "r.db")

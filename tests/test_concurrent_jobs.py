@@ -1,4 +1,4 @@
-"""sim.concurrent_jobs: the in-process backend runs several jobs at once, and the
+"""sim.job_threads: the in-process backend runs several jobs at once, and the
 run does not depend on how they were packed."""
 
 import threading
@@ -28,7 +28,7 @@ def _run(tmp_path, name: str, *overrides: str):
 ], ids=["sync", "async-dylu", "async-faults"])
 def test_packing_jobs_changes_nothing(tmp_path, arm):
     one = _run(tmp_path, "one", *arm)
-    three = _run(tmp_path, "three", *arm, "sim.concurrent_jobs=3")
+    three = _run(tmp_path, "three", *arm, "sim.job_threads=3")
     assert one == three  # weights, virtual clock, operation log, jobs
 
 
@@ -50,6 +50,6 @@ def test_jobs_really_run_at_once(tmp_path, monkeypatch):
     assert len(threads) == 2 and not barrier.broken
 
 
-def test_concurrent_jobs_must_be_positive():
-    with pytest.raises(ConfigError, match=r"sim\.concurrent_jobs"):
-        tiny_config("sim.concurrent_jobs=0")
+def test_job_threads_must_be_positive():
+    with pytest.raises(ConfigError, match=r"sim\.job_threads"):
+        tiny_config("sim.job_threads=0")

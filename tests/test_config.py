@@ -60,3 +60,26 @@ def test_cli_refuses_bad_config_without_traceback():
     assert out.returncode == 2
     assert out.stderr.strip() == ("fedlm: error: fleet.step_times[0]: must be > 0, got -1.0")
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("old, new, value", [("concurrency", "max_in_flight", 2),
+                                             ("sim.actors", "sim.ray_actors", 3),
+                                             ("sim.concurrent_jobs", "sim.job_threads", 2)])
+def test_renamed_keys_still_read_as_the_new_ones(old, new, value):
+    def nested(key, v):
+        section, _, name = key.rpartition(".")
+        return {section: {name: v}} if section else {name: v}
+
+    def get(cfg, key):
+        section, _, name = key.rpartition(".")
+        return getattr(getattr(cfg, section) if section else cfg, name)
+
+    by_set = config_load.load(None, [f"{old}={value}"])
+    by_dict = config_load.from_dict(nested(old, value))  # a TOML file, a stored run's JSON
+    assert get(by_set, new) == get(by_dict, new) == value
+    assert f'"{old.rpartition(".")[2]}"' not in by_set.to_json()  # written under the new name
+    both = nested(old, value)
+    section, _, name = new.rpartition(".")
+    (both[section] if section else both)[name] = value
+    with pytest.raises(ConfigError, match="give only one"):
+        config_load.from_dict(both)

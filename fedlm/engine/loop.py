@@ -191,7 +191,7 @@ class Engine:
             self.log.grace_closed(self.now, waited=self.now - window.opened, late=late)
 
     def _dispatch_free_workers(self) -> None:
-        now, cap = self.now, self.cfg.concurrency
+        now, cap = self.now, self.cfg.max_in_flight
         for w in self.pool.candidates(self.version, len(self.in_flight)):
             if cap and len(self.in_flight) >= cap:
                 self.pool.blocked = True

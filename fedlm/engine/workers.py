@@ -47,7 +47,7 @@ class WorkerPool:
         self.newly_free = []
         self.scanned_version = version
         self.blocked = False
-        cap = self.cfg.concurrency
+        cap = self.cfg.max_in_flight
         if cap and len(pool) > cap - in_flight:
             # More candidates than slots: sample uniformly among the available
             # ones (seeded), as FedScale does, instead of favouring low indices.

@@ -47,7 +47,7 @@ def backend_config(cfg: Config) -> dict:
     from fedlm.model import resolve_device  # torch: only once a run is starting
 
     cpus = cfg.sim.cpus or (os.cpu_count() or 1)
-    actors = cfg.sim.actors or min(fleet.node_count(cfg), cpus)
+    actors = cfg.sim.ray_actors or min(fleet.node_count(cfg), cpus)
     gpus = 1.0 / actors if resolve_device(cfg.device) == "cuda" else 0.0
     return {"client_resources": {"num_cpus": cpus / actors, "num_gpus": gpus},
             "init_args": {"num_cpus": cpus, "num_gpus": 1 if gpus else 0,

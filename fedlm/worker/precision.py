@@ -17,7 +17,7 @@ Also the one place that copies tensors between host and device: ``to_host``
 and ``to_device`` (pinned, asynchronous copies on CUDA, one synchronisation of
 the job's own stream for the lot), and ``job_stream``: each thread that runs
 jobs on a CUDA device does so on a stream of its own, so jobs of several
-simulated workers overlap on one GPU (``sim.concurrent_jobs``).
+simulated workers overlap on one GPU (``sim.job_threads``).
 """
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ _THREAD = threading.local()
 def _scratch_model(preset: str, block_size: int, device: str) -> model_lib.GPT:
     """This thread's scratch model: weights are overwritten by every job, only the
     structure is reused. One per thread, since jobs of several threads may train
-    at once (``sim.concurrent_jobs``)."""
+    at once (``sim.job_threads``)."""
     models = _THREAD.__dict__.setdefault("models", {})
     key = (preset, block_size, device)
     if key not in models:
