@@ -1,6 +1,7 @@
 """Bytes on the wire per job, for each model preset.
 
     python experiments/bench/wire_size.py
+    python experiments/bench/wire_size.py --smoke   # the tiny preset only, nothing written
 
 Builds the real message contents fedlm sends — the TRAIN message's (global
 model + job config) and the reply's (outer gradient + metrics) — and counts
@@ -12,6 +13,7 @@ table; writes experiments/results/wire_size.json.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -34,9 +36,13 @@ def wire_bytes(content: RecordDict) -> int:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--smoke", action="store_true",
+                    help="the tiny preset only; print, write nothing (the test suite's check)")
+    args = ap.parse_args()
     cfg_json = config_load.load().to_json()
     rows = []
-    for preset in model_lib.PRESETS:
+    for preset in (["tiny"] if args.smoke else model_lib.PRESETS):
         # Dense random values, as trained weights and outer gradients are: Flower
         # content-addresses chunks, so a fresh model's constant tensors (LayerNorm
         # weights of 1) would be sent once and flatter the numbers.
@@ -63,8 +69,12 @@ def main() -> None:
     for r in rows:
         print(f"{r['preset']:>6} {r['parameters']:>12,} {r['tensor_bytes']:>12,} "
               f"{r['down_bytes']:>12,} {r['up_bytes']:>12,} {r['overhead_pct']:>10.3f}")
+    text = json.dumps({"rows": rows}, indent=2)
+    if args.smoke:
+        print(f"smoke: nothing written ({len(text)} bytes of JSON)")
+        return
     out = ROOT / "experiments" / "results" / "wire_size.json"
-    out.write_text(json.dumps({"rows": rows}, indent=2))
+    out.write_text(text)
     print(f"wrote {out}")
 
 
