@@ -1,6 +1,7 @@
 """Which grace rule keeps delayed Nesterov's cohorts together: timing only, no training.
 
     python experiments/bench/grace_grouping.py [--seeds 8]
+    python experiments/bench/grace_grouping.py --smoke   # 2 fleets, 1 seed, nothing written
 
 The real engine runs delayed Nesterov with DyLU (H = 20, 300 inner steps per worker)
 on a transport that answers every job at once with a zero update, so only the
@@ -19,18 +20,21 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from collections import Counter, OrderedDict
 from pathlib import Path
 
 import torch
 
-from fedlm import config_load
-from fedlm.sim import fleet
-from fedlm.engine import Engine
-from fedlm.plan.check import InstantTransport
-from fedlm.strategies import registry
-
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # this tree's fedlm, not whichever is installed
+
+from fedlm import config_load  # noqa: E402
+from fedlm.sim import fleet  # noqa: E402
+from fedlm.engine import Engine  # noqa: E402
+from fedlm.plan.check import InstantTransport  # noqa: E402
+from fedlm.strategies import registry  # noqa: E402
+
 FLEETS = [(4, "moderate", []), (4, "very", []), (8, "moderate", []), (8, "very", []),
           (16, "very", []), (4, "very", ["fleet.jitter=0.15"]), (8, "very", ["fleet.jitter=0.15"]),
           (8, "moderate", ["faults.hang=0.03"])]
@@ -87,11 +91,16 @@ def one_run(workers: int, profile: str, extra: list[str], rule: list[str], seed:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=8)
+    ap.add_argument("--smoke", action="store_true", help="the first fleet and the one with "
+                    "faults, every rule, one seed; write nothing (the test suite's check)")
     args = ap.parse_args()
+    fleets = FLEETS
+    if args.smoke:
+        fleets, args.seeds = [FLEETS[0], FLEETS[-1]], 1
     rows = []
     print(f"{'fleet':34s} {'rule':24s} {'full':>5s} {'min':>5s} {'stale':>6s} "
           f"{'idle':>6s} {'time':>6s}")
-    for workers, profile, extra in FLEETS:
+    for workers, profile, extra in fleets:
         for name, rule in RULES.items():
             runs = [one_run(workers, profile, extra, rule, s) for s in range(args.seeds)]
             row = {"workers": workers, "profile": profile, "extra": extra, "rule": name,
@@ -105,8 +114,12 @@ def main() -> None:
             print(f"{where:34s} {name:24s} {row['full']:5.2f} {row['min_full']:5.2f} "
                   f"{row['staleness']:6.2f} {100 * row['idle']:5.1f}% {row['time']:6.0f}",
                   flush=True)
+    text = json.dumps({"seeds": args.seeds, "rows": rows}, indent=1) + "\n"
+    if args.smoke:
+        print(f"smoke: {len(rows)} rows, nothing written ({len(text)} bytes of JSON)")
+        return
     out = ROOT / "experiments" / "results" / "grace_grouping.json"
-    out.write_text(json.dumps({"seeds": args.seeds, "rows": rows}, indent=1) + "\n")
+    out.write_text(text)
     print(f"wrote {out.relative_to(ROOT)}")
 
 
