@@ -16,6 +16,10 @@ hold; writes experiments/results/store_concurrency.json.
 and flushes, as fast as it can for ``--seconds``; it reports transactions and
 rows per second and the slowest flush (the wait for the lock included), to
 experiments/results/store_capacity.json.
+
+``--smoke`` (the test suite's check) does both at a tiny size: 2 runs of 2
+updates, then 2 store-only writers for 1 s, with the reports in a temporary
+directory (nothing under experiments/results/).
 """
 
 from __future__ import annotations
@@ -29,12 +33,14 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from queue import Empty
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SETS = ["model=tiny", "updates=12", "inner.steps=20", "inner.batch_size=4",
                 "eval.every=1", "eval.batches=2", "eval.batch_size=8", "data.seq_len=64",
                 "workers=3"]
 TABLES = ("jobs", "updates", "intervals", "metrics", "events")
+SMOKE_SETS = ["updates=2", "inner.steps=2", "workers=2", "eval.batches=1"]
 
 
 class LockProbe(threading.Thread):
@@ -68,8 +74,7 @@ class LockProbe(threading.Thread):
 
 def _hammer(db: str, seconds: float, queue) -> None:
     """One writer process of --store-only: job-shaped flushes for ``seconds``."""
-    from types import SimpleNamespace
-
+    from fedlm.job import JobSpec
     from fedlm.store import IntervalKind, RunWriter
 
     w = RunWriter(db, name="hammer", strategy="async-sgd", local_steps="fixed", profile="p",
@@ -77,8 +82,8 @@ def _hammer(db: str, seconds: float, queue) -> None:
     flushes, slowest, k = 0, 0.0, 0
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        job = SimpleNamespace(job_id=k, worker=0, base_version=k, local_steps=1, data_seed=k,
-                              prev_job=k - 1, fault="")
+        job = JobSpec(job_id=k, worker=0, base_version=k, local_steps=1, data_seed=k,
+                      prev_job=k - 1)
         w.add_job(job, op=2 * k, t_dispatch=float(k))
         w.add_update({"seq": k, "op": 2 * k + 1, "job_id": k, "worker": 0, "base_version": k,
                       "received_version": k, "staleness": 0, "local_steps": 1, "data_seed": k,
@@ -112,7 +117,18 @@ def store_only(args) -> int:
                  for _ in range(args.runs)]
         for p in procs:
             p.start()
-        results = [queue.get(timeout=args.seconds + 120) for _ in procs]
+        results = []
+        deadline = time.monotonic() + args.seconds + 120
+        while len(results) < len(procs):
+            try:
+                results.append(queue.get(timeout=1.0))
+            except Empty:  # a writer that died reports nothing: say so, do not wait on
+                dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                if dead or time.monotonic() > deadline:
+                    for p in procs:
+                        p.kill()
+                    raise RuntimeError(f"store-only writers: {len(results)} of {len(procs)} "
+                                       f"reported; exit codes {[p.exitcode for p in procs]}")
         for p in procs:
             p.join(timeout=30)
     flushes = sum(r["flushes"] for r in results)
@@ -123,6 +139,7 @@ def store_only(args) -> int:
               "flushes_per_writer": sorted(r["flushes"] for r in results)}
     print(json.dumps(report, indent=2))
     out = Path(args.out).with_name("store_capacity.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     return 0
 
@@ -135,9 +152,22 @@ def main() -> int:
     ap.add_argument("--set", dest="sets", action="append", default=[])
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds for all runs")
     ap.add_argument("--out", default=str(ROOT / "experiments/results/store_concurrency.json"))
+    ap.add_argument("--smoke", action="store_true", help="both modes at a tiny size, the "
+                    "reports in a temporary directory (the test suite's check)")
     args = ap.parse_args()
+    if args.smoke:
+        args.runs, args.seconds, args.timeout = 2, 1.0, min(args.timeout, 300.0)
+        args.sets = [*SMOKE_SETS, *args.sets]
+        with tempfile.TemporaryDirectory() as tmp:
+            args.out = str(Path(tmp) / "store_concurrency.json")
+            rc = concurrent_runs(args)
+            return rc or store_only(args)
     if args.store_only:
         return store_only(args)
+    return concurrent_runs(args)
+
+
+def concurrent_runs(args) -> int:
     sets = [*DEFAULT_SETS, *args.sets]
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "many.db"
