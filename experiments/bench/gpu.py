@@ -2,6 +2,8 @@
 
     python experiments/bench/gpu.py                  # CUDA: 20m and 150m; else small on CPU
     python experiments/bench/gpu.py --models 20m --steps 100 --batch 32 --seq-len 256
+    python experiments/bench/gpu.py --smoke    # seconds, on the CPU even beside a GPU:
+                                               # tiny model, 2 steps, JSON to a temp dir
 
 Plain loop (one process, fedlm's model and corpus, AdamW, grad clipping), variants:
 
@@ -220,8 +222,22 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true", help="also torch.compile on the CPU")
     ap.add_argument("--timeout", type=int, default=1200, help="seconds per fedlm run")
     ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "gpu.json"))
+    ap.add_argument("--smoke", action="store_true", help="the test suite's check: every "
+                    "step on the CPU (even where CUDA is), tiny model, 2 steps, the JSON in a "
+                    "temporary directory")
     args = ap.parse_args()
-    cuda = torch.cuda.is_available()
+    if args.smoke:
+        with tempfile.TemporaryDirectory() as tmp:
+            args.models = args.models or "tiny"
+            args.steps, args.warmup, args.batch = args.steps or 2, args.warmup or 1, args.batch or 2
+            args.seq_len, args.inner_steps = args.seq_len or 32, args.inner_steps or 1
+            args.timeout, args.out = min(args.timeout, 300), str(Path(tmp) / "gpu.json")
+            run(args, cuda=False)
+        return
+    run(args, cuda=torch.cuda.is_available())
+
+
+def run(args, cuda: bool) -> None:
     device = "cuda" if cuda else "cpu"
     models = [m for m in args.models.split(",") if m] or (["20m", "150m"] if cuda else ["small"])
     args.steps = args.steps or (100 if cuda else 8)
@@ -234,6 +250,9 @@ def main() -> None:
     note = ("" if cuda else f"NO GPU: torch sees no CUDA device here, so this ran "
             f"{', '.join(models)} on the CPU with few steps; these are CPU figures, "
             f"not GPU figures.")
+    if args.smoke:
+        note = (f"SMOKE: {', '.join(models)} on the CPU with {args.steps} steps, the code "
+                f"path only; not measurements.")
     print(f"device: {name}" + (f"\n{note}" if note else ""), flush=True)
     t0 = time.perf_counter()
     rows = []
@@ -255,7 +274,7 @@ def main() -> None:
               "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
               "flower_backend": "not measured (needs Ray)", "rows": rows}
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    print(f"wrote {args.out}" + (" (smoke: a temporary file, removed)" if args.smoke else ""))
 
 
 if __name__ == "__main__":
