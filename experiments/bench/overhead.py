@@ -1,6 +1,8 @@
 """fedlm's overhead over a plain PyTorch training loop, measured side by side.
 
     python experiments/bench/overhead.py [--steps 600] [--model small]
+    python experiments/bench/overhead.py --smoke   # seconds: tiny, 2 workers, in-process,
+                                                   # nothing written
 
 Trains the same model, batch and total number of local steps three ways, in
 one invocation, on this machine:
@@ -14,6 +16,12 @@ and reports tokens per second of each and the ratio fedlm / plain, both end to
 end (the whole command: Ray start, corpus load, evaluation) and over the
 training span (first to last evaluation, from the run store). Writes
 experiments/results/overhead.json.
+
+``--smoke`` (the test suite's check) runs the same three at a tiny size (tiny
+model, 2 workers, H = 2, batch 2 x 32) and writes nothing. Its fedlm runs use
+``--backend inprocess`` (``--backend flower`` keeps Flower's simulation engine):
+Ray's start alone would cost more than the whole smoke, and the same ``fedlm
+run`` command on Flower has its own test (tests/test_flower_e2e.py).
 """
 
 from __future__ import annotations
@@ -60,12 +68,16 @@ def plain(model: str, steps: int, batch: int, seq_len: int) -> dict:
             "tokens_per_s_train": tokens / seconds, "tokens_per_s_total": tokens / seconds}
 
 
-def fedlm(label: str, sets: list[str], db: Path) -> dict:
-    cmd = [sys.executable, "-m", "fedlm", "run", "--quiet", "--db", str(db)]
+def fedlm(label: str, sets: list[str], db: Path, backend: str = "flower",
+          timeout: float | None = None) -> dict:
+    cmd = [sys.executable, "-m", "fedlm", "run", "--quiet", "--backend", backend, "--db", str(db)]
     for kv in sets:
         cmd += ["--set", kv]
     t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{label}: fedlm run exited with {proc.returncode}:\n"
+                           f"{proc.stderr[-2000:]}")
     total = time.perf_counter() - t0
     conn = sqlite3.connect(db)
     run_id = conn.execute("SELECT MAX(id) FROM runs").fetchone()[0]
@@ -84,8 +96,17 @@ def main() -> None:
     ap.add_argument("--model", default="small")
     ap.add_argument("--label", default="", help="tag stored with the results (e.g. before)")
     ap.add_argument("--extra", nargs="*", default=[], help="extra --set for the fedlm runs")
+    ap.add_argument("--backend", choices=("flower", "inprocess"), default=None,
+                    help="of the fedlm runs (default: flower; inprocess with --smoke)")
+    ap.add_argument("--smoke", action="store_true", help="the test suite's check: tiny, "
+                    "2 workers, in-process, nothing written")
     args = ap.parse_args()
     batch, seq_len, workers, h = 8, 128, 4, 30
+    timeout = None
+    if args.smoke:
+        batch, seq_len, workers, h, timeout = 2, 32, 2, 2, 300
+        args.steps, args.model = 2 * workers * h, "tiny"
+    args.backend = args.backend or ("inprocess" if args.smoke else "flower")
     rounds = max(1, args.steps // (workers * h))
     steps = rounds * workers * h
     common = [f"model={args.model}", f"workers={workers}", f"inner.steps={h}",
@@ -95,22 +116,28 @@ def main() -> None:
     print(rows[-1], flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         rows.append(fedlm("fedlm sync (diloco)", [*common, "strategy=diloco",
-                                                  f"updates={rounds}"], Path(tmp) / "s.db"))
+                                                  f"updates={rounds}"], Path(tmp) / "s.db",
+                          args.backend, timeout))
         print(rows[-1], flush=True)
         rows.append(fedlm("fedlm async (delayed-nesterov)",
                           [*common, "strategy=delayed-nesterov", f"updates={steps // h}",
-                           f"eval.every={steps // h}"], Path(tmp) / "a.db"))
+                           f"eval.every={steps // h}"], Path(tmp) / "a.db", args.backend,
+                          timeout))
         print(rows[-1], flush=True)
     base = rows[0]["tokens_per_s_train"]
     for r in rows:
         r["ratio_train"] = r["tokens_per_s_train"] / base
         r["ratio_total"] = r["tokens_per_s_total"] / base
     print(f"\n{args.steps} local steps, {args.model} model, batch {batch}x{seq_len}, "
-          f"{os.cpu_count()} cores")
+          f"{os.cpu_count()} cores, fedlm on the {args.backend} backend")
     print(f"{'mode':>32} {'tok/s (train)':>14} {'ratio':>6} {'tok/s (total)':>14} {'ratio':>6}")
     for r in rows:
         print(f"{r['mode']:>32} {r['tokens_per_s_train']:>14,.0f} {r['ratio_train']:>6.2f} "
               f"{r['tokens_per_s_total']:>14,.0f} {r['ratio_total']:>6.2f}")
+    if args.smoke:
+        text = json.dumps({"machine": f"{os.cpu_count()} cores", "rows": rows}, indent=2)
+        print(f"smoke: nothing written ({len(text)} bytes of JSON)")
+        return
     out = ROOT / "experiments" / "results" / "overhead.json"
     previous = json.loads(out.read_text()) if out.exists() else {}
     previous[args.label or "latest"] = {"machine": f"{os.cpu_count()} cores", "rows": rows}
