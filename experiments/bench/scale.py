@@ -1,6 +1,8 @@
 """Real training with many workers: peak memory and wall time per update.
 
     python experiments/bench/scale.py [--workers 4 16 64 256 1000] [--concurrency 4]
+    python experiments/bench/scale.py --smoke   # seconds: 3 workers, 2 in flight, 4 updates,
+                                                # in-process, nothing written
 
 Each point is a real `fedlm run` on Flower's simulation engine (tiny model,
 async SGD, IID shards) with `concurrency` jobs in flight at once, sampled
@@ -9,6 +11,11 @@ among the free workers, and each worker's AdamW state in a file
 A sampler reads the resident memory (RSS) of the whole process tree — the
 CLI, the ServerApp, Ray and its actors — every 0.2 s. Prints a table;
 writes experiments/results/scale.json.
+
+``--smoke`` (the test suite's check) measures one tiny point and writes
+nothing. It runs ``--backend inprocess`` (``--backend flower`` keeps Flower's
+simulation engine): Ray's start alone would cost more than the whole smoke, and
+``fedlm run`` on Flower has its own test (tests/test_flower_e2e.py).
 """
 
 from __future__ import annotations
@@ -50,15 +57,17 @@ def tree_rss(root: int) -> int:
     return total
 
 
-def run_point(workers: int, concurrency: int, updates: int, db: Path) -> dict:
-    cmd = [sys.executable, "-m", "fedlm", "run", "--quiet", "--db", str(db)]
+def run_point(workers: int, concurrency: int, updates: int, db: Path,
+              backend: str = "flower", timeout: float | None = None) -> dict:
+    cmd = [sys.executable, "-m", "fedlm", "run", "--quiet", "--backend", backend, "--db", str(db)]
     for kv in [f"workers={workers}", f"concurrency={concurrency}", f"sim.actors={concurrency}",
                "strategy=async-sgd", "model=tiny", "inner.steps=4", "inner.batch_size=4",
                "data.seq_len=64", "data.partition=iid", f"updates={updates}",
                "eval.every=1000000", "eval.batches=1", "inner.state_store=disk",
                "profile=moderate"]:
         cmd += ["--set", kv]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT)  # this tree's fedlm
     peak = 0
     stop = threading.Event()
 
@@ -71,10 +80,15 @@ def run_point(workers: int, concurrency: int, updates: int, db: Path) -> dict:
     sampler = threading.Thread(target=sample, daemon=True)
     t0 = time.perf_counter()
     sampler.start()
-    out, err = proc.communicate()
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        stop.set()
+        sampler.join()
     total = time.perf_counter() - t0
-    stop.set()
-    sampler.join()
     if proc.returncode != 0:
         raise RuntimeError(out[-1500:] + err[-1500:])
     conn = sqlite3.connect(db)
@@ -90,18 +104,30 @@ def main() -> None:
     ap.add_argument("--workers", type=int, nargs="*", default=[4, 16, 64, 256, 1000])
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--updates", type=int, default=200)
+    ap.add_argument("--backend", choices=("flower", "inprocess"), default=None,
+                    help="of the runs (default: flower; inprocess with --smoke)")
+    ap.add_argument("--smoke", action="store_true", help="the test suite's check: one tiny "
+                    "point, in-process, nothing written")
     args = ap.parse_args()
+    timeout = None
+    if args.smoke:
+        args.workers, args.concurrency, args.updates, timeout = [3], 2, 4, 300
+    args.backend = args.backend or ("inprocess" if args.smoke else "flower")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.workers:
             rows.append(run_point(n, min(args.concurrency, n), args.updates,
-                                  Path(tmp) / f"w{n}.db"))
+                                  Path(tmp) / f"w{n}.db", args.backend, timeout))
             print(rows[-1], flush=True)
     print(f"\n{'workers':>8} {'in flight':>9} {'updates':>8} {'peak RSS MB':>12} "
           f"{'s/update':>9} {'total s':>8}")
     for r in rows:
         print(f"{r['workers']:>8,} {r['concurrency']:>9} {r['updates']:>8} "
               f"{r['peak_rss_mb']:>12,} {r['s_per_update']:>9.3f} {r['total_s']:>8.1f}")
+    if args.smoke:
+        text = json.dumps({"machine": f"{os.cpu_count()} cores", "rows": rows}, indent=2)
+        print(f"smoke ({args.backend} backend): nothing written ({len(text)} bytes of JSON)")
+        return
     out = ROOT / "experiments" / "results" / "scale.json"
     out.write_text(json.dumps({"machine": f"{os.cpu_count()} cores", "rows": rows}, indent=2))
     print(f"wrote {out}")
