@@ -74,7 +74,8 @@ def fedlm(label: str, sets: list[str], db: Path, backend: str = "flower",
     for kv in sets:
         cmd += ["--set", kv]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          cwd=ROOT)  # this tree's fedlm
     if proc.returncode != 0:
         raise RuntimeError(f"{label}: fedlm run exited with {proc.returncode}:\n"
                            f"{proc.stderr[-2000:]}")
