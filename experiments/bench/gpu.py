@@ -3,7 +3,8 @@
     python experiments/bench/gpu.py                  # CUDA: 20m and 150m; else small on CPU
     python experiments/bench/gpu.py --models 20m --steps 100 --batch 32 --seq-len 256
     python experiments/bench/gpu.py --smoke    # seconds, on the CPU even beside a GPU:
-                                               # tiny model, 2 steps, JSON to a temp dir
+                                               # tiny model, 2 steps, one fedlm run (the
+                                               # others' settings loaded), JSON to a temp dir
 
 Plain loop (one process, fedlm's model and corpus, AdamW, grad clipping), variants:
 
@@ -180,18 +181,23 @@ def bench_model(model: str, args, device: str, peak: float | None) -> list[dict]
     cores = torch.get_num_threads()
     at_once = workers if cuda else max(2, min(workers, cores))
     threads_each = cores if cuda else max(1, cores // at_once)
+    configs = [
+        ("fedlm sync DiLoCo", ["strategy=diloco", f"updates={rounds}",
+                               f"eval.every={rounds}"]),
+        ("fedlm async delayed-nesterov", ["strategy=delayed-nesterov",
+                                          f"updates={rounds * workers}",
+                                          f"eval.every={rounds * workers}"]),
+        # the 4 workers' jobs at once (sim.concurrent_jobs): on CUDA one stream each;
+        # on the CPU as many jobs as cores, a core each
+        (f"fedlm sync DiLoCo, {at_once} jobs at once",
+         ["strategy=diloco", f"updates={rounds}", f"eval.every={rounds}",
+          f"sim.concurrent_jobs={at_once}", f"inner.threads={threads_each}"])]
+    if args.smoke:  # one fedlm process (the last); the others' settings are only loaded
+        for _, sets in configs[:-1]:
+            config_load.load(None, [*common, *sets])
+        configs = configs[-1:]
     with tempfile.TemporaryDirectory() as tmp:
-        for label, sets in [
-            ("fedlm sync DiLoCo", ["strategy=diloco", f"updates={rounds}",
-                                   f"eval.every={rounds}"]),
-            ("fedlm async delayed-nesterov", ["strategy=delayed-nesterov",
-                                              f"updates={rounds * workers}",
-                                              f"eval.every={rounds * workers}"]),
-            # the 4 workers' jobs at once (sim.concurrent_jobs): on CUDA one stream each;
-            # on the CPU as many jobs as cores, a core each
-            (f"fedlm sync DiLoCo, {at_once} jobs at once",
-             ["strategy=diloco", f"updates={rounds}", f"eval.every={rounds}",
-              f"sim.concurrent_jobs={at_once}", f"inner.threads={threads_each}"])]:
+        for label, sets in configs:
             rows.append(fedlm_run(label, [*common, *sets], Path(tmp) / f"{len(rows)}.db",
                                   args.timeout))
             print(f"  {model} {label}: {rows[-1]['tokens_per_s']:,.0f} tok/s (run span), "
