@@ -3,6 +3,7 @@
     python experiments/bench/deploy_overhead.py [--models small,tiny] [--workers 4]
         [--jobs 6] [--rounds 1] [--variants old,worker-process,new,warm-filedb,warm]
         [--echo-messages 0]
+    python experiments/bench/deploy_overhead.py --smoke   # check: tiny, warm, JSON to /dev/null
 
 Runs ``fedlm deploy local``'s LocalDeployment (SuperLink + one SuperNode per
 worker on loopback, TLS and SuperNode authentication on) with async SGD and
@@ -214,7 +215,7 @@ def idle_cpu(dep: LocalDeployment, seconds: float = 10.0) -> float:
 
 
 def one_run(name: str, variant: dict, workers: int, jobs: int, work: Path,
-            model: str = "tiny") -> dict:
+            model: str = "tiny", idle_seconds: float = 10.0) -> dict:
     home, db = work / name / "home", work / name / "runs.db"
     shutil.rmtree(work / name, ignore_errors=True)
     sets = [f"model={model}", f"workers={workers}", f"updates={workers * jobs}", "inner.steps=3",
@@ -226,7 +227,7 @@ def one_run(name: str, variant: dict, workers: int, jobs: int, work: Path,
     with LocalDeployment(home, workers, **variant) as dep:
         dep.start(cfg)
         wait_online(dep, workers)
-        idle = idle_cpu(dep)
+        idle = idle_cpu(dep, idle_seconds)
         tail.start()
         proc = dep.run(sets, str(db), background=True)
         rc = proc.wait(timeout=1800)
@@ -313,7 +314,11 @@ def main() -> int:
     ap.add_argument("--echo-rounds", type=int, default=2,
                     help="echo-app deployments per variant (flower-defaults, tuned), interleaved")
     ap.add_argument("--out", default=str(ROOT / "experiments/results/deploy_overhead.json"))
+    ap.add_argument("--smoke", action="store_true", help="the test suite's check: tiny, warm")
     args = ap.parse_args()
+    if args.smoke:  # warm, 1 worker, 2 jobs; 1 s idle, 1 import timing each; no echo (its own)
+        vars(args).update(variants="warm", models="tiny", workers=1, jobs=2, rounds=1,
+                          echo_messages=0, out=os.devnull)
     names = args.variants.split(",")
     load_start = os.getloadavg()
     runs = []
@@ -323,7 +328,7 @@ def main() -> int:
             for model, name in (order if r % 2 == 0 else order[::-1]):  # ABC CBA: no drift
                 t0 = time.time()
                 run = one_run(f"{model}-{name}-{r}", VARIANTS[name], args.workers, args.jobs,
-                              Path(tmp), model)
+                              Path(tmp), model, 1.0 if args.smoke else 10.0)
                 run["variant"], run["key"] = name, f"{model}/{name}"
                 runs.append(run)
                 print(f"{model} {name} round {r}: {time.time() - t0:.0f} s", flush=True)
@@ -369,9 +374,9 @@ def main() -> int:
         # the "launch" phase is the SuperExec's task poll), and with fedlm's
         # ClientApp (torch) imported too
         "process_start_flwr_clientapp_seconds": import_seconds(
-            "flwr.supernode.cli.flwr_clientapp"),
+            "flwr.supernode.cli.flwr_clientapp", 1 if args.smoke else 3),
         "process_start_fedlm_client_app_seconds": import_seconds(
-            "flwr.supernode.cli.flwr_clientapp, fedlm.flower.client_app"),
+            "flwr.supernode.cli.flwr_clientapp, fedlm.flower.client_app", 1 if args.smoke else 3),
         "echo_app": echo,
         "summary": summary,
         "runs": [{**r, "jobs": [{k: (round(v, 4) if isinstance(v, float) else v)
