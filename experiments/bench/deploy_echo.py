@@ -101,3 +101,21 @@ def echo_round_trips(variant: dict, work: Path, floats: int, counts: list[int],
     if rc != 0:
         raise RuntimeError(f"echo app: flwr run exited with {rc}; see {home}")
     return json.loads(out.read_text())
+
+
+# --- smoke (the test suite's check); the module above is deploy_overhead.py's ----------
+if __name__ == "__main__":
+    import argparse
+    import statistics
+    import tempfile
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true", help="one deployment with fedlm deploy "
+                    "local's defaults, 1 and 4 arrays, 1 timed round trip each; nothing written")
+    if not ap.parse_args().smoke:
+        ap.error("this is deploy_overhead.py's echo app (--echo-messages N there); "
+                 "--smoke checks it alone")
+    with tempfile.TemporaryDirectory(prefix="fedlm-echo-smoke-") as tmp:
+        got = echo_round_trips({}, Path(tmp), 4096, [1, 4], 1)
+    print("echo app round trips: " + ", ".join(
+        f"{k} arrays {statistics.fmean(v):.3f} s" for k, v in got.items()))
