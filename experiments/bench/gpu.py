@@ -17,7 +17,7 @@ Plain loop (one process, fedlm's model and corpus, AdamW, grad clipping), varian
 against ``fedlm run --backend inprocess`` (4 workers, homogeneous fleet) with
 sync DiLoCo and async delayed Nesterov, with ``inner.precision=auto`` (bf16 on a
 GPU that has it) and, on CUDA, ``inner.compile=true``; and sync DiLoCo with the
-4 workers' jobs running at once (``sim.concurrent_jobs``: on CUDA 4 jobs, a
+4 workers' jobs running at once (``sim.job_threads``: on CUDA 4 jobs, a
 stream each; on the CPU as many jobs as cores, with a core each). Reports tokens/s, MFU and
 the ratio fedlm / plain (against the fastest plain variant and against plain
 fp32); writes experiments/results/gpu.json with the device's name.
@@ -187,11 +187,11 @@ def bench_model(model: str, args, device: str, peak: float | None) -> list[dict]
         ("fedlm async delayed-nesterov", ["strategy=delayed-nesterov",
                                           f"updates={rounds * workers}",
                                           f"eval.every={rounds * workers}"]),
-        # the 4 workers' jobs at once (sim.concurrent_jobs): on CUDA one stream each;
+        # the 4 workers' jobs at once (sim.job_threads): on CUDA one stream each;
         # on the CPU as many jobs as cores, a core each
         (f"fedlm sync DiLoCo, {at_once} jobs at once",
          ["strategy=diloco", f"updates={rounds}", f"eval.every={rounds}",
-          f"sim.concurrent_jobs={at_once}", f"inner.threads={threads_each}"])]
+          f"sim.job_threads={at_once}", f"inner.threads={threads_each}"])]
     if args.smoke:  # one fedlm process (the last); the others' settings are only loaded
         for _, sets in configs[:-1]:
             config_load.load(None, [*common, *sets])

@@ -5,7 +5,7 @@
                                                 # in-process, nothing written
 
 Each point is a real `fedlm run` on Flower's simulation engine (tiny model,
-async SGD, IID shards) with `concurrency` jobs in flight at once, sampled
+async SGD, IID shards) with `max_in_flight` jobs in flight at once, sampled
 among the free workers, and each worker's AdamW state in a file
 (`inner.state_store=disk`), so that only the active workers hold a model.
 A sampler reads the resident memory (RSS) of the whole process tree — the
@@ -60,7 +60,7 @@ def tree_rss(root: int) -> int:
 def run_point(workers: int, concurrency: int, updates: int, db: Path,
               backend: str = "flower", timeout: float | None = None) -> dict:
     cmd = [sys.executable, "-m", "fedlm", "run", "--quiet", "--backend", backend, "--db", str(db)]
-    for kv in [f"workers={workers}", f"concurrency={concurrency}", f"sim.actors={concurrency}",
+    for kv in [f"workers={workers}", f"max_in_flight={concurrency}", f"sim.ray_actors={concurrency}",
                "strategy=async-sgd", "model=tiny", "inner.steps=4", "inner.batch_size=4",
                "data.seq_len=64", "data.partition=iid", f"updates={updates}",
                "eval.every=1000000", "eval.batches=1", "inner.state_store=disk",
