@@ -14,9 +14,10 @@ Who owns what: the ``Driver`` the global params, their version and the
 strategy (the same driver replays a run); the ``WorkerPool`` the workers'
 lifecycle (free, busy, offline, retired); the event source (``VirtualEvents``
 or ``WallEvents``) the order things happen in and the time; the ``Inbox`` the
-replies not yet handed on; the ``RunLog`` every store write; the ``JobMaker``
-what each new job is (its data, shard, fault, deadline). The loop owns the jobs
-in flight and the run's totals, and knows nothing of the algorithm.
+replies not yet handed on; ``InFlightJobs`` the jobs in flight (the loop adds and
+pops them, the other parts are handed it and ask); the ``RunLog`` every store
+write; the ``JobMaker`` what each new job is (its data, shard, fault, deadline).
+The loop owns the run's totals, and knows nothing of the algorithm.
 
 A dispatched job goes to a ``Transport`` (Flower's Grid in ``server_app``; an
 in-process trainer in tests, sweeps and replay) and computes while the loop
@@ -45,11 +46,12 @@ from fedlm.engine.divergence import DivergenceWatch, hint
 from fedlm.engine.driver import Driver
 from fedlm.engine.events import VirtualEvents, WallEvents
 from fedlm.engine.grace import Window, grace_rule
+from fedlm.engine.in_flight import InFlightJobs
 from fedlm.engine.inbox import Inbox
 from fedlm.engine.jobs import JobMaker
 from fedlm.engine.runlog import RunLog
-from fedlm.engine.types import (BackOnline, Diverged, EngineError, Event, InFlight, Progress,
-                                Reply, Transport)
+from fedlm.engine.types import (BackOnline, Diverged, EngineError, Event, InFlight, Interrupted,
+                                Progress, Reply, Transport)
 from fedlm.engine.workers import WorkerPool
 
 
@@ -72,9 +74,8 @@ class Engine:
         self.driver = Driver(strategy)
         self.log = RunLog(writer)
         self.pool = WorkerPool(cfg, len(fleet))
-        self.in_flight: dict[int, InFlight] = {}
-        self.inbox = Inbox(self.transport, self.in_flight, self.log, now=lambda: self.now,
-                           version=lambda: self.version,
+        self.in_flight = InFlightJobs()
+        self.inbox = Inbox(self.transport, self.in_flight, self.log,
                            should_stop=should_stop or (lambda: False),
                            reply_timeout=cfg.sim.reply_timeout, recent=4 * len(fleet) + 64)
         self.events = (VirtualEvents(cfg, fleet, self.in_flight, self.inbox) if order == "virtual"
@@ -130,14 +131,19 @@ class Engine:
             return steps
         if self.strategy.synchronous:
             return steps if self.steps_done < budget else 0
-        in_flight = sum(f.job.local_steps for f in self.in_flight.values())
-        return max(0, min(steps, budget - self.steps_done - in_flight))
+        return max(0, min(steps, budget - self.steps_done - self.in_flight.steps()))
 
     # -- the loop -------------------------------------------------------------
     def run(self, params, resume: dict | None = None):
         """Train until ``cfg.updates`` global versions exist (or a budget is spent,
         see ``done``; updates then held in a buffer are not applied); return the
         final params. ``resume``: a ``state_dict()`` to continue from."""
+        try:
+            return self._run(params, resume)
+        except Interrupted:  # the inbox saw the stop signal while it waited
+            raise Interrupted(f"interrupted at version {self.version}") from None
+
+    def _run(self, params, resume: dict | None):
         self.driver.start(params, num_workers=len(self.fleet))
         self.policy.start(steps=self.cfg.inner.steps,
                           step_times=[p.step_time for p in self.fleet])
@@ -149,9 +155,8 @@ class Engine:
             self._evaluate()
         else:
             self.load_state_dict(resume)
-            for job_id in sorted(self.in_flight):  # the jobs the dead process was waiting for
-                job = self.in_flight[job_id].job
-                self.transport.submit(job, self.base_params[job.base_version])
+            for f in self.in_flight.flights():  # the jobs the dead process was waiting for
+                self.transport.submit(f.job, self.base_params[f.job.base_version])
         while True:
             if self._checkpoint_due:
                 self._write_checkpoint()
@@ -187,7 +192,7 @@ class Engine:
                 break
             self._handle(event)
         if window.expected is not None and not window.complete(self.in_flight):
-            late = sorted(window.expected & self.in_flight.keys())
+            late = sorted(j for j in window.expected if j in self.in_flight)
             self.log.grace_closed(self.now, waited=self.now - window.opened, late=late)
 
     def _dispatch_free_workers(self) -> None:
@@ -212,7 +217,8 @@ class Engine:
         flight = InFlight(job, now, timing, index, limit, expires)
         self.log.intervals([(w, IntervalKind.IDLE, free_since, now, self.version, None)])
         self.driver.dispatched(w, self.version)
-        self.in_flight[job.job_id] = flight
+        self.in_flight.add(flight)
+        self.grace.dispatched(flight)
         if self.checkpoint is not None:  # a checkpoint must be able to re-send it
             self.base_params.setdefault(self.version, self.params)
         self.events.dispatched(flight)
@@ -300,7 +306,7 @@ class Engine:
     def _new_version(self, params) -> None:
         seqs = self.driver.new_version(params)
         if self.base_params:  # keep only versions that jobs still in flight started from
-            used = {f.job.base_version for f in self.in_flight.values()}
+            used = self.in_flight.base_versions()
             self.base_params = {v: p for v, p in self.base_params.items() if v in used}
         self.log.applied(self.version, seqs)
         if self.version % self.cfg.eval.every == 0:
@@ -324,7 +330,8 @@ class Engine:
             "grace": self.grace.state_dict(),
             "pool": self.pool.state_dict(), "events": self.events.state_dict(),
             "inbox": self.inbox.state_dict(), "log": self.log.state_dict(),
-            "jobs": self.jobs.state_dict(), "in_flight": dict(self.in_flight), "base_params": dict(self.base_params),
+            "jobs": self.jobs.state_dict(), "in_flight": self.in_flight.state_dict(),
+            "base_params": dict(self.base_params),
             "model_bytes": self.model_bytes, "up_bytes": self.up_bytes,
             "tokens": self.tokens,
             "steps_done": self.steps_done, "jobs_done": self.jobs_done,
@@ -336,14 +343,13 @@ class Engine:
     def load_state_dict(self, st: dict) -> None:
         self.driver.load_state_dict(st["driver"])
         self.policy.load_state_dict(st["policy"])
-        self.grace.load_state_dict(st.get("grace", {}))
+        self.in_flight.load_state_dict(st["in_flight"])
+        self.grace.load_state_dict(st.get("grace", {}), self.in_flight)
         self.pool.load_state_dict(st["pool"])
         self.events.load_state_dict(st["events"])
         self.inbox.load_state_dict(st["inbox"])
         self.log.load_state_dict(st["log"])
         self.jobs.load_state_dict(st["jobs"])
-        self.in_flight.clear()  # the inbox and the events hold this very dict
-        self.in_flight.update(st["in_flight"])
         self.base_params = dict(st["base_params"])
         self.model_bytes, self.up_bytes = st["model_bytes"], st["up_bytes"]
         self.events.set_payload(self.model_bytes, self.up_bytes)
@@ -363,7 +369,7 @@ class Engine:
         jobs in flight are cut at now and cancelled (``why``)."""
         end = self.now
         rows = self.pool.closing_rows(end, self.version)
-        for _, f in sorted(self.in_flight.items()):
+        for f in self.in_flight.flights():
             rows += self._spans(f, end, compute_seconds=0.0)
         self.log.intervals(rows)
         self.cancel_in_flight(why)
@@ -375,7 +381,7 @@ class Engine:
         rather than ``running``. Once; replay walks only their dispatch."""
         if not self._cancelled:
             self._cancelled = True
-            self.log.cancelled(sorted(self.in_flight), why)
+            self.log.cancelled(self.in_flight.ids(), why)
 
     def _evaluate(self) -> None:
         self._last_eval_version = self.version
@@ -409,5 +415,5 @@ class Engine:
 def position(engine: Engine) -> dict:
     """Where a checkpointed run stands, for the store to be cut back to it on resume."""
     return {"version": engine.version, "op": engine.log.op, "seq": engine.driver.seq,
-            "next_job_id": engine.jobs.next_job_id, "in_flight": sorted(engine.in_flight),
+            "next_job_id": engine.jobs.next_job_id, "in_flight": engine.in_flight.ids(),
             "now": engine.now}
