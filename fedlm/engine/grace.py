@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import heapq
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Container
 
 from fedlm.engine.in_flight import InFlightJobs
@@ -59,10 +59,18 @@ class Window:
     # The jobs it waits for (it closes as soon as none is still in flight); None:
     # whatever finishes by ``closes`` (a fixed window).
     expected: frozenset[int] | None = None
+    # those of them it has not yet seen gone (jobs only leave the jobs in flight while a
+    # window is open, so each is looked for until it is gone, not at every event)
+    _waiting: list[int] = field(default_factory=list, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._waiting.extend(sorted(self.expected or ()))
 
     def complete(self, in_flight: Container[int]) -> bool:
         """Every job it waits for is in (or lost)."""
-        return self.expected is not None and not any(j in in_flight for j in self.expected)
+        while self._waiting and self._waiting[-1] not in in_flight:
+            self._waiting.pop()
+        return self.expected is not None and not self._waiting
 
 
 class NoGrace:

@@ -10,6 +10,7 @@ the recently finished jobs to tell the two apart.
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from typing import Callable
 
 from fedlm.engine.in_flight import InFlightJobs
@@ -27,7 +28,7 @@ class Inbox:
         self.reply_timeout = reply_timeout
         self.recent = recent  # finished jobs remembered, to classify late replies
         self.arrived: dict[int, Reply] = {}  # in arrival order (dicts keep insertion order)
-        self.settled: dict[int, str] = {}  # recent finished job -> done | lost
+        self.settled: OrderedDict[int, str] = OrderedDict()  # recent finished job -> done | lost
 
     def receive(self, timeout: float, *, now: float) -> None:
         """Take what the transport has (waiting up to ``timeout`` s for something);
@@ -66,10 +67,11 @@ class Inbox:
     def settle(self, job_id: int, how: str) -> None:
         self.settled[job_id] = how
         if len(self.settled) > self.recent:  # only recent ones get late replies
-            del self.settled[next(iter(self.settled))]
+            # O(1); a plain dict's first key takes a walk past every slot removed before
+            self.settled.popitem(last=False)
 
     def state_dict(self) -> dict:
         return {"settled": dict(self.settled)}
 
     def load_state_dict(self, state: dict) -> None:
-        self.settled = dict(state["settled"])
+        self.settled = OrderedDict(state["settled"])

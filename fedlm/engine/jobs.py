@@ -18,6 +18,30 @@ from fedlm.shards import ShardBook
 from fedlm.worker import JobSpec
 
 
+class _RunShards(ShardBook):
+    """``ShardBook`` with the run's total steps kept as jobs take them: ``ShardBook``
+    sums every shard's steps at each job, which made a dispatch O(shards), and there
+    is a shard per worker by default. The same numbers and the same state; the count
+    belongs in ``fedlm.shards`` itself once that module has settled where it lives."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._total = sum(self.steps)
+
+    @property
+    def total_steps(self) -> int:
+        return self._total
+
+    def take(self, shard: int, steps: int, sequences: int) -> tuple[int, int]:
+        before = super().take(shard, steps, sequences)
+        self._total += steps
+        return before
+
+    def load_state_dict(self, st: dict) -> None:
+        super().load_state_dict(st)
+        self._total = sum(self.steps)
+
+
 def data_seed(seed: int, worker: int, job_index: int) -> int:
     """The data seed of a worker's k-th job: independent of other workers' jobs."""
     return int(np.random.SeedSequence([seed, 104729, worker, job_index]).generate_state(1)[0])
@@ -31,7 +55,7 @@ class JobMaker:
         if shard_sizes is None:
             shard_sizes = (worker_lib.shard_sizes(cfg) if cfg.data.shard_choice == "paper"
                            else [1] * len(fleet))
-        self.shards = ShardBook(shard_sizes, cfg.data.shard_choice, cfg.seed)
+        self.shards = _RunShards(shard_sizes, cfg.data.shard_choice, cfg.seed)
         self._sequences_per_step = [cfg.inner.batch_size * p.members for p in fleet]
         self.next_job_id = 0
 

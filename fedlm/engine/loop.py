@@ -133,6 +133,13 @@ class Engine:
             return steps if self.steps_done < budget else 0
         return max(0, min(steps, budget - self.steps_done - self.in_flight.steps()))
 
+    def _budget_spent(self) -> bool:
+        """``_steps_for`` gives every worker 0 now: the budget is spent (synchronous), or
+        spent and in flight (asynchronous)."""
+        budget = self.cfg.local_step_budget
+        in_flight = 0 if self.strategy.synchronous else self.in_flight.steps()
+        return budget > 0 and self.steps_done + in_flight >= budget
+
     # -- the loop -------------------------------------------------------------
     def run(self, params, resume: dict | None = None):
         """Train until ``cfg.updates`` global versions exist (or a budget is spent,
@@ -197,6 +204,9 @@ class Engine:
 
     def _dispatch_free_workers(self) -> None:
         now, cap = self.now, self.cfg.concurrency
+        if self._budget_spent():  # nobody gets a job: none is asked (not the whole fleet
+            self.pool.pass_over(self.version, len(self.in_flight))  # at every event)
+            return
         for w in self.pool.candidates(self.version, len(self.in_flight)):
             if cap and len(self.in_flight) >= cap:
                 self.pool.blocked = True
