@@ -10,9 +10,9 @@
             strategy; a new global version may follow (evaluated every eval.every
             versions, checkpointed every reliability.checkpoint_every)
 
-Who owns what: the ``Driver`` the global params, their version and the
-strategy (the same driver replays a run); the ``WorkerPool`` the workers'
-lifecycle (free, busy, offline, retired); the event source (``VirtualEvents``
+Who owns what: the ``GlobalModel`` the global params, their version and the
+strategy (replay drives the strategy through it too); the ``WorkerPool`` the
+workers' lifecycle (free, busy, offline, retired); the event source (``VirtualEvents``
 or ``WallEvents``) the order things happen in and the time; the ``Inbox`` the
 replies not yet handed on; ``InFlightJobs`` the jobs in flight (the loop adds and
 pops them, the other parts are handed it and ask); the ``RunLog`` every store
@@ -43,7 +43,7 @@ from fedlm.strategies.base import Strategy
 from fedlm.strategies.local_steps import LocalSteps
 
 from fedlm.engine.divergence import DivergenceWatch, hint
-from fedlm.engine.driver import Driver
+from fedlm.engine.global_model import GlobalModel
 from fedlm.engine.events import VirtualEvents, WallEvents
 from fedlm.engine.grace import Window, grace_rule
 from fedlm.engine.in_flight import InFlightJobs
@@ -71,7 +71,7 @@ class Engine:
         self.checkpoint = checkpoint  # called with state_dict() every checkpoint_every versions
         self.transport = (faults.DuplicatingTransport(transport) if cfg.faults.duplicate > 0
                           else transport)
-        self.driver = Driver(strategy)
+        self.model = GlobalModel(strategy)
         self.log = RunLog(writer)
         self.pool = WorkerPool(cfg, len(fleet))
         self.in_flight = InFlightJobs()
@@ -103,11 +103,11 @@ class Engine:
 
     @property
     def version(self) -> int:
-        return self.driver.version
+        return self.model.version
 
     @property
     def params(self):
-        return self.driver.params
+        return self.model.params
 
     @property
     def retired(self) -> set[int]:
@@ -151,7 +151,7 @@ class Engine:
             raise Interrupted(f"interrupted at version {self.version}") from None
 
     def _run(self, params, resume: dict | None):
-        self.driver.start(params, num_workers=len(self.fleet))
+        self.model.start(params, num_workers=len(self.fleet))
         self.policy.start(steps=self.cfg.inner.steps,
                           step_times=[p.step_time for p in self.fleet])
         if resume is None:
@@ -226,7 +226,7 @@ class Engine:
         expires = timing is not None and self.events.will_expire(timing, job.fault, limit)
         flight = InFlight(job, now, timing, index, limit, expires)
         self.log.intervals([(w, IntervalKind.IDLE, free_since, now, self.version, None)])
-        self.driver.dispatched(w, self.version)
+        self.model.dispatched(w, self.version)
         self.in_flight.add(flight)
         self.grace.dispatched(flight)
         if self.checkpoint is not None:  # a checkpoint must be able to re-send it
@@ -264,14 +264,14 @@ class Engine:
         self.grace.observe(flight, now)
         self.inbox.settle(job_id, "done")
         self._release(w, flight.index)
-        update = self.driver.update(worker=w, job_id=job_id, base_version=job.base_version,
+        update = self.model.update(worker=w, job_id=job_id, base_version=job.base_version,
                                     outer_grad=grad, tokens=reply.tokens,
                                     local_steps=reply.steps)
         self.tokens += reply.tokens
         self.steps_done += reply.steps
         self.jobs_done += 1
         self.log.updated({
-            "seq": self.driver.seq, "job_id": job_id, "worker": w,
+            "seq": self.model.seq, "job_id": job_id, "worker": w,
             "base_version": job.base_version, "received_version": self.version,
             "staleness": update.staleness, "local_steps": reply.steps,
             "data_seed": job.data_seed, "tokens": reply.tokens,
@@ -280,7 +280,7 @@ class Engine:
             grad)
         compute = flight.timing.compute if flight.timing is not None else reply.compute_seconds
         self.policy.observe(w, steps=reply.steps, seconds=compute)
-        new_params = self.driver.apply(update)
+        new_params = self.model.apply(update)
         if new_params is not None:
             self._new_version(new_params)
         self.log.commit(force=False)
@@ -299,9 +299,9 @@ class Engine:
                               f"in a row; last error: {error}")
         if w not in self.pool.retired:
             self._release(w, flight.index)
-        new_params = self.driver.lose(w, job_id=job.job_id, reason=reason)
+        new_params = self.model.lose(w, job_id=job.job_id, reason=reason)
         if new_params is not None:  # e.g. a sync round closed with the replies it had
-            self.log.round_closed(self.now, self.version + 1, len(self.driver.held))
+            self.log.round_closed(self.now, self.version + 1, len(self.model.held))
             self._new_version(new_params)
         self.log.commit(force=False)
         self._report()
@@ -314,7 +314,7 @@ class Engine:
             self.log.offline(w, self.now, self.cfg.faults.offline_seconds)
 
     def _new_version(self, params) -> None:
-        seqs = self.driver.new_version(params)
+        seqs = self.model.new_version(params)
         if self.base_params:  # keep only versions that jobs still in flight started from
             used = self.in_flight.base_versions()
             self.base_params = {v: p for v, p in self.base_params.items() if v in used}
@@ -336,7 +336,7 @@ class Engine:
         """Everything the loop needs to go on from here (at the top of the loop): each
         part's own state, and the loop's jobs in flight and totals."""
         return {
-            "driver": self.driver.state_dict(), "policy": self.policy.state_dict(),
+            "model": self.model.state_dict(), "policy": self.policy.state_dict(),
             "grace": self.grace.state_dict(),
             "pool": self.pool.state_dict(), "events": self.events.state_dict(),
             "inbox": self.inbox.state_dict(), "log": self.log.state_dict(),
@@ -351,7 +351,7 @@ class Engine:
         }
 
     def load_state_dict(self, st: dict) -> None:
-        self.driver.load_state_dict(st["driver"])
+        self.model.load_state_dict(st["model"] if "model" in st else st["driver"])  # older name
         self.policy.load_state_dict(st["policy"])
         self.in_flight.load_state_dict(st["in_flight"])
         self.grace.load_state_dict(st.get("grace", {}), self.in_flight)
@@ -424,6 +424,6 @@ class Engine:
 
 def position(engine: Engine) -> dict:
     """Where a checkpointed run stands, for the store to be cut back to it on resume."""
-    return {"version": engine.version, "op": engine.log.op, "seq": engine.driver.seq,
+    return {"version": engine.version, "op": engine.log.op, "seq": engine.model.seq,
             "next_job_id": engine.jobs.next_job_id, "in_flight": engine.in_flight.ids(),
             "now": engine.now}
