@@ -42,6 +42,7 @@ from fedlm.store import IntervalKind, RunWriter
 from fedlm.strategies.base import Strategy
 from fedlm.strategies.local_steps import LocalSteps
 
+from fedlm.engine import state
 from fedlm.engine.divergence import DivergenceWatch, hint
 from fedlm.engine.global_model import GlobalModel
 from fedlm.engine.events import VirtualEvents, WallEvents
@@ -334,39 +335,11 @@ class Engine:
 
     def state_dict(self) -> dict:
         """Everything the loop needs to go on from here (at the top of the loop): each
-        part's own state, and the loop's jobs in flight and totals."""
-        return {
-            "model": self.model.state_dict(), "policy": self.policy.state_dict(),
-            "grace": self.grace.state_dict(),
-            "pool": self.pool.state_dict(), "events": self.events.state_dict(),
-            "inbox": self.inbox.state_dict(), "log": self.log.state_dict(),
-            "jobs": self.jobs.state_dict(), "in_flight": self.in_flight.state_dict(),
-            "base_params": dict(self.base_params),
-            "model_bytes": self.model_bytes, "up_bytes": self.up_bytes,
-            "tokens": self.tokens,
-            "steps_done": self.steps_done, "jobs_done": self.jobs_done,
-            "last_perplexity": self.last_perplexity,
-            "last_eval_version": self._last_eval_version,
-            "position": position(self),
-        }
+        part's own state and the loop's totals (``fedlm.engine.state``)."""
+        return state.capture(self)
 
     def load_state_dict(self, st: dict) -> None:
-        self.model.load_state_dict(st["model"] if "model" in st else st["driver"])  # older name
-        self.policy.load_state_dict(st["policy"])
-        self.in_flight.load_state_dict(st["in_flight"])
-        self.grace.load_state_dict(st.get("grace", {}), self.in_flight)
-        self.pool.load_state_dict(st["pool"])
-        self.events.load_state_dict(st["events"])
-        self.inbox.load_state_dict(st["inbox"])
-        self.log.load_state_dict(st["log"])
-        self.jobs.load_state_dict(st["jobs"])
-        self.base_params = dict(st["base_params"])
-        self.model_bytes, self.up_bytes = st["model_bytes"], st["up_bytes"]
-        self.events.set_payload(self.model_bytes, self.up_bytes)
-        self.tokens = st["tokens"]
-        self.steps_done, self.jobs_done = st["steps_done"], st["jobs_done"]
-        self.last_perplexity = st["last_perplexity"]
-        self._last_eval_version = st["last_eval_version"]
+        state.restore(self, st)  # also a checkpoint written by an older fedlm
 
     # -- bookkeeping ----------------------------------------------------------
     def _spans(self, f: InFlight, end: float, compute_seconds: float) -> list:
@@ -420,10 +393,3 @@ class Engine:
             self.progress(Progress(self.version, self.cfg.updates, self.now,
                                    self.jobs_done, self.tokens, self.last_perplexity,
                                    self.steps_done, self.cfg.local_step_budget))
-
-
-def position(engine: Engine) -> dict:
-    """Where a checkpointed run stands, for the store to be cut back to it on resume."""
-    return {"version": engine.version, "op": engine.log.op, "seq": engine.model.seq,
-            "next_job_id": engine.jobs.next_job_id, "in_flight": engine.in_flight.ids(),
-            "now": engine.now}
