@@ -15,13 +15,13 @@ jobs reached the strategy. Replay walks it:
                     ``schedule_step``), and hand it to the strategy with the
                     recorded staleness
 
-It drives the strategy through the engine's own ``Driver`` (``fedlm.engine.driver``),
-so a run and its replay hand updates, lost jobs and new versions to the strategy
-the same way. It starts from the run's recorded start: the seeded model, ``init.from``'s
-weights and pretraining, recomputed (``fedlm.start``) and checked against the
-hashes in the ``runs`` row; it ends with the final weights' hash, to compare
-with the recorded one. The
-order came from the log, so it does not matter whether the run's order came
+It drives the strategy through the engine's own ``GlobalModel``
+(``fedlm.engine.global_model``), so a run and its replay hand updates, lost
+jobs and new versions to the strategy the same way. It starts from the run's
+recorded start: the seeded model, ``init.from``'s weights and pretraining,
+recomputed (``fedlm.start``) and checked against the hashes in the ``runs``
+row; it ends with the final weights' hash, to compare with the recorded one.
+The order came from the log, so it does not matter whether the run's order came
 from a virtual clock or from real arrival times. Only the model versions that
 some job still to be replayed starts from are kept in memory.
 """
@@ -35,7 +35,7 @@ from typing import Callable
 from fedlm.sim import fleet
 from fedlm import start
 from fedlm.config_load import from_json
-from fedlm.engine.driver import Driver
+from fedlm.engine.global_model import GlobalModel
 from fedlm.errors import ConfigError
 from fedlm.params import params_hash
 from fedlm.store import operation_log, shown_status
@@ -111,23 +111,23 @@ def replay(db: str | Path, run_id: int,
     if run["start_hash"] and params_hash(params) != run["start_hash"]:
         raise ReplayError("the start of the federated phase differs from the recorded one "
                           "(init.from's weights changed, or the pretraining code did)")
-    driver = Driver(registry.build_strategy(cfg.strategy, cfg.outer))
-    driver.start(params, num_workers=fleet.node_count(cfg))
+    model = GlobalModel(registry.build_strategy(cfg.strategy, cfg.outer))
+    model.start(params, num_workers=fleet.node_count(cfg))
     versions = {0: params}
     held, mismatched = 1, 0
     states = [MemoryStates() for _ in range(fleet.node_count(cfg))]
 
     def new_version(params) -> None:
-        driver.new_version(params)
-        versions[driver.version] = params
+        model.new_version(params)
+        versions[model.version] = params
 
     if progress:
         progress(0, len(ops))
     for n, (op, kind, row) in enumerate(ops):
         if kind == "dispatch":
-            driver.dispatched(row["worker"], row["base_version"])
+            model.dispatched(row["worker"], row["base_version"])
         elif kind == "lost":
-            new = driver.lose(row["worker"], job_id=row["job_id"], reason=row["reason"] or "error")
+            new = model.lose(row["worker"], job_id=row["job_id"], reason=row["reason"] or "error")
             if new is not None:
                 new_version(new)
         else:
@@ -148,23 +148,23 @@ def replay(db: str | Path, run_id: int,
             grad = compression.decode(result.outer_grad, versions[base], cfg.network)
             if params_hash(grad) != row["update_hash"]:
                 mismatched += 1
-            update = driver.update(worker=job.worker, job_id=job.job_id, base_version=base,
+            update = model.update(worker=job.worker, job_id=job.job_id, base_version=base,
                                    outer_grad=grad, tokens=result.tokens,
                                    local_steps=result.steps)
             if update.staleness != row["staleness"]:
                 raise ReplayError(f"update {row['seq']}: staleness {update.staleness}, "
                                   f"log says {row['staleness']}")
-            new = driver.apply(update)
+            new = model.apply(update)
             if new is not None:
                 new_version(new)
         # forget versions no later job starts from (always keep the current one)
-        for v in [v for v in versions if v != driver.version and last_use.get(v, -1) <= op]:
+        for v in [v for v in versions if v != model.version and last_use.get(v, -1) <= op]:
             del versions[v]
         held = max(held, len(versions))
         if progress:
             progress(n + 1, len(ops))
 
-    return ReplayResult(run_id, run["final_hash"], params_hash(driver.params), driver.version,
+    return ReplayResult(run_id, run["final_hash"], params_hash(model.params), model.version,
                         len(updates), mismatched, held)
 
 

@@ -160,7 +160,12 @@ def _file_weights(path: Path) -> tuple[dict, str]:
                               f"({type(exc).__name__})") from None
     except OSError as exc:
         raise ConfigError(f"init.from: cannot read {path}: {exc.strerror}") from None
-    params = payload.get("params") or (payload.get("engine") or {}).get("params")
+    params = payload.get("params")
+    if params is None:  # a run's checkpoint: the global params are in the engine's state,
+        # under "model" ("driver" before that was renamed; its top before the engine split)
+        engine = payload.get("engine") or {}
+        part = engine.get("model") or engine.get("driver") or engine
+        params = part.get("params") if isinstance(part, dict) else None
     if not isinstance(params, dict):
         raise ConfigError(f"init.from: {path} holds no weights fedlm can read")
     return params, str(path)

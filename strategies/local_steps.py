@@ -8,6 +8,7 @@ int >= 1.
 from __future__ import annotations
 
 import copy
+import heapq
 import math
 import statistics
 from abc import ABC, abstractmethod
@@ -33,11 +34,16 @@ class LocalSteps(ABC):
         """A job of ``steps`` steps took ``seconds`` of compute (for online estimates)."""
 
     def state_dict(self) -> dict:
-        """What the policy has learnt so far (for checkpoints): its attributes."""
-        return copy.deepcopy(vars(self))
+        """What the policy has learnt so far (for checkpoints): its attributes, but
+        those named with a leading underscore (what it derives from the others)."""
+        return {k: copy.deepcopy(v) for k, v in vars(self).items() if not k.startswith("_")}
 
     def load_state_dict(self, state: dict) -> None:
         vars(self).update(copy.deepcopy(state))
+        self._derive()
+
+    def _derive(self) -> None:
+        """Rebuild what the policy derives from its state (after ``start`` or a load)."""
 
 
 class Fixed(LocalSteps):
@@ -68,12 +74,25 @@ class DyLU(LocalSteps):
     name = "dylu"
     even_times = True
 
+    def start(self, *, steps: int, step_times: list[float]) -> None:
+        super().start(steps=steps, step_times=step_times)
+        self._derive()
+
+    def _derive(self) -> None:
+        self._fastest = max(self.speeds())  # asked at every job: not a pass over the fleet
+
     def speeds(self) -> list[float]:
         return [1.0 / t for t in self.step_times]
 
+    def speed(self, worker: int) -> float:
+        return 1.0 / self.step_times[worker]
+
+    def fastest(self) -> float:
+        """``max(self.speeds())``."""
+        return self._fastest
+
     def local_steps(self, worker: int) -> int:
-        v = self.speeds()
-        return max(1, self.round(v[worker] / max(v) * self.steps))
+        return max(1, self.round(self.speed(worker) / self.fastest() * self.steps))
 
     @staticmethod
     def round(x: float) -> int:
@@ -104,16 +123,40 @@ class DyLUOnline(DyLU):
     window = 5
 
     def start(self, *, steps: int, step_times: list[float]) -> None:
-        super().start(steps=steps, step_times=step_times)
         self.observed: list[list[float]] = [[] for _ in step_times]
+        super().start(steps=steps, step_times=step_times)
+
+    def _derive(self) -> None:
+        # each observed worker's speed, and a heap of (-speed, worker) for the fastest:
+        # entries that no longer match a worker's speed are dropped when met
+        self._speed: list[float | None] = [1.0 / statistics.median(h) if h else None
+                                           for h in self.observed]
+        self._by_speed = [(-v, w) for w, v in enumerate(self._speed) if v is not None]
+        heapq.heapify(self._by_speed)
 
     def observe(self, worker: int, *, steps: int, seconds: float) -> None:
         if steps > 0 and seconds > 0:
             hist = self.observed[worker]
             hist.append(seconds / steps)
             del hist[:-self.window]
+            v = self._speed[worker] = 1.0 / statistics.median(hist)
+            heapq.heappush(self._by_speed, (-v, worker))
+            if len(self._by_speed) > 2 * len(self._speed) + 64:
+                self._derive()
 
     def speeds(self) -> list[float]:
         known = [1.0 / statistics.median(h) for h in self.observed if h]
         fastest = max(known) if known else 1.0
         return [1.0 / statistics.median(h) if h else fastest for h in self.observed]
+
+    def fastest(self) -> float:
+        """``max(self.speeds())``: the fastest observed speed (1.0 before any)."""
+        heap = self._by_speed
+        while heap and self._speed[heap[0][1]] != -heap[0][0]:
+            heapq.heappop(heap)
+        return -heap[0][0] if heap else 1.0
+
+    def speed(self, worker: int) -> float:
+        """``self.speeds()[worker]``: its observed speed, else the fastest one's."""
+        v = self._speed[worker]
+        return self.fastest() if v is None else v

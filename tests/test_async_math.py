@@ -1,6 +1,7 @@
 """Async strategies and local-steps policies pinned with closed forms."""
 
 import math
+import random
 from collections import OrderedDict
 
 import pytest
@@ -159,3 +160,26 @@ def test_dylu_online_is_robust_to_one_slow_measurement():
     assert d.local_steps(0) == 40
     assert d.local_steps(1) == 20
     assert d.local_steps(2) == 40  # unobserved: assumed as fast as the fastest
+
+
+@pytest.mark.parametrize("cls", [DyLU, DyLUFloor, DyLUOnline])
+def test_dylu_answers_each_job_as_its_formula_over_the_whole_fleet_would(cls):
+    """A job's H comes from the fastest speed kept as it changes, not from a pass over
+    every worker per job; the answers, and the checkpointed state, are the formula's."""
+    rng = random.Random(3)
+    times = [rng.uniform(0.5, 4.0) for _ in range(40)]
+    d, fresh = cls(), cls()
+    d.start(steps=30, step_times=times)
+    keys = set(d.state_dict())
+    assert keys == ({"steps", "step_times", "observed"} if cls is DyLUOnline
+                    else {"steps", "step_times"})
+    for i in range(2000):
+        w = rng.randrange(40)
+        v = d.speeds()
+        assert d.local_steps(w) == max(1, d.round(v[w] / max(v) * 30)), i
+        d.observe(w, steps=rng.randrange(0, 20), seconds=rng.choice([0.0, rng.uniform(1, 90)]))
+        if i % 500 == 250:  # a checkpoint, resumed into a new policy
+            fresh.start(steps=30, step_times=times)
+            fresh.load_state_dict(d.state_dict())
+            assert set(fresh.state_dict()) == keys
+            d, fresh = fresh, cls()

@@ -61,6 +61,7 @@ import pytest  # noqa: E402
 from fedlm import model as M  # noqa: E402
 from fedlm.engine import JobResult  # noqa: E402
 from fedlm.engine.grace import AdaptiveGrace, FixedGrace, NoGrace, grace_rule  # noqa: E402
+from fedlm.engine.in_flight import InFlightJobs  # noqa: E402
 from fedlm.engine.types import InFlight  # noqa: E402
 from fedlm.model import snapshot  # noqa: E402
 from fedlm.plan.check import InstantTransport  # noqa: E402
@@ -119,20 +120,37 @@ def _flight(job_id, worker, t_dispatch, version=0, steps=10):
     return InFlight(JobSpec(job_id, worker, version, steps, 0), t_dispatch, None, 0, 1e9)
 
 
+def _dispatch(g, *flights):
+    """The jobs in flight, dispatched as the engine does: the rule hears of each."""
+    jobs = InFlightJobs()
+    for f in flights:
+        jobs.add(f)
+        g.dispatched(f)
+    return jobs
+
+
 def test_adaptive_window_rule():
     g = AdaptiveGrace(span=0.5, num_workers=3)
     # no pace known: the first finisher's cohort (same moment, same model) is expected
-    flights = {1: _flight(1, 1, 0.0), 2: _flight(2, 2, 5.0, version=1)}
+    flights = _dispatch(g, _flight(1, 1, 0.0), _flight(2, 2, 5.0, version=1))
     w = g.open(20.0, _flight(0, 0, 0.0), flights)
     assert w.expected == {1} and w.closes == pytest.approx(30.0)  # 20 + 0.5 x 20
-    # with a pace (2 s a step), job 2 is expected at 5 + 10 x 2 = 25 <= 30: it joins,
-    # and the window gives it the same slack past when it is expected
+    # with a pace (2 s a step) known when job 2 was dispatched, job 2 is expected at
+    # 5 + 10 x 2 = 25 <= 30: it joins, and the window gives it the same slack past
+    # when it is expected
+    g = AdaptiveGrace(span=0.5, num_workers=3)
     g.observe(_flight(9, 2, 0.0), now=20.0)
+    flights = _dispatch(g, _flight(1, 1, 0.0), _flight(2, 2, 5.0, version=1))
     w = g.open(20.0, _flight(0, 0, 0.0), flights)
     assert w.expected == {1, 2} and w.closes == pytest.approx(35.0)
-    assert not w.complete(flights) and w.complete({})
+    assert g.open(20.0, _flight(0, 0, 0.0), flights).expected == {1, 2}  # asked again
+    assert not w.complete(flights)
+    flights.pop(2)
+    assert not w.complete(flights)
+    flights.pop(1)
+    assert w.complete(flights)  # every job it waited for is in
     # a job expected long after the window is not waited for
-    far = {3: _flight(3, 2, 15.0, version=1)}  # expected at 35 > 30
+    far = _dispatch(g, _flight(3, 2, 15.0, version=1))  # expected at 35 > 30
     assert g.open(20.0, _flight(0, 0, 0.0), far) is None
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fedlm import checkpoint, store
+from fedlm import checkpoint, start as start_lib, store
 from fedlm.runner import run_inprocess
 from tests.conftest import tiny_config
 
@@ -152,3 +152,30 @@ def test_checkpoint_files_are_verified(tmp_path):
         checkpoint.save(folder, k, {"x": k, "run": me}, keep=3)
     assert [p.name for p in sorted(folder.glob("ckpt-v*.pt"))] == [
         "ckpt-v000000006.pt", "ckpt-v000000008.pt", "ckpt-v000000010.pt"]
+
+
+def test_init_from_a_checkpoint_file_starts_from_its_global_weights(tmp_path):
+    """``init.from = PATH`` reads a run's checkpoint: the global params in the engine's
+    state, under ``model`` (``driver`` in checkpoints written before that was renamed)."""
+    from fedlm.engine import Interrupted
+    from fedlm.params import params_hash
+
+    db = tmp_path / "r.db"
+    stop = []  # stopped once version 2 exists: its checkpoint is written, then the run ends
+    with pytest.raises(Interrupted):
+        run_inprocess(tiny_config("updates=4", "reliability.checkpoint_every=2"), str(db),
+                      should_stop=lambda: bool(stop),
+                      progress=lambda p: stop.append(p.version) if p.version >= 2 else None)
+    (ckpt,) = checkpoint.folder_for(db, 1).glob("ckpt-v*.pt")
+    payload = checkpoint.read(ckpt)
+    weights = payload["engine"]["model"]["params"]
+    engine = dict(payload["engine"])
+    engine["driver"] = engine.pop("model")
+    old = checkpoint.write(tmp_path / "old.pt", {**payload, "engine": engine})
+    for path in (ckpt, old):
+        run = run_inprocess(tiny_config("updates=1", f"init.from={path}"), str(db))
+        with sqlite3.connect(db) as conn:
+            start_hash, = conn.execute("SELECT start_hash FROM runs WHERE id=?",
+                                       (run,)).fetchone()
+        assert start_hash == params_hash(weights) != params_hash(start_lib.initial(
+            tiny_config()))

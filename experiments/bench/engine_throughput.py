@@ -1,13 +1,16 @@
 """The scheduling core alone: events and virtual updates per second.
 
-    python experiments/bench/engine_throughput.py [--events 200000]
+    python experiments/bench/engine_throughput.py [--events 200000] [--smoke]
 
 A no-op transport answers every job at once with a one-number outer gradient,
 so what is measured is fedlm's engine: the virtual clock, dispatch, the
 strategy call, bookkeeping. For 10, 1,000 and 100,000 simulated workers
 (async SGD: one update per finished job; FedAvg: one per round), with and
-without the SQLite run store. Prints a table; writes
-experiments/results/engine_throughput.json.
+without the SQLite run store (at 100,000 workers without it only). Each case
+finishes ``--events`` jobs, or twice the workers if that is more. Prints a
+table; writes experiments/results/engine_throughput.json. ``--smoke``: a
+seconds-long version (few jobs, 10 and 100 workers) that writes nothing, for
+tests/test_bench_engine_throughput.py.
 """
 
 from __future__ import annotations
@@ -52,7 +55,8 @@ class NoOpTransport:
 def measure(workers: int, strategy: str, events: int, store: bool) -> dict:
     updates = events if strategy == "async-sgd" else max(1, events // workers)
     cfg = config_load.load(None, [f"workers={workers}", f"strategy={strategy}", "profile=very",
-                                  f"updates={updates}", "model=tiny", "eval.every=1000000000"])
+                                  f"updates={updates}", "model=tiny", "eval.every=1000000000",
+                                  "data.partition=iid"])
     t0 = time.perf_counter()
     profiles = fleet.profiles(cfg.fleet, workers)
     with tempfile.TemporaryDirectory() as tmp:
@@ -77,20 +81,24 @@ def measure(workers: int, strategy: str, events: int, store: bool) -> dict:
             "events_per_s": round(2 * done / seconds),  # a dispatch and a completion per job
             "jobs_per_s": round(done / seconds),
             "updates_per_s": round(engine.version / seconds, 1),
-            "virtual_s_per_wall_s": round(engine.clock.now / seconds, 1)}
+            "virtual_s_per_wall_s": round(engine.events.now / seconds, 1)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--events", type=int, default=200_000, help="jobs to finish per case")
+    ap.add_argument("--smoke", action="store_true",
+                    help="a seconds-long check that it runs: 200 jobs at 10 and 100 workers, "
+                         "nothing written")
     args = ap.parse_args()
+    fleets, events = ((10, 100), 200) if args.smoke else ((10, 1_000, 100_000), args.events)
     rows = []
-    for workers in (10, 1_000, 100_000):
+    for workers in fleets:
         for strategy in ("async-sgd", "fedavg"):
             for store in (False, True):
                 if store and workers == 100_000:
                     continue  # the store's cost per job does not depend on the fleet size
-                rows.append(measure(workers, strategy, max(args.events, 2 * workers), store))
+                rows.append(measure(workers, strategy, max(events, 2 * workers), store))
                 print(rows[-1], flush=True)
     print(f"\n{'workers':>8} {'strategy':>10} {'store':>6} {'jobs':>8} {'jobs/s':>9} "
           f"{'events/s':>9} {'updates/s':>10} {'setup s':>8}")
@@ -98,6 +106,8 @@ def main() -> None:
         print(f"{r['workers']:>8,} {r['strategy']:>10} {str(r['store']):>6} {r['jobs']:>8,} "
               f"{r['jobs_per_s']:>9,} {r['events_per_s']:>9,} {r['updates_per_s']:>10,} "
               f"{r['setup_s']:>8.2f}")
+    if args.smoke:
+        return
     out = ROOT / "experiments" / "results" / "engine_throughput.json"
     out.write_text(json.dumps({"machine": f"{os.cpu_count()} cores", "rows": rows}, indent=2))
     print(f"wrote {out}")

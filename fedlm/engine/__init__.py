@@ -1,9 +1,11 @@
 """The engine: one loop for synchronous and asynchronous training (``loop``),
 and the parts it is made of: what flows through it (``types``), the order
 events happen in (``events``: a virtual clock or the wall clock), the replies
-not yet handed on (``inbox``), the workers' lifecycle (``workers``), every store
-write (``runlog``), when a run has diverged (``divergence``) and the
-strategy-facing protocol shared with replay (``driver``). docs/architecture.md draws how they fit.
+not yet handed on (``inbox``), the jobs in flight (``in_flight``), the workers'
+lifecycle (``workers``), every store write (``runlog``), when a run has
+diverged (``divergence``) and the global model: its params, version and the
+strategy-facing protocol shared with replay (``global_model``); an engine's
+checkpointed state is composed in ``state``. docs/architecture.md draws how they fit.
 """
 
 from fedlm.engine.jobs import data_seed

@@ -2,7 +2,7 @@
 
 - ``VirtualEvents`` (simulation): a job's duration is known when it is
   dispatched (download + compute + upload from the worker's profile, or moved
-  along a shared server link by ``fedlm.sim.network``), so its completion goes on a
+  along a shared server link by ``fedlm.network``), so its completion goes on a
   virtual clock, and finished jobs are handed on in virtual-completion order,
   whatever order their real replies arrive in. A simulated run is then a pure
   function of its config and seed.
@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Mapping
-
-from fedlm.sim.clock import VirtualClock
 from fedlm.config import Config
+from fedlm.sim.clock import VirtualClock
 from fedlm.sim.fleet import JobTimer, JobTiming, WorkerProfile
 from fedlm.sim.network import Network
 from fedlm.store import IntervalKind
 
+from fedlm.engine.in_flight import InFlightJobs
 from fedlm.engine.inbox import Inbox
 from fedlm.engine.types import BackOnline, Event, InFlight, JobDone, missed_deadline
 from fedlm.engine.workers import WorkerPool
@@ -65,7 +64,7 @@ class _Deadline:
 class VirtualEvents:
     lookahead = True  # the next event's time is known in advance
 
-    def __init__(self, cfg: Config, fleet: list[WorkerProfile], flights: Mapping[int, InFlight],
+    def __init__(self, cfg: Config, fleet: list[WorkerProfile], flights: InFlightJobs,
                  inbox: Inbox) -> None:
         self.fleet, self.flights, self.inbox = fleet, flights, inbox
         self.clock: VirtualClock = VirtualClock()
@@ -129,10 +128,10 @@ class VirtualEvents:
             if isinstance(event, BackOnline):
                 return event
             if isinstance(event, _JobEnds):
-                reply = self.inbox.wait_for(event.job_id)
+                reply = self.inbox.wait_for(event.job_id, now=self.now)
                 f = self.flights[event.job_id]
                 if f.expires:  # what came back came too late
-                    self.inbox.ignore(reply, "late_reply")
+                    self.inbox.ignore(reply, "late_reply", now=self.now)
                     reply = missed_deadline(event.job_id, f, time.time())
                 return JobDone(event.job_id, reply)
             done = self._network_event(event)
@@ -173,12 +172,12 @@ class VirtualEvents:
             self._schedule_network()
             return None
         if isinstance(event, _Uploaded):
-            return JobDone(key, self.inbox.wait_for(key))
+            return JobDone(key, self.inbox.wait_for(key, now=now))
         # _Deadline: whatever it still sends is too late
         self.net.remove(now, (key, "down"))
         self.net.remove(now, (key, "up"))
         self._schedule_network()
-        self.inbox.ignore(self.inbox.wait_for(key), "late_reply")
+        self.inbox.ignore(self.inbox.wait_for(key, now=now), "late_reply", now=now)
         return JobDone(key, missed_deadline(key, self.flights[key], time.time()))
 
     def spans(self, f: InFlight, end: float, compute_seconds: float) -> list[Span]:
@@ -215,8 +214,7 @@ class VirtualEvents:
 class WallEvents:
     lookahead = False  # nothing is known before it happens
 
-    def __init__(self, flights: Mapping[int, InFlight], inbox: Inbox,
-                 pool: WorkerPool) -> None:
+    def __init__(self, flights: InFlightJobs, inbox: Inbox, pool: WorkerPool) -> None:
         self.flights, self.inbox, self.pool = flights, inbox, pool
         self._start = time.monotonic()
 
@@ -253,16 +251,16 @@ class WallEvents:
             back = self.pool.due_online(now)
             if back:
                 return BackOnline(min(back))
-            overdue = [j for j, f in self.flights.items() if f.deadline <= now]
-            if overdue:
-                j = min(overdue)
+            j = self.flights.first_overdue(now)
+            if j is not None:
                 return JobDone(j, missed_deadline(j, self.flights[j], time.time()))
             if until is not None and now >= until:
                 return None
-            soonest = min([f.deadline for f in self.flights.values()]
+            deadline = self.flights.next_deadline()
+            soonest = min(([] if deadline is None else [deadline])
                           + [u for _, u in self.pool.offline.values()]
                           + ([until] if until is not None else []), default=now + 1.0)
-            self.inbox.receive(min(max(soonest - now, 0.0), 1.0))
+            self.inbox.receive(min(max(soonest - now, 0.0), 1.0), now=now)
 
     def spans(self, f: InFlight, end: float, compute_seconds: float) -> list[Span]:
         """The client reports its compute time; the rest of the wait was transfer."""

@@ -41,10 +41,12 @@ the strategy took before which dispatch), so replay needs nothing from here.
 
 from __future__ import annotations
 
+import heapq
 import statistics
-from dataclasses import dataclass
-from typing import Mapping
+from dataclasses import dataclass, field
+from typing import Container
 
+from fedlm.engine.in_flight import InFlightJobs
 from fedlm.engine.types import InFlight
 
 
@@ -57,17 +59,28 @@ class Window:
     # The jobs it waits for (it closes as soon as none is still in flight); None:
     # whatever finishes by ``closes`` (a fixed window).
     expected: frozenset[int] | None = None
+    # those of them it has not yet seen gone (jobs only leave the jobs in flight while a
+    # window is open, so each is looked for until it is gone, not at every event)
+    _waiting: list[int] = field(default_factory=list, init=False, repr=False, compare=False)
 
-    def complete(self, in_flight: Mapping[int, InFlight]) -> bool:
+    def __post_init__(self) -> None:
+        self._waiting.extend(sorted(self.expected or ()))
+
+    def complete(self, in_flight: Container[int]) -> bool:
         """Every job it waits for is in (or lost)."""
-        return self.expected is not None and self.expected.isdisjoint(in_flight)
+        while self._waiting and self._waiting[-1] not in in_flight:
+            self._waiting.pop()
+        return self.expected is not None and not self._waiting
 
 
 class NoGrace:
     """Every finished job is applied alone."""
 
-    def open(self, now: float, first: InFlight, flights: Mapping[int, InFlight]) -> None:
+    def open(self, now: float, first: InFlight, flights: InFlightJobs) -> Window | None:
         return None
+
+    def dispatched(self, flight: InFlight) -> None:
+        pass
 
     def observe(self, flight: InFlight, now: float) -> None:
         pass
@@ -75,7 +88,7 @@ class NoGrace:
     def state_dict(self) -> dict:
         return {}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, flights: InFlightJobs) -> None:
         pass
 
     def describe(self) -> str:
@@ -88,7 +101,7 @@ class FixedGrace(NoGrace):
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
 
-    def open(self, now: float, first: InFlight, flights: Mapping[int, InFlight]) -> Window:
+    def open(self, now: float, first: InFlight, flights: InFlightJobs) -> Window:
         return Window(now, now + self.seconds)
 
     def describe(self) -> str:
@@ -104,6 +117,17 @@ class AdaptiveGrace(NoGrace):
         self.span = span
         # per worker: seconds per inner step of its last finished jobs
         self.pace: list[list[float]] = [[] for _ in range(num_workers)]
+        # (expected end, job id) of the jobs dispatched to a worker of known pace, a heap:
+        # a window takes those due before it closes without looking at the others. A
+        # job's expected end is fixed at dispatch (its worker's pace changes only when a
+        # job of that worker comes back, and a worker has one job at a time); jobs no
+        # longer in flight are dropped when a window meets them.
+        self._ends: list[tuple[float, int]] = []
+
+    def dispatched(self, flight: InFlight) -> None:
+        end = self.expected_end(flight)
+        if end is not None:
+            heapq.heappush(self._ends, (end, flight.job.job_id))
 
     def observe(self, flight: InFlight, now: float) -> None:
         """A job came back with its update: learn its worker's pace."""
@@ -119,17 +143,23 @@ class AdaptiveGrace(NoGrace):
             return None
         return flight.t_dispatch + flight.job.local_steps * statistics.median(hist)
 
-    def open(self, now: float, first: InFlight, flights: Mapping[int, InFlight]) -> Window | None:
+    def open(self, now: float, first: InFlight, flights: InFlightJobs) -> Window | None:
         slack = self.span * (now - first.t_dispatch)
         if slack <= 0:
             return None
-        expected: dict[int, float | None] = {}  # the jobs it waits for: when they are due
-        for job_id, f in flights.items():
-            end = self.expected_end(f)
-            cohort = (f.t_dispatch == first.t_dispatch
-                      and f.job.base_version == first.job.base_version)
-            if cohort or (end is not None and end <= now + slack):
+        # the jobs it waits for, and when they are due: the first one's cohort, and any
+        # job expected by now + slack
+        expected: dict[int, float | None] = {
+            j: self.expected_end(flights[j])
+            for j in flights.cohort(first.t_dispatch, first.job.base_version)}
+        due_by: list[tuple[float, int]] = []
+        while self._ends and self._ends[0][0] <= now + slack:
+            end, job_id = heapq.heappop(self._ends)
+            if job_id in flights:
                 expected[job_id] = end
+                due_by.append((end, job_id))
+        for entry in due_by:  # still in flight: later windows may wait for them too
+            heapq.heappush(self._ends, entry)
         if not expected:
             return None
         # each one gets `slack` past the time it is expected (pace unknown: now)
@@ -139,8 +169,11 @@ class AdaptiveGrace(NoGrace):
     def state_dict(self) -> dict:
         return {"pace": [list(h) for h in self.pace]}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, flights: InFlightJobs) -> None:
         self.pace = [list(h) for h in state["pace"]]
+        self._ends = []
+        for flight in flights.flights():
+            self.dispatched(flight)
 
     def describe(self) -> str:
         return f"adaptive, span {self.span:g}"

@@ -2,7 +2,7 @@
 position), the fault it is to act out, and how long it may take.
 
 All of it is decided at dispatch, from seeded draws that depend only on the
-worker and its job count (``data_seed``, ``fedlm.sim.faults``) or on the shards'
+worker and its job count (``data_seed``, ``fedlm.faults``) or on the shards'
 progress (``fedlm.shards``), and written to the job's row, so replay reads it
 back instead of drawing again.
 """
@@ -14,8 +14,33 @@ import numpy as np
 from fedlm import shards
 from fedlm.config import Config
 from fedlm.job import JobSpec
+from fedlm.shards import ShardBook
 from fedlm.sim import faults
 from fedlm.sim.fleet import JobTiming, WorkerProfile
+
+
+class _RunShards(ShardBook):
+    """``ShardBook`` with the run's total steps kept as jobs take them: ``ShardBook``
+    sums every shard's steps at each job, which made a dispatch O(shards), and there
+    is a shard per worker by default. The same numbers and the same state; the count
+    belongs in ``fedlm.shards`` itself once that module has settled where it lives."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._total = sum(self.steps)
+
+    @property
+    def total_steps(self) -> int:
+        return self._total
+
+    def take(self, shard: int, steps: int, sequences: int) -> tuple[int, int]:
+        before = super().take(shard, steps, sequences)
+        self._total += steps
+        return before
+
+    def load_state_dict(self, st: dict) -> None:
+        super().load_state_dict(st)
+        self._total = sum(self.steps)
 
 
 def data_seed(seed: int, worker: int, job_index: int) -> int:
@@ -31,7 +56,7 @@ class JobMaker:
         if shard_sizes is None:
             shard_sizes = (shards.shard_sizes(cfg) if cfg.data.shard_choice == "paper"
                            else [1] * len(fleet))
-        self.shards = shards.ShardBook(shard_sizes, cfg.data.shard_choice, cfg.seed)
+        self.shards = _RunShards(shard_sizes, cfg.data.shard_choice, cfg.seed)
         self._sequences_per_step = [cfg.inner.batch_size * p.members for p in fleet]
         self.next_job_id = 0
 

@@ -10,13 +10,14 @@
             strategy; a new global version may follow (evaluated every eval.every
             versions, checkpointed every reliability.checkpoint_every)
 
-Who owns what: the ``Driver`` the global params, their version and the
-strategy (the same driver replays a run); the ``WorkerPool`` the workers'
-lifecycle (free, busy, offline, retired); the event source (``VirtualEvents``
+Who owns what: the ``GlobalModel`` the global params, their version and the
+strategy (replay drives the strategy through it too); the ``WorkerPool`` the
+workers' lifecycle (free, busy, offline, retired); the event source (``VirtualEvents``
 or ``WallEvents``) the order things happen in and the time; the ``Inbox`` the
-replies not yet handed on; the ``RunLog`` every store write; the ``JobMaker``
-what each new job is (its data, shard, fault, deadline). The loop owns the jobs
-in flight and the run's totals, and knows nothing of the algorithm.
+replies not yet handed on; ``InFlightJobs`` the jobs in flight (the loop adds and
+pops them, the other parts are handed it and ask); the ``RunLog`` every store
+write; the ``JobMaker`` what each new job is (its data, shard, fault, deadline).
+The loop owns the run's totals, and knows nothing of the algorithm.
 
 A dispatched job goes to a ``Transport`` (Flower's Grid in ``server_app``; an
 in-process trainer in tests, sweeps and replay) and computes while the loop
@@ -33,23 +34,25 @@ import math
 import time
 from typing import Callable, NoReturn
 
-from fedlm.sim import faults, wire_sizes
 from fedlm.config import Config
+from fedlm.sim import faults, wire_sizes
 from fedlm.sim.fleet import WorkerProfile
 from fedlm.params import BadUpdate, check_update, num_bytes
 from fedlm.store import IntervalKind, RunWriter
 from fedlm.strategies.base import Strategy
 from fedlm.strategies.local_steps import LocalSteps
 
+from fedlm.engine import state
 from fedlm.engine.divergence import DivergenceWatch, hint
-from fedlm.engine.driver import Driver
+from fedlm.engine.global_model import GlobalModel
 from fedlm.engine.events import VirtualEvents, WallEvents
 from fedlm.engine.grace import Window, grace_rule
+from fedlm.engine.in_flight import InFlightJobs
 from fedlm.engine.inbox import Inbox
 from fedlm.engine.jobs import JobMaker
 from fedlm.engine.runlog import RunLog
-from fedlm.engine.types import (BackOnline, Diverged, EngineError, Event, InFlight, Progress,
-                                JobResult, Transport)
+from fedlm.engine.types import (BackOnline, Diverged, EngineError, Event, InFlight, Interrupted,
+                                Progress, JobResult, Transport)
 from fedlm.engine.workers import WorkerPool
 
 
@@ -69,12 +72,11 @@ class Engine:
         self.checkpoint = checkpoint  # called with state_dict() every checkpoint_every versions
         self.transport = (faults.DuplicatingTransport(transport) if cfg.faults.duplicate > 0
                           else transport)
-        self.driver = Driver(strategy)
+        self.model = GlobalModel(strategy)
         self.log = RunLog(writer)
         self.pool = WorkerPool(cfg, len(fleet))
-        self.in_flight: dict[int, InFlight] = {}
-        self.inbox = Inbox(self.transport, self.in_flight, self.log, now=lambda: self.now,
-                           version=lambda: self.version,
+        self.in_flight = InFlightJobs()
+        self.inbox = Inbox(self.transport, self.in_flight, self.log,
                            should_stop=should_stop or (lambda: False),
                            reply_timeout=cfg.sim.reply_timeout, recent=4 * len(fleet) + 64)
         self.events = (VirtualEvents(cfg, fleet, self.in_flight, self.inbox) if order == "virtual"
@@ -102,11 +104,11 @@ class Engine:
 
     @property
     def version(self) -> int:
-        return self.driver.version
+        return self.model.version
 
     @property
     def params(self):
-        return self.driver.params
+        return self.model.params
 
     @property
     def retired(self) -> set[int]:
@@ -130,15 +132,27 @@ class Engine:
             return steps
         if self.strategy.synchronous:
             return steps if self.steps_done < budget else 0
-        in_flight = sum(f.job.local_steps for f in self.in_flight.values())
-        return max(0, min(steps, budget - self.steps_done - in_flight))
+        return max(0, min(steps, budget - self.steps_done - self.in_flight.steps()))
+
+    def _budget_spent(self) -> bool:
+        """``_steps_for`` gives every worker 0 now: the budget is spent (synchronous), or
+        spent and in flight (asynchronous)."""
+        budget = self.cfg.local_step_budget
+        in_flight = 0 if self.strategy.synchronous else self.in_flight.steps()
+        return budget > 0 and self.steps_done + in_flight >= budget
 
     # -- the loop -------------------------------------------------------------
     def run(self, params, resume: dict | None = None):
         """Train until ``cfg.updates`` global versions exist (or a budget is spent,
         see ``done``; updates then held in a buffer are not applied); return the
         final params. ``resume``: a ``state_dict()`` to continue from."""
-        self.driver.start(params, num_workers=len(self.fleet))
+        try:
+            return self._run(params, resume)
+        except Interrupted:  # the inbox saw the stop signal while it waited
+            raise Interrupted(f"interrupted at version {self.version}") from None
+
+    def _run(self, params, resume: dict | None):
+        self.model.start(params, num_workers=len(self.fleet))
         self.policy.start(steps=self.cfg.inner.steps,
                           step_times=[p.step_time for p in self.fleet])
         if resume is None:
@@ -149,9 +163,8 @@ class Engine:
             self._evaluate()
         else:
             self.load_state_dict(resume)
-            for job_id in sorted(self.in_flight):  # the jobs the dead process was waiting for
-                job = self.in_flight[job_id].job
-                self.transport.submit(job, self.base_params[job.base_version])
+            for f in self.in_flight.flights():  # the jobs the dead process was waiting for
+                self.transport.submit(f.job, self.base_params[f.job.base_version])
         while True:
             if self._checkpoint_due:
                 self._write_checkpoint()
@@ -187,11 +200,14 @@ class Engine:
                 break
             self._handle(event)
         if window.expected is not None and not window.complete(self.in_flight):
-            late = sorted(window.expected & self.in_flight.keys())
+            late = sorted(j for j in window.expected if j in self.in_flight)
             self.log.grace_closed(self.now, waited=self.now - window.opened, late=late)
 
     def _dispatch_free_workers(self) -> None:
         now, cap = self.now, self.cfg.max_in_flight
+        if self._budget_spent():  # nobody gets a job: none is asked (not the whole fleet
+            self.pool.pass_over(self.version, len(self.in_flight))  # at every event)
+            return
         for w in self.pool.candidates(self.version, len(self.in_flight)):
             if cap and len(self.in_flight) >= cap:
                 self.pool.blocked = True
@@ -211,8 +227,9 @@ class Engine:
         expires = timing is not None and self.events.will_expire(timing, job.fault, limit)
         flight = InFlight(job, now, timing, index, limit, expires)
         self.log.intervals([(w, IntervalKind.IDLE, free_since, now, self.version, None)])
-        self.driver.dispatched(w, self.version)
-        self.in_flight[job.job_id] = flight
+        self.model.dispatched(w, self.version)
+        self.in_flight.add(flight)
+        self.grace.dispatched(flight)
         if self.checkpoint is not None:  # a checkpoint must be able to re-send it
             self.base_params.setdefault(self.version, self.params)
         self.events.dispatched(flight)
@@ -251,14 +268,14 @@ class Engine:
         self.grace.observe(flight, now)
         self.inbox.settle(job_id, "done")
         self._release(w, flight.index)
-        update = self.driver.update(worker=w, job_id=job_id, base_version=job.base_version,
+        update = self.model.update(worker=w, job_id=job_id, base_version=job.base_version,
                                     outer_grad=grad, tokens=reply.tokens,
                                     local_steps=reply.steps)
         self.tokens += reply.tokens
         self.steps_done += reply.steps
         self.jobs_done += 1
         self.log.updated({
-            "seq": self.driver.seq, "job_id": job_id, "worker": w,
+            "seq": self.model.seq, "job_id": job_id, "worker": w,
             "base_version": job.base_version, "received_version": self.version,
             "staleness": update.staleness, "local_steps": reply.steps,
             "data_seed": job.data_seed, "tokens": reply.tokens,
@@ -267,7 +284,7 @@ class Engine:
             grad)
         compute = flight.timing.compute if flight.timing is not None else reply.compute_seconds
         self.policy.observe(w, steps=reply.steps, seconds=compute)
-        new_params = self.driver.apply(update)
+        new_params = self.model.apply(update)
         if new_params is not None:
             self._new_version(new_params)
         self.log.commit(force=False)
@@ -286,9 +303,9 @@ class Engine:
                               f"in a row; last error: {error}")
         if w not in self.pool.retired:
             self._release(w, flight.index)
-        new_params = self.driver.lose(w, job_id=job.job_id, reason=reason)
+        new_params = self.model.lose(w, job_id=job.job_id, reason=reason)
         if new_params is not None:  # e.g. a sync round closed with the replies it had
-            self.log.round_closed(self.now, self.version + 1, len(self.driver.held))
+            self.log.round_closed(self.now, self.version + 1, len(self.model.held))
             self._new_version(new_params)
         self.log.commit(force=False)
         self._report()
@@ -301,9 +318,9 @@ class Engine:
             self.log.offline(w, self.now, self.cfg.faults.offline_seconds)
 
     def _new_version(self, params) -> None:
-        seqs = self.driver.new_version(params)
+        seqs = self.model.new_version(params)
         if self.base_params:  # keep only versions that jobs still in flight started from
-            used = {f.job.base_version for f in self.in_flight.values()}
+            used = self.in_flight.base_versions()
             self.base_params = {v: p for v, p in self.base_params.items() if v in used}
         self.log.applied(self.version, seqs)
         if self.version % self.cfg.eval.every == 0:
@@ -321,39 +338,11 @@ class Engine:
 
     def state_dict(self) -> dict:
         """Everything the loop needs to go on from here (at the top of the loop): each
-        part's own state, and the loop's jobs in flight and totals."""
-        return {
-            "driver": self.driver.state_dict(), "policy": self.policy.state_dict(),
-            "grace": self.grace.state_dict(),
-            "pool": self.pool.state_dict(), "events": self.events.state_dict(),
-            "inbox": self.inbox.state_dict(), "log": self.log.state_dict(),
-            "jobs": self.jobs.state_dict(), "in_flight": dict(self.in_flight), "base_params": dict(self.base_params),
-            "model_bytes": self.model_bytes, "up_bytes": self.up_bytes,
-            "tokens": self.tokens,
-            "steps_done": self.steps_done, "jobs_done": self.jobs_done,
-            "last_perplexity": self.last_perplexity,
-            "last_eval_version": self._last_eval_version,
-            "position": position(self),
-        }
+        part's own state and the loop's totals (``fedlm.engine.state``)."""
+        return state.capture(self)
 
     def load_state_dict(self, st: dict) -> None:
-        self.driver.load_state_dict(st["driver"])
-        self.policy.load_state_dict(st["policy"])
-        self.grace.load_state_dict(st.get("grace", {}))
-        self.pool.load_state_dict(st["pool"])
-        self.events.load_state_dict(st["events"])
-        self.inbox.load_state_dict(st["inbox"])
-        self.log.load_state_dict(st["log"])
-        self.jobs.load_state_dict(st["jobs"])
-        self.in_flight.clear()  # the inbox and the events hold this very dict
-        self.in_flight.update(st["in_flight"])
-        self.base_params = dict(st["base_params"])
-        self.model_bytes, self.up_bytes = st["model_bytes"], st["up_bytes"]
-        self.events.set_payload(self.model_bytes, self.up_bytes)
-        self.tokens = st["tokens"]
-        self.steps_done, self.jobs_done = st["steps_done"], st["jobs_done"]
-        self.last_perplexity = st["last_perplexity"]
-        self._last_eval_version = st["last_eval_version"]
+        state.restore(self, st)  # also a checkpoint written by an older fedlm
 
     # -- bookkeeping ----------------------------------------------------------
     def _spans(self, f: InFlight, end: float, compute_seconds: float) -> list:
@@ -366,7 +355,7 @@ class Engine:
         jobs in flight are cut at now and cancelled (``why``)."""
         end = self.now
         rows = self.pool.closing_rows(end, self.version)
-        for _, f in sorted(self.in_flight.items()):
+        for f in self.in_flight.flights():
             rows += self._spans(f, end, compute_seconds=0.0)
         self.log.intervals(rows)
         self.cancel_in_flight(why)
@@ -378,7 +367,7 @@ class Engine:
         rather than ``running``. Once; replay walks only their dispatch."""
         if not self._cancelled:
             self._cancelled = True
-            self.log.cancelled(sorted(self.in_flight), why)
+            self.log.cancelled(self.in_flight.ids(), why)
 
     def _evaluate(self) -> None:
         self._last_eval_version = self.version
@@ -407,10 +396,3 @@ class Engine:
             self.progress(Progress(self.version, self.cfg.updates, self.now,
                                    self.jobs_done, self.tokens, self.last_perplexity,
                                    self.steps_done, self.cfg.local_step_budget))
-
-
-def position(engine: Engine) -> dict:
-    """Where a checkpointed run stands, for the store to be cut back to it on resume."""
-    return {"version": engine.version, "op": engine.log.op, "seq": engine.driver.seq,
-            "next_job_id": engine.jobs.next_job_id, "in_flight": sorted(engine.in_flight),
-            "now": engine.now}

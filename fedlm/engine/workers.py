@@ -8,12 +8,14 @@ update was accepted: the optimizer state its next job starts from
 
 from __future__ import annotations
 
+from typing import Iterable
+
 import numpy as np
 
-from fedlm.sim import faults
 from fedlm.config import Config
-from fedlm.store import IntervalKind
 from fedlm.job import FRESH
+from fedlm.sim import faults
+from fedlm.store import IntervalKind
 
 
 class WorkerPool:
@@ -34,32 +36,57 @@ class WorkerPool:
         self.scanned_version = -1
         self.blocked = False
         self.sampler = np.random.default_rng([cfg.seed, 15485863])
+        self._taken = 0  # workers taken from free_since since it was last copied
 
     def start(self, now: float) -> None:
         self.free_since = {w: now for w in range(self.num_workers)}
 
-    def candidates(self, version: int, in_flight: int) -> list[int]:
-        """Free workers to offer a job, in the order they are offered."""
-        if version != self.scanned_version or self.blocked:
-            pool = list(self.free_since)
-        else:
-            pool = [w for w in self.newly_free if w in self.free_since]
-        self.newly_free = []
-        self.scanned_version = version
-        self.blocked = False
+    def _next_scan(self, version: int) -> list[int] | None:
+        """Start a scan: None if every free worker is to be offered a job (the version
+        changed, or a cap blocked someone), else those that became free since the last."""
+        full = version != self.scanned_version or self.blocked
+        fresh = None if full else [w for w in self.newly_free if w in self.free_since]
+        self.newly_free, self.scanned_version, self.blocked = [], version, False
+        return fresh
+
+    def _sample(self, n: int, in_flight: int):
+        """More candidates than slots: a uniform order of the ``n`` available (seeded), as
+        FedScale does, instead of favouring low indices; None if all fit."""
         cap = self.cfg.max_in_flight
-        if cap and len(pool) > cap - in_flight:
-            # More candidates than slots: sample uniformly among the available
-            # ones (seeded), as FedScale does, instead of favouring low indices.
-            return [pool[i] for i in self.sampler.permutation(len(pool))]
-        return sorted(pool)
+        return self.sampler.permutation(n) if cap and n > cap - in_flight else None
+
+    def candidates(self, version: int, in_flight: int) -> Iterable[int]:
+        """Free workers to offer a job, in the order they are offered (the caller stops
+        when the slots are full: a sampled order is drawn whole, read as far as needed)."""
+        fresh = self._next_scan(version)
+        pool = list(self.free_since) if fresh is None else fresh
+        order = self._sample(len(pool), in_flight)
+        return sorted(pool) if order is None else (pool[i] for i in order)
+
+    def pass_over(self, version: int, in_flight: int) -> None:
+        """A scan in which every worker would be refused (the local-step budget is spent):
+        what ``candidates`` and the engine's walk of it leave behind (this bookkeeping, the
+        sampler's draw, a full cap blocking), without listing the free workers."""
+        fresh = self._next_scan(version)
+        n = len(self.free_since) if fresh is None else len(fresh)
+        if self._sample(n, in_flight) is not None and in_flight >= self.cfg.max_in_flight:
+            self.blocked = True  # the engine's walk stops at the first, the slots full
 
     def take(self, w: int) -> tuple[int, float]:
         """``w`` gets a job: returns the job's index among ``w``'s jobs and since when
         ``w`` was free."""
         index = self.jobs_of[w]
         self.jobs_of[w] += 1
-        return index, self.free_since.pop(w)
+        since = self.free_since.pop(w)
+        self._taken += 1
+        if self._taken > 2 * len(self.free_since) + 64:
+            # A dict keeps the slots of removed keys until it grows again, and walking it
+            # walks them too: after a fleet's first dispatch, every scan of the few free
+            # workers would cost as many as there are workers. A copy has only the free
+            # ones, in the same order.
+            self.free_since = dict(self.free_since)
+            self._taken = 0
+        return index, since
 
     def keep_from(self, w: int) -> int:
         """The oldest state of ``w`` still needed: by its next job or a kept checkpoint."""

@@ -1,4 +1,5 @@
-"""The server's side of the protocol, shared by the live engine and replay.
+"""The global model: the server's side of the protocol, shared by the live engine
+and replay.
 
     dispatched(w, v)      a job of worker w starts from global version v
     apply(update)   ->    new params, or None (the strategy holds the update)
@@ -7,12 +8,14 @@
     new_version(params)   the params become global version v + 1; returns the
                           updates (by seq) that went into it
 
-The driver owns the global params, their version and the numbering of the
-updates handed to the strategy (``seq``); it computes each update's staleness.
-What a new version sets off (evaluation, checkpoints, the store) is the
-caller's: the engine logs and evaluates, replay keeps the versions later jobs
-start from. Both call the strategy through here and nowhere else, so a run and
-its replay cannot drift apart in how they drive it.
+``GlobalModel`` owns the global params, their version, the strategy, and the
+numbering of the updates handed to the strategy (``seq``) with those it still
+holds; it computes each update's staleness. What a new version sets off
+(evaluation, checkpoints, the store) is the caller's: the engine logs and
+evaluates, replay keeps the versions later jobs start from. Both call the
+strategy through here and nowhere else, so a run and its replay cannot drift
+apart in how they drive it. (It was ``Driver`` in ``fedlm/engine/driver.py``:
+Flower's old name for what it now calls the Grid, so it read as something else.)
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any
 from fedlm.strategies.base import Strategy, Update
 
 
-class Driver:
+class GlobalModel:
     def __init__(self, strategy: Strategy) -> None:
         self.strategy = strategy
         self.params: Any = None

@@ -1,0 +1,56 @@
+"""An engine's checkpointed state: each part's own, and the loop's totals.
+
+``Engine.state_dict()`` is ``capture(engine)``, taken at the top of the loop where
+the whole state is in it; ``Engine.load_state_dict`` is ``restore``. The keys:
+
+    model          the GlobalModel: params, version, seq, held updates, the
+                   strategy's state (``driver`` in checkpoints written before the
+                   class was renamed: still read)
+    policy, grace, pool, events, inbox, log, jobs
+                   each part's own ``state_dict`` (no ``grace`` in checkpoints
+                   written before the grace rule kept state)
+    in_flight      job id -> InFlight, in dispatch order
+    base_params    the global versions that jobs in flight started from (resume
+                   sends them again)
+    model_bytes, up_bytes, tokens, steps_done, jobs_done, last_perplexity,
+    last_eval_version   the loop's payload sizes and totals
+    position       where the run stands, for the store to be cut back to it
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+PARTS = ("model", "policy", "grace", "pool", "events", "inbox", "log", "jobs", "in_flight")
+TOTALS = ("model_bytes", "up_bytes", "tokens", "steps_done", "jobs_done", "last_perplexity")
+
+
+def capture(engine: Any) -> dict:
+    """``engine``'s state (an ``Engine``, at the top of its loop)."""
+    st = {name: getattr(engine, name).state_dict() for name in PARTS}
+    st.update({name: getattr(engine, name) for name in TOTALS})
+    return {**st, "base_params": dict(engine.base_params),
+            "last_eval_version": engine._last_eval_version, "position": position(engine)}
+
+
+def restore(engine: Any, st: dict) -> None:
+    """Put ``engine`` where ``capture`` found it (in a checkpoint of this or an older
+    version of fedlm)."""
+    engine.model.load_state_dict(st["model"] if "model" in st else st["driver"])
+    engine.policy.load_state_dict(st["policy"])
+    engine.in_flight.load_state_dict(st["in_flight"])
+    engine.grace.load_state_dict(st.get("grace", {}), engine.in_flight)  # it indexes them
+    for name in ("pool", "events", "inbox", "log", "jobs"):
+        getattr(engine, name).load_state_dict(st[name])
+    for name in TOTALS:
+        setattr(engine, name, st[name])
+    engine.base_params = dict(st["base_params"])
+    engine._last_eval_version = st["last_eval_version"]
+    engine.events.set_payload(engine.model_bytes, engine.up_bytes)
+
+
+def position(engine: Any) -> dict:
+    """Where a checkpointed run stands, for the store to be cut back to it on resume."""
+    return {"version": engine.version, "op": engine.log.op, "seq": engine.model.seq,
+            "next_job_id": engine.jobs.next_job_id, "in_flight": engine.in_flight.ids(),
+            "now": engine.now}
