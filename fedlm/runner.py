@@ -101,7 +101,7 @@ def execute(cfg: Config, db_path: str, connect: Connect,
         engine = Engine(cfg, strategy=strategy,
                         local_steps=registry.build_local_steps(cfg.local_steps),
                         transport=transport, fleet=fleet, writer=writer,
-                        evaluate=Evaluator(cfg), progress=progress, order=cfg.clock,
+                        evaluate=Evaluator(cfg), progress=progress,
                         should_stop=should_stop,
                         checkpoint=save_checkpoint if cfg.reliability.checkpoint_every else None,
                         shard_sizes=sizes)

@@ -106,7 +106,7 @@ def test_an_empty_db_in_the_config_is_refused(no_work, argv, db):
 def test_an_empty_path_in_a_sweep_spec_is_refused(no_work, spec, key):
     import tomli_w
 
-    from tests.test_fuzz_config import GOOD_SPEC
+    from tests.test_fuzz_cli import GOOD_SPEC
 
     (no_work / "s.toml").write_text(tomli_w.dumps({**GOOD_SPEC, **spec}))
     assert_refused(*run_cli(["sweep", "s.toml", "--quick"]), f"{key}: must be a path, got")

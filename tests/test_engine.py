@@ -30,8 +30,7 @@ def run_engine(cfg, db, transport=None, evaluate=True):
     engine = Engine(cfg, strategy=registry.build_strategy(cfg.strategy, cfg.outer),
                     local_steps=registry.build_local_steps(cfg.local_steps),
                     transport=transport or InProcessTransport(cfg), fleet=profiles,
-                    writer=writer, evaluate=Evaluator(cfg) if evaluate else None,
-                    order=cfg.clock)
+                    writer=writer, evaluate=Evaluator(cfg) if evaluate else None)
     theta = snapshot(M.build(cfg.model, cfg.data.seq_len, seed=cfg.seed))
     writer.set_model_info(M.num_parameters(M.build(cfg.model, cfg.data.seq_len, seed=cfg.seed)),
                           params_hash(theta))

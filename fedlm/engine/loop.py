@@ -61,12 +61,9 @@ class Engine:
                  transport: Transport, fleet: list[WorkerProfile], writer: RunWriter | None,
                  evaluate: Callable | None = None,
                  progress: Callable[[Progress], None] | None = None,
-                 order: str = "virtual",
                  should_stop: Callable[[], bool] | None = None,
                  checkpoint: Callable[[dict], None] | None = None,
                  shard_sizes: list[int] | None = None) -> None:
-        if order not in ("virtual", "wall"):
-            raise ValueError(f"order: must be virtual or wall, got {order!r}")
         self.cfg, self.fleet, self.policy, self.strategy = cfg, fleet, local_steps, strategy
         self.evaluate, self.progress = evaluate, progress
         self.checkpoint = checkpoint  # called with state_dict() every checkpoint_every versions
@@ -79,8 +76,9 @@ class Engine:
         self.inbox = Inbox(self.transport, self.in_flight, self.log,
                            should_stop=should_stop or (lambda: False),
                            reply_timeout=cfg.sim.reply_timeout, recent=4 * len(fleet) + 64)
-        self.events = (VirtualEvents(cfg, fleet, self.in_flight, self.inbox) if order == "virtual"
-                       else WallEvents(self.in_flight, self.inbox, self.pool))
+        # cfg.clock: results in virtual-completion order, or in real arrival order
+        self.events = (VirtualEvents(cfg, fleet, self.in_flight, self.inbox)
+                       if cfg.clock == "virtual" else WallEvents(self.in_flight, self.inbox, self.pool))
         self.jobs = JobMaker(cfg, fleet, shard_sizes)
         self.grace = grace_rule(cfg.grace, cfg.grace_span, wants_grace=strategy.wants_grace,
                                 synchronous=strategy.synchronous,
