@@ -62,7 +62,7 @@ from fedlm.sim import fleet as fleet_lib
 from fedlm.deploy.credentials import make_certificates, make_node_key, make_secret
 from fedlm.config import Config
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository: the Flower app `flwr run` bundles
 CONNECTION = "fedlm-local"  # the connection name written to $FLWR_HOME/config.toml
 
 # Flower's SuperExec polls its SuperNode for a new task (a message to run a
