@@ -18,7 +18,7 @@ short jobs, for each model in these variants, interleaved ``--rounds`` times
   SuperNode's waits capped), a ClientApp process per message;
 * ``warm-filedb``: ``new`` with the warm ClientApp executor
   (``fedlm.deploy.warm_executor``: no process per message; object pulls retried after
-  20 ms, ``fedlm.deploy.object_pull``);
+  20 ms, the ``pull-backoff`` patch of ``fedlm.flower.patches``);
 * ``warm``: what ``fedlm deploy local`` does now: ``warm-filedb`` with the
   SuperLink's state and objects in memory (Flower's default) instead of a
   SQLite file (the four variants above keep the file, as before);

@@ -60,6 +60,7 @@ from pathlib import Path
 from fedlm import data as data_lib
 from fedlm.sim import fleet as fleet_lib
 from fedlm.deploy.credentials import make_certificates, make_node_key, make_secret
+from fedlm.flower import patches
 from fedlm.config import Config
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: the Flower app `flwr run` bundles
@@ -70,11 +71,6 @@ CONNECTION = "fedlm-local"  # the connection name written to $FLWR_HOME/config.t
 # (flwr/supercore/superexec/run_superexec.py; accepted range 0.01 to 60).
 TASK_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
 FAST_TASK_POLL = 0.2
-WARM_ENV = "FEDLM_WARM_EXECUTOR"  # fedlm.deploy.warm_executor.ENV_SWITCH ("0": a process per message)
-
-
-def warm_enabled(env) -> bool:
-    return env.get(WARM_ENV, "1") != "0"
 
 
 def free_port() -> int:
@@ -108,7 +104,7 @@ class LocalDeployment:
     fast_poll: bool = True  # FLWR_SUPEREXEC_TASK_POLL_INTERVAL = FAST_TASK_POLL
     node_poll: bool = True  # SuperNodes as `python -m fedlm.deploy.supernode` (shorter waits)
     # ClientApps in a warm executor per SuperNode (fedlm.deploy.warm_executor), not a process
-    # per message; None: on unless FEDLM_WARM_EXECUTOR=0. Needs node_poll.
+    # per message; None: on unless FEDLM_PATCH_WARM_EXECUTOR=0. Needs node_poll.
     warm_exec: bool | None = None
     # the SuperLink's state and object store: in memory (Flower's default), or a
     # SQLite file HOME/superlink.db (True: every message's objects written to and
@@ -124,12 +120,13 @@ class LocalDeployment:
         if self.auth and not self.tls:
             raise ValueError("SuperNode authentication needs TLS (Flower refuses it otherwise)")
         if self.warm_exec is None:
-            self.warm_exec = self.node_poll and warm_enabled({**os.environ, **self.extra_env})
+            self.warm_exec = self.node_poll and patches.enabled(
+                "warm-executor", {**os.environ, **self.extra_env})
         if self.warm_exec:
             if not self.node_poll:
                 raise ValueError("the warm executor is started by fedlm.deploy.supernode: "
                                  "it needs node_poll=True")
-            from fedlm.deploy import warm_executor  # noqa: F401 - refuses another flwr version now
+            patches.check_supported("warm-executor")  # another flwr version: refused now
 
     def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None
                ) -> subprocess.Popen:

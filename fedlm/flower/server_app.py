@@ -25,7 +25,7 @@ from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
 from fedlm import config_load
 from fedlm.sim import fleet
-from fedlm.flower import messages
+from fedlm.flower import messages, patches
 from fedlm.config import Config
 from fedlm.engine import EngineError, Progress, JobResult
 from fedlm.runner import execute
@@ -54,10 +54,6 @@ class FlowerTransport:
         # 180 s in 1.41); pulled together with the others, it would hold every
         # other reply back that long. (Simulation: one pull for all, no threads.)
         self.per_message = not isinstance(grid, InMemoryGrid)
-        if self.per_message:  # a reply's objects lag its announcement: retry in 20 ms, not 1 s
-            from fedlm.deploy.object_pull import shorten_object_pull_backoff
-
-            shorten_object_pull_backoff("flwr.superlink.grid.http_grid")
         self._pulled: queue.SimpleQueue = queue.SimpleQueue()  # Messages or exceptions
         self._pullers: set[str] = set()  # message ids with a puller thread
 
@@ -193,6 +189,9 @@ app = ServerApp()
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
+    if not isinstance(grid, InMemoryGrid):  # deployment: this process is the ServerApp's own
+        # a reply's objects lag its announcement: pull them again after 20 ms, not 1 s
+        log.warning("%s", patches.pull_backoff("flwr.superlink.grid.http_grid").describe())
     rc = context.run_config
     path = str(rc.get("config", "")) or None
     overrides = [s for s in str(rc.get("set", "")).split() if s]
