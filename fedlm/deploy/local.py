@@ -25,17 +25,17 @@ Secure by default, as a real deployment must be:
 
 ``tls=False, auth=False`` (``--insecure``) gives the plain loopback setup.
 
-Per-message overhead: Flower's SuperExec, the SuperNode's child that starts a
-ClientApp process for each message, polls for new tasks every second; the
-supported ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` environment variable sets that
-(``fast_poll``, on by default: 0.2 s, for the SuperNodes only). Telemetry is switched off
+Per-message overhead: the SuperNodes run as ``python -m fedlm.deploy.supernode``
+(Flower's SuperNode with its hard-coded 3 s idle poll capped; ``node_poll``)
+with ``--warm-executor`` (``warm_exec``, on by default): each SuperNode's
+ClientApps run in one warm process that keeps torch, the model, the shards and
+the optimizer states between messages (``fedlm.deploy.warm_executor``), not a
+process per message. Without it, Flower's SuperExec starts a ClientApp process
+for each message and polls for new tasks every second; the supported
+``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` environment variable sets that (0.2 s
+here, for the SuperNodes only). Telemetry is switched off
 (``FLWR_TELEMETRY_ENABLED=0``): every ClientApp process otherwise waits for its
-telemetry request at exit. The SuperNodes run as ``python -m fedlm.deploy.supernode``
-(Flower's SuperNode with its hard-coded 3 s idle poll capped; ``node_poll``),
-and each one's ClientApps hand their jobs to a long-lived worker process
-(``fedlm.deploy.node_client``); with ``--warm-executor`` (``warm_exec``, on by
-default) each SuperNode's ClientApps run in one warm process
-(``fedlm.deploy.warm_executor``), not a process per message. The SuperLink keeps its
+telemetry request at exit. The SuperLink keeps its
 state and objects in memory (Flower's default; ``link_db_file`` puts them in a
 SQLite file, which cost ~1 s per hop for 7 MB messages). See
 docs/deployment.md for the measurements.
@@ -68,7 +68,8 @@ CONNECTION = "fedlm-local"  # the connection name written to $FLWR_HOME/config.t
 
 # Flower's SuperExec polls its SuperNode for a new task (a message to run a
 # ClientApp for) every FLWR_SUPEREXEC_TASK_POLL_INTERVAL seconds, 1.0 by default
-# (flwr/supercore/superexec/run_superexec.py; accepted range 0.01 to 60).
+# (flwr/supercore/superexec/run_superexec.py; accepted range 0.01 to 60). Set for
+# SuperNodes without the warm executor (which starts no SuperExec).
 TASK_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
 FAST_TASK_POLL = 0.2
 
@@ -101,7 +102,6 @@ class LocalDeployment:
     workers: int
     tls: bool = True  # serve the SuperLink over TLS (certificates made at start)
     auth: bool = True  # SuperNode authentication (needs tls)
-    fast_poll: bool = True  # FLWR_SUPEREXEC_TASK_POLL_INTERVAL = FAST_TASK_POLL
     node_poll: bool = True  # SuperNodes as `python -m fedlm.deploy.supernode` (shorter waits)
     # ClientApps in a warm executor per SuperNode (fedlm.deploy.warm_executor), not a process
     # per message; None: on unless FEDLM_PATCH_WARM_EXECUTOR=0. Needs node_poll.
@@ -141,15 +141,15 @@ class LocalDeployment:
     def env(self, supernode: bool = False) -> dict[str, str]:
         """The environment of the processes started here.
 
-        Only SuperNodes get the fast task poll: their SuperExec starts a
-        ClientApp per message; the SuperLink's starts one ServerApp per run and
-        would only spend CPU polling faster.
+        Only SuperNodes without the warm executor get the fast task poll: their
+        SuperExec starts a ClientApp per message; the SuperLink's starts one
+        ServerApp per run and would only spend CPU polling faster.
         """
         env = {**os.environ, "FLWR_HOME": str(self.home),
                "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
                "FLWR_TELEMETRY_ENABLED": "0"}
         env.pop(TASK_POLL_ENV, None)
-        if supernode and self.fast_poll:
+        if supernode and not self.warm_exec:
             env[TASK_POLL_ENV] = str(FAST_TASK_POLL)
         env.update(self.extra_env)
         return env
@@ -360,8 +360,7 @@ class LocalDeployment:
 
 
 def main_local(cfg: Config, overrides: list[str], db: str, home: Path,
-               config_path: str | None, *, tls: bool = True, auth: bool = True,
-               fast_poll: bool = True) -> int:
+               config_path: str | None, *, tls: bool = True, auth: bool = True) -> int:
     """`fedlm deploy local`: start, run (wall clock), stop.
 
     TLS and SuperNode authentication are on unless ``tls``/``auth`` say otherwise
@@ -373,8 +372,7 @@ def main_local(cfg: Config, overrides: list[str], db: str, home: Path,
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
     data_lib.partition(data_lib.load_corpus(cfg.data), cfg.data, cfg.workers, cfg.seed)
     overrides = [*overrides, "clock=wall"] if cfg.clock != "wall" else list(overrides)
-    with LocalDeployment(home, cfg.workers, tls=tls, auth=auth and tls,
-                         fast_poll=fast_poll) as dep:
+    with LocalDeployment(home, cfg.workers, tls=tls, auth=auth and tls) as dep:
         dep.start(cfg)
         security = ("TLS, SuperNode authentication" if dep.auth
                     else "TLS" if dep.tls else "insecure")

@@ -3,7 +3,7 @@
     python -m fedlm.deploy.warm_executor --runtime-api-address 127.0.0.1:PORT
         --superexec-auth-secret-file FILE --parent-pid PID [--insecure | --root-certificates CA]
 
-Flower 1.41's SuperNode (``--isolation subprocess``) starts ``flower-superexec``,
+Flower's SuperNode (``--isolation subprocess``) starts ``flower-superexec``,
 which polls the SuperNode's Runtime API (``AcquireTask``) and starts a fresh
 ``flwr-clientapp`` process for every task: process start, importing flwr,
 installing the FAB and loading the ClientApp, for each message (1.5-4 s on a
@@ -26,6 +26,18 @@ started next to it; this is that process, run by ``fedlm.deploy.supernode
   reply, ``push_task_output`` for the final status and context. An exception in
   the ClientApp becomes Flower's error reply (``CLIENT_APP_RAISED_EXCEPTION``,
   or ``LOAD_CLIENT_APP_EXCEPTION``) exactly as there, and the executor goes on;
+* runs the job itself, in this process: fedlm's ClientApp
+  (``fedlm.flower.client_app``, the ``clientapp`` of ``pyproject.toml``) with
+  torch, the model, the tokenized shards and its caches kept here across
+  messages; and the node's state ``RecordDict`` (the worker's optimizer states
+  with ``inner.state_store = context``) kept here too, one per run
+  (``NodeStates``, the ``MAX_RUNS`` most recent), in place of Flower's
+  ``context.state``: the context pushed back to the SuperNode keeps the state
+  it came with, so optimizer states never travel. A job's state semantics (by
+  job id, ``prev_job``, ``keep_from``) are ``fedlm.worker.states``'s, as under
+  the simulation engine; they die with this process, as they would with a
+  restarted SuperNode (the ``disk`` store, the default with checkpoints, keeps
+  them);
 * installs a FAB once per FAB hash and loads its ClientApp once (imported from
   the installed bundle, as ``flwr-clientapp`` does), then reuses it: flwr and
   the app stay imported. A task of another FAB than the one loaded (a second
@@ -51,15 +63,17 @@ Flower's SuperExec, a process per message).
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
 import threading
 import time
+from collections import OrderedDict
 from logging import ERROR, INFO, WARNING
 from pathlib import Path
 
 import httpx
-from flwr.app import Context, Message
+from flwr.app import Context, Message, RecordDict
 from flwr.app.error import Error
 from flwr.cli.install import install_from_fab
 from flwr.clientapp.client_app import ClientApp, LoadClientAppError
@@ -96,6 +110,30 @@ DEFAULT_POLL_S = 0.1  # see the module doc: the task is claimed while its object
 TASK_RPC_MAX_S = 120.0  # give up a task's Runtime API call after this long (retries)
 START_MARK = "[fedlm warm executor] start task"  # logged per task (benchmarks read these)
 DONE_MARK = "[fedlm warm executor] done task"
+MAX_RUNS = 4  # runs whose node state this process keeps (the most recent ones)
+
+
+class NodeStates:
+    """This node's state RecordDict per run, held in this process for the ClientApp in
+    place of Flower's ``context.state`` (which would travel to the SuperNode and back
+    with every task)."""
+
+    def __init__(self, max_runs: int = MAX_RUNS) -> None:
+        self.max_runs = max_runs
+        self.runs: OrderedDict[int, RecordDict] = OrderedDict()
+
+    def state(self, run_id: int) -> RecordDict:
+        state = self.runs.pop(run_id, None)
+        self.runs[run_id] = state if state is not None else RecordDict()
+        while len(self.runs) > self.max_runs:  # the run used longest ago
+            self.runs.popitem(last=False)
+        return self.runs[run_id]
+
+    def context_for(self, context: Context) -> Context:
+        """The context the ClientApp sees: Flower's, with this process's state."""
+        local = copy.copy(context)
+        local.state = self.state(context.run_id)
+        return local
 
 
 def _task_retry_invoker():
@@ -135,6 +173,7 @@ class WarmExecutor:
         self.fab_hash: str | None = None  # the FAB whose ClientApp is loaded here
         self.app: ClientApp | None = None
         self.tasks = 0
+        self.node_states = NodeStates()
         self.current = None  # (client, context) of the task in flight, for on_exit
 
     # -- the loop -----------------------------------------------------------------
@@ -186,7 +225,7 @@ class WarmExecutor:
             self.current[1] = context
             app = self._client_app(run, fab)
             times.append(time.perf_counter())
-            reply = app(message=message, context=context)
+            reply = app(message=message, context=self.node_states.context_for(context))
             times.append(time.perf_counter())
             sub_status, details = SubStatus.COMPLETED, ""
         except Exception as ex:  # noqa: BLE001 - Flower's error reply, as run_clientapp
