@@ -9,7 +9,7 @@ the ServerApp pulls every message on a thread of its own in deployment.
 
 The dead node's job in flight is lost at its deadline (``sim.reply_timeout``
 on the wall clock) or comes back as a Flower error (NODE_UNAVAILABLE once the
-SuperLink has missed the node's heartbeats: Flower 1.41's SuperNode sends one
+SuperLink has missed the node's heartbeats: Flower's SuperNode (1.41, 1.42) sends one
 every ~24 s with a fixed 30 s interval and the SuperLink waits 2 intervals, so
 36-60 s after the kill); so do the jobs sent to it after that, and after three
 failures in a row the engine retires the worker. The run finishes on the other

@@ -1,6 +1,6 @@
 """``flower-supernode`` with shorter waits: ``python -m fedlm.deploy.supernode ARGS``.
 
-Flower 1.41's SuperNode loop (``flwr/supernode/start_client_internal.py``) has
+Flower's SuperNode loop (1.41, 1.42) (``flwr/supernode/start_client_internal.py``) has
 two hard-coded waits and no setting for them: ``time.sleep(3)`` after a poll
 of the SuperLink that found no message (a job waits 1.5 s on average before
 its node even sees it), and ``time.sleep(0.5)`` while it waits for the

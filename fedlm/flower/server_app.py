@@ -51,7 +51,7 @@ class FlowerTransport:
         # Deployment: every pending message is pulled by a thread of its own. A
         # reply whose SuperNode died while uploading it blocks Grid.pull_messages
         # until Flower gives up on its objects (OBJECT_PUSH_SESSION_TTL_SECONDS,
-        # 180 s in 1.41); pulled together with the others, it would hold every
+        # 180 s in 1.41 and 1.42); pulled together with the others, it would hold every
         # other reply back that long. (Simulation: one pull for all, no threads.)
         self.per_message = not isinstance(grid, InMemoryGrid)
         self._pulled: queue.SimpleQueue = queue.SimpleQueue()  # Messages or exceptions

@@ -1,7 +1,7 @@
 """``fedlm run`` on Flower's simulation engine: ``run_simulation`` in this process,
 the ServerApp driving the engine, the ClientApps as Ray actors.
 
-``run_simulation`` is marked deprecated in flwr 1.41; we use it on purpose: it
+``run_simulation`` is marked deprecated since flwr 1.41; we use it on purpose: it
 runs in-process and leaves no daemon behind (see docs/architecture.md). What it
 needs around it lives here: the libraries quieted (``quiet_libraries``), Ray's
 resources (``backend_config``), and our SIGTERM handler kept (``run_flower``, with
