@@ -127,7 +127,9 @@ class Patched:
 def _start(name: str) -> Patched | None:
     """None: go on and patch; a Patched: the switch is off."""
     if not enabled(name):
-        return Patched(name, note=f"off: {PATCHES[name].switch}=0")
+        off = Patched(name, note=f"off: {PATCHES[name].switch}=0")
+        log.info("%s", off.describe())
+        return off
     check_supported(name)
     return None
 
