@@ -56,6 +56,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from fedlm import data as data_lib
 from fedlm.sim import fleet as fleet_lib
@@ -299,13 +300,27 @@ class LocalDeployment:
         """
         rc = self.home / "run-config.toml"
         sets = " ".join(overrides)
+        self.run_id_file.unlink(missing_ok=True)  # an earlier run's id is not this one's
         rc.write_text(run_config if run_config is not None else
-                      f'config = "{config_path or ""}"\nset = "{sets}"\ndb = "{db}"\n')
+                      f'config = "{config_path or ""}"\nset = "{sets}"\ndb = "{db}"\n'
+                      f'run-id-file = "{self.run_id_file}"\n')
         args = ["flwr", "run", str(app), CONNECTION, "--run-config", str(rc), "--stream"]
         if background:
             return self._spawn("flwr-run", args)
         proc = subprocess.run(args, env=self.env(), timeout=timeout)
         return proc.returncode
+
+    @property
+    def run_id_file(self) -> Path:
+        return self.home / "run-id"
+
+    def run_id(self) -> int | None:
+        """The id under which the ServerApp of the last ``run`` stored its run (the
+        ``run-id-file`` of its run config; None: it stored none)."""
+        try:
+            return int(self.run_id_file.read_text())
+        except (OSError, ValueError):
+            return None
 
     def stop(self) -> None:
         for proc in reversed(self.procs):
@@ -359,9 +374,16 @@ class LocalDeployment:
         self.stop()
 
 
+class Deployed(NamedTuple):
+    status: int  # flwr run's exit status
+    run_id: int | None  # the run the ServerApp stored (None: it stored none)
+
+
 def main_local(cfg: Config, overrides: list[str], db: str, home: Path,
-               config_path: str | None, *, tls: bool = True, auth: bool = True) -> int:
-    """`fedlm deploy local`: start, run (wall clock), stop.
+               config_path: str | None, *, tls: bool = True, auth: bool = True) -> Deployed:
+    """`fedlm deploy local`: start, run (wall clock), stop. Returns ``flwr run``'s
+    status and the id of the run, as the ServerApp reported it (other runs may land
+    in the same store meanwhile).
 
     TLS and SuperNode authentication are on unless ``tls``/``auth`` say otherwise
     (``fedlm deploy local --insecure`` turns both off).
@@ -380,4 +402,4 @@ def main_local(cfg: Config, overrides: list[str], db: str, home: Path,
               f"logs in {home}", flush=True)
         status = dep.run(overrides, str(Path(db).resolve()),
                          str(Path(config_path).resolve()) if config_path else None)
-    return status
+        return Deployed(status, dep.run_id())

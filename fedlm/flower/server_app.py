@@ -14,9 +14,11 @@ since ``run_simulation`` passes an empty run config).
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
+from pathlib import Path
 from typing import Callable
 
 from flwr.app import Context, Message, MessageType
@@ -204,5 +206,13 @@ def main(grid: Grid, context: Context) -> None:
                     "virtual time" if cfg.clock == "virtual" else "wall clock",
                     p.virtual_time, ppl)
 
-    run_id = run_on_grid(grid, cfg, db, log_progress)
+    report = str(rc.get("run-id-file", ""))
+
+    def stored(run_id: int) -> None:  # who started `flwr run` learns which run is its own
+        if report:
+            tmp = Path(f"{report}.tmp")
+            tmp.write_text(f"{run_id}\n")
+            os.replace(tmp, report)
+
+    run_id = run_on_grid(grid, cfg, db, log_progress, on_start=stored)
     log.warning("fedlm: run %d stored in %s", run_id, db)
