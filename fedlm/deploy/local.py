@@ -31,18 +31,12 @@ with ``--warm-executor`` (``warm_exec``, on by default): each SuperNode's
 ClientApps run in one warm process that keeps torch, the model, the shards and
 the optimizer states between messages (``fedlm.deploy.warm_executor``), not a
 process per message. Without it, Flower's SuperExec starts a ClientApp process
-for each message and polls for new tasks every second; the supported
-``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` environment variable sets that (0.2 s
-here, for the SuperNodes only). Telemetry is switched off
-(``FLWR_TELEMETRY_ENABLED=0``): every ClientApp process otherwise waits for its
-telemetry request at exit. The SuperLink keeps its
-state and objects in memory (Flower's default; ``link_db_file`` puts them in a
-SQLite file, which cost ~1 s per hop for 7 MB messages). See
-docs/deployment.md for the measurements.
-
-The same commands work across machines: start the SuperLink on one host and a
-SuperNode per worker on others, pointing ``--superlink`` at it (see
-docs/deployment.md for the exact commands).
+for each message and polls for new tasks every second
+(``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``: 0.2 s here, SuperNodes only). Telemetry
+is off (``FLWR_TELEMETRY_ENABLED=0``: a ClientApp process waits for it at exit).
+The SuperLink keeps its state and objects in memory (Flower's default;
+``link_db_file``: a SQLite file, ~1 s more per hop for 7 MB messages). The same
+commands work across machines (docs/deployment.md; measurements: docs/deploy_overhead.md).
 """
 
 from __future__ import annotations
@@ -109,7 +103,7 @@ class LocalDeployment:
     warm_exec: bool | None = None
     # the SuperLink's state and object store: in memory (Flower's default), or a
     # SQLite file HOME/superlink.db (True: every message's objects written to and
-    # deleted from it; ~1 s more per hop for the small model, see docs/deployment.md)
+    # deleted from it; ~1 s more per hop for the small model, see docs/deploy_overhead.md)
     link_db_file: bool = False
     extra_env: dict[str, str] = field(default_factory=dict)  # set last, for every process
     port: int = 0

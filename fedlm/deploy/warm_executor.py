@@ -7,7 +7,7 @@ Flower's SuperNode (``--isolation subprocess``) starts ``flower-superexec``,
 which polls the SuperNode's Runtime API (``AcquireTask``) and starts a fresh
 ``flwr-clientapp`` process for every task: process start, importing flwr,
 installing the FAB and loading the ClientApp, for each message (1.5-4 s on a
-quiet machine, the "launch" phase of docs/deployment.md). With
+quiet machine, the "launch" phase of docs/deploy_overhead.md). With
 ``--isolation process`` the SuperNode starts no SuperExec and waits for one
 started next to it; this is that process, run by ``fedlm.deploy.supernode
 --warm-executor`` (``fedlm deploy local`` does it by default). It
