@@ -1,4 +1,5 @@
-"""Flower's deployment engine on loopback: SuperLink + SuperNodes, TLS, SuperNode auth."""
+"""Flower's deployment engine on loopback: SuperLink + SuperNodes, TLS, SuperNode auth.
+(An unregistered SuperNode is refused: tests/test_deploy_warm.py, on its deployment.)"""
 
 import os
 import signal
@@ -12,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from fedlm import config_load
 from fedlm.deploy.credentials import make_certificates, make_node_key
-from fedlm.deploy.local import LocalDeployment
+from fedlm.store import RunWriter
 
 pytestmark = pytest.mark.flower
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,21 +32,61 @@ def _processes_mentioning(text: str) -> list[int]:
     return pids
 
 
+def _other_run(db: Path, name: str) -> int:
+    """Another writer's run in the same store (a finished stand-in)."""
+    w = RunWriter(db, name=name, strategy="diloco", local_steps="fixed", profile="moderate",
+                  model="tiny", workers=1, seed=0, mode="virtual", config_json="{}")
+    w.finish(status="finished", virtual_time=0.0, updates=0, final_hash=None)
+    w.close()
+    return w.run_id
+
+
+def _run_ids(db: Path) -> list[int]:
+    try:
+        with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+            return [i for (i,) in conn.execute("SELECT id FROM runs ORDER BY id")]
+    except sqlite3.Error:
+        return []
+
+
 def test_deploy_local_runs_replays_and_cleans_up(tmp_path):
-    """`fedlm deploy local`: TLS and SuperNode authentication on by default."""
+    """`fedlm deploy local`: TLS and SuperNode authentication on by default; it reads back
+    its own run by the id its ServerApp reported, not the store's newest: here one run
+    was stored before it and another lands while it runs."""
     home, db = tmp_path / "flwr-home", tmp_path / "runs.db"
+    before = _other_run(db, "stored-before")
     args = [sys.executable, "-m", "fedlm", "deploy", "local", "--workers", "2", "--db", str(db),
             "--home", str(home)]
     for kv in ["model=tiny", "updates=2", "inner.steps=3", "eval.batches=2", "data.seq_len=64",
                "strategy=async-sgd"]:
         args += ["--set", kv]
-    out = subprocess.run(args, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "wall-clock time" in out.stdout
-    assert "(TLS, SuperNode authentication)" in out.stdout
+    log = (tmp_path / "out.log").open("w+")
+    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while len(_run_ids(db)) < 2:  # bounded: until the ServerApp has stored its run
+            assert proc.poll() is None, (tmp_path / "out.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "no run stored within 300 s"
+            time.sleep(0.2)
+        mine = _run_ids(db)[-1]
+        during = _other_run(db, "stored-meanwhile")  # the store's newest from now on
+        rc = proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)  # stops what it started, then exits
+            proc.wait(timeout=90)
+        log.close()
+    out = (tmp_path / "out.log").read_text()
+    assert rc == 0, out[-3000:]
+    assert before < mine < during
+    assert f"run {mine} (async-sgd-moderate)" in out and f"run {during} (" not in out, out
+    assert "wall-clock time" in out
+    assert "(TLS, SuperNode authentication)" in out
     conn = sqlite3.connect(db)
-    assert conn.execute("SELECT status, mode FROM runs").fetchone() == ("finished", "wall")
-    nodes = [n for (n,) in conn.execute("SELECT node_id FROM workers")]
+    assert conn.execute("SELECT status, mode FROM runs WHERE id = ?", (mine,)).fetchone() == \
+        ("finished", "wall")
+    nodes = [n for (n,) in conn.execute("SELECT node_id FROM workers WHERE run_id = ?",
+                                        (mine,))]
     assert len(set(nodes)) == 2
     # the SuperLink's own log: HTTPS, and no "authentication is disabled" warning;
     # each node was registered through the Control API and activated with its key
@@ -58,39 +98,10 @@ def test_deploy_local_runs_replays_and_cleans_up(tmp_path):
         assert f"Created node_id={n}" in link and f"Activated node_id={n}" in link
     assert 'root-certificates = "' in (home / "config.toml").read_text()
     assert "insecure" not in (home / "config.toml").read_text()
-    replay = subprocess.run([sys.executable, "-m", "fedlm", "replay", "1", "--db", str(db)],
+    replay = subprocess.run([sys.executable, "-m", "fedlm", "replay", str(mine), "--db", str(db)],
                             capture_output=True, text=True, timeout=300)
     assert replay.returncode == 0 and "identical" in replay.stdout, replay.stdout
     # every SuperLink, SuperNode and SuperExec started for the run is gone
-    assert _processes_mentioning(str(home)) == []
-
-
-def _online(dep: LocalDeployment) -> list[str]:
-    return [n["node-id"] for n in dep.list_supernodes() if n.get("status") == "online"]
-
-
-def test_unregistered_supernode_is_refused(tmp_path):
-    """A SuperNode whose public key was not registered cannot join."""
-    home = tmp_path / "flwr-home"
-    cfg = config_load.load(None, ["model=tiny", "workers=1"])
-    with LocalDeployment(home, 1, tls=True, auth=True) as dep:
-        dep.start(cfg)
-        deadline = time.monotonic() + 60
-        while len(online := _online(dep)) < 1 and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert len(online) == 1, dep.list_supernodes()
-        rogue = dep.start_supernode("rogue", "partition-id=0 num-partitions=1", register=False)
-        try:
-            rc = rogue.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            pytest.fail("the unregistered SuperNode is still running after 90 s:\n"
-                        + (home / "rogue.log").read_text(errors="replace")[-2000:])
-        nodes = dep.list_supernodes()
-        link = dep.superlink_log()
-    assert rc != 0
-    assert "Failed to activate SuperNode" in (home / "rogue.log").read_text(errors="replace")
-    assert "No SuperNode found with the given public key" in link
-    assert [n["node-id"] for n in nodes] == online  # the SuperLink never listed it
     assert _processes_mentioning(str(home)) == []
 
 

@@ -1,17 +1,22 @@
 """The warm ClientApp executor (fedlm.deploy.warm_executor) in a real deployment: TLS and
 SuperNode authentication on, the SuperNodes in ``--isolation process``.
 
-One run, two SuperNodes, async SGD with injected crashes on worker 1: every task
-of a node ran in one executor process (the pid it logs per task), a ClientApp
-exception came back as Flower's error reply (the engine logs the job failed with
-a flower error) and the executor went on with the next task; the run replays to
-the same weights, and stop() leaves nothing running.
+One deployment for the module (two SuperNodes), started once:
+
+* one run, async SGD with injected crashes on worker 1: every task of a node ran
+  in one executor process (the pid it logs per task), a ClientApp exception came
+  back as Flower's error reply (the engine logs the job failed with a flower
+  error) and the executor went on with the next task; the run replays to the same
+  weights;
+* a SuperNode whose public key was not registered cannot join;
+* stop() leaves nothing running (checked when the module is done with it).
 """
 
 import re
 import sqlite3
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -33,18 +38,23 @@ def _tasks(log: str) -> list[tuple[int, int]]:
             re.findall(re.escape(START_MARK) + r" \d+ \(#(\d+) in pid (\d+)\)", log)]
 
 
-def test_warm_executor_reuses_its_process_and_reports_clientapp_errors(tmp_path):
-    home, db = tmp_path / "flwr-home", tmp_path / "runs.db"
-    cfg = config_load.load(None, SETS)
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    home = tmp_path_factory.mktemp("warm") / "flwr-home"
     with LocalDeployment(home, 2, tls=True, auth=True) as dep:
         assert dep.warm_exec
-        dep.start(cfg)
-        assert dep.run(SETS, str(db), timeout=420) == 0, \
-            (home / "supernode1.log").read_text(errors="replace")[-3000:]
-        problems = dep.security_problems()
-        logs = {n: (home / f"{n}.log").read_text(errors="replace") for n in dep.nodes}
-    assert problems == []
-    assert _processes_mentioning(str(home)) == []  # SuperNodes, executors, workers: gone
+        dep.start(config_load.load(None, SETS))
+        yield dep
+    assert _processes_mentioning(str(home)) == []  # SuperNodes, executors: gone
+
+
+def test_warm_executor_reuses_its_process_and_reports_clientapp_errors(deployment, tmp_path):
+    dep, home, db = deployment, deployment.home, tmp_path / "runs.db"
+    assert dep.run(SETS, str(db), timeout=420) == 0, \
+        (home / "supernode1.log").read_text(errors="replace")[-3000:]
+    assert dep.security_problems() == []
+    logs = {n: (home / f"{n}.log").read_text(errors="replace")
+            for n in ("supernode0", "supernode1")}
 
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     assert conn.execute("SELECT status, mode FROM runs").fetchone() == ("finished", "wall")
@@ -69,3 +79,26 @@ def test_warm_executor_reuses_its_process_and_reports_clientapp_errors(tmp_path)
     replay = subprocess.run([sys.executable, "-m", "fedlm", "replay", "1", "--db", str(db)],
                             capture_output=True, text=True, timeout=300)
     assert replay.returncode == 0 and "identical" in replay.stdout, replay.stdout + replay.stderr
+
+
+def _online(dep: LocalDeployment) -> list[str]:
+    return [n["node-id"] for n in dep.list_supernodes() if n.get("status") == "online"]
+
+
+def test_unregistered_supernode_is_refused(deployment):
+    """A SuperNode whose public key was not registered cannot join."""
+    dep = deployment
+    deadline = time.monotonic() + 60
+    while len(online := _online(dep)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert len(online) == 2, dep.list_supernodes()
+    rogue = dep.start_supernode("rogue", "partition-id=0 num-partitions=2", register=False)
+    try:
+        rc = rogue.wait(timeout=90)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the unregistered SuperNode is still running after 90 s:\n"
+                    + (dep.home / "rogue.log").read_text(errors="replace")[-2000:])
+    assert rc != 0
+    assert "Failed to activate SuperNode" in (dep.home / "rogue.log").read_text(errors="replace")
+    assert "No SuperNode found with the given public key" in dep.superlink_log()
+    assert [n["node-id"] for n in dep.list_supernodes()] == online  # never listed

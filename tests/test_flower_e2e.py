@@ -1,5 +1,6 @@
 """End to end through the real Flower simulation engine (Ray), as a user runs it."""
 
+import json
 import sqlite3
 import subprocess
 import sys
@@ -28,9 +29,12 @@ def fedlm_run(db, *extra):
 
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory):
+    """Two Flower runs of the same config and seed, into one store: run 1 as is, run 2
+    with the workers' AdamW states in Flower's context instead of node files (which
+    must not change the run either)."""
     db = tmp_path_factory.mktemp("e2e") / "runs.db"
     first = fedlm_run(db)
-    second = fedlm_run(db)
+    second = fedlm_run(db, "inner.state_store=context")
     return db, first, second
 
 
@@ -51,6 +55,7 @@ def test_flower_run_learns_and_fills_the_run_store(two_runs):
 
 
 def test_same_seed_gives_bit_identical_weights(two_runs):
+    # two Flower runs of one seed (run 2 differs only in where the worker states live)
     db, _, _ = two_runs
     a, b = store.summarize(db, 1), store.summarize(db, 2)
     assert a.final_hash and a.final_hash == b.final_hash
@@ -74,14 +79,33 @@ def test_slow_worker_makes_fast_ones_idle(two_runs):
     assert idle[-1] < 0.1 < idle[0]  # the slowest never waits; the fastest does
 
 
-def test_async_flower_run_in_real_arrival_order_replays_exactly(tmp_path):
-    # clock=wall: updates are applied in the order Ray's actors really finish,
-    # which no one can predict; the operation log alone must reproduce the run.
-    db = tmp_path / "wall.db"
-    fedlm_run(db, "strategy=delayed-nesterov", "local_steps=dylu", "clock=wall", "updates=8",
-              "eval.every=4")
+def test_worker_state_in_context_gives_the_same_run(two_runs):
+    # Worker AdamW states live in node-local files by default (resume needs them);
+    # in Flower's in-memory context instead (run 2), the run must not change.
+    db, _, _ = two_runs
+    conn = sqlite3.connect(db)
+    configs = [json.loads(c) for (c,) in conn.execute("SELECT config_json FROM runs ORDER BY id")]
+    assert [c["inner"]["state_store"] for c in configs] == ["auto", "context"]
+    assert store.summarize(db, 2).final_hash == store.summarize(db, 1).final_hash
+
+
+@pytest.fixture(scope="module")
+def wall_run(tmp_path_factory):
+    """One asynchronous Flower run on the wall clock (delayed Nesterov, DyLU) in which
+    a hung ClientApp stalls for 8 s now and then, and its replay's output."""
+    db = tmp_path_factory.mktemp("wall") / "wall.db"
+    fedlm_run(db, "strategy=delayed-nesterov", "local_steps=dylu", "clock=wall", "updates=10",
+              "eval.every=4", "faults.hang=0.15", "faults.hang_seconds=8",
+              "reliability.deadline=3")
     out = subprocess.run([sys.executable, "-m", "fedlm", "replay", "1", "--db", str(db)],
                          capture_output=True, text=True, timeout=600)
+    return db, out
+
+
+def test_async_flower_run_in_real_arrival_order_replays_exactly(wall_run):
+    # clock=wall: updates are applied in the order Ray's actors really finish,
+    # which no one can predict; the operation log alone must reproduce the run.
+    db, out = wall_run
     assert out.returncode == 0, out.stdout + out.stderr
     assert "identical" in out.stdout
     conn = sqlite3.connect(db)
@@ -90,12 +114,15 @@ def test_async_flower_run_in_real_arrival_order_replays_exactly(tmp_path):
     assert steps[0] > steps[2]  # DyLU: the slow worker runs fewer local steps
 
 
-def test_worker_state_in_context_gives_the_same_run(two_runs, tmp_path):
-    # Worker AdamW states live in node-local files by default (resume needs them);
-    # in Flower's in-memory context instead, the run must not change.
-    db, _, _ = two_runs
-    fedlm_run(tmp_path / "ctx.db", "inner.state_store=context")
-    assert store.summarize(tmp_path / "ctx.db", 1).final_hash == store.summarize(db, 1).final_hash
+def test_hung_worker_on_the_wall_clock_misses_its_deadline(wall_run):
+    # Real time: a hung ClientApp stalls for 8 s; the engine gives up on it after
+    # its 3 s deadline, goes on with the others, and ignores what comes later (the
+    # run above, which replays exactly).
+    db, _ = wall_run
+    conn = sqlite3.connect(db)
+    hung = conn.execute("SELECT status, reason FROM jobs WHERE fault='hang'").fetchall()
+    assert ("lost", "deadline") in hung
+    assert conn.execute("SELECT status FROM runs").fetchone()[0] == "finished"
 
 
 FAULTS = ["strategy=async-sgd", "updates=8", "faults.crash=0.2", "faults.hang=0.1",
@@ -120,21 +147,6 @@ def test_faults_act_the_same_in_flower_clientapps_as_in_process(tmp_path):
                                                                         "rejected"}
     kinds = {k for (k,) in conn.execute("SELECT kind FROM events")}
     assert {"fault_injected", "job_failed", "worker_offline"} <= kinds
-
-
-def test_hung_worker_on_the_wall_clock_misses_its_deadline(tmp_path):
-    # Real time: a hung ClientApp stalls for 8 s; the engine gives up on it after
-    # its 3 s deadline, goes on with the others, and ignores what comes later.
-    db = tmp_path / "hang.db"
-    fedlm_run(db, "strategy=async-sgd", "clock=wall", "updates=10", "faults.hang=0.15",
-              "faults.hang_seconds=8", "reliability.deadline=3")
-    conn = sqlite3.connect(db)
-    hung = conn.execute("SELECT status, reason FROM jobs WHERE fault='hang'").fetchall()
-    assert ("lost", "deadline") in hung
-    assert conn.execute("SELECT status FROM runs").fetchone()[0] == "finished"
-    out = subprocess.run([sys.executable, "-m", "fedlm", "replay", "1", "--db", str(db)],
-                         capture_output=True, text=True, timeout=600)
-    assert "identical" in out.stdout, out.stdout + out.stderr
 
 
 def test_speed_emulation_makes_a_slow_worker_really_slow(tmp_path):

@@ -29,14 +29,14 @@ def test_flwr_run_dot(tmp_path):
     home = tmp_path / "flwr-home"
     db = tmp_path / "runs.db"
     (tmp_path / "rc.toml").write_text(
-        'set = "model=tiny workers=3 updates=2 inner.steps=3 eval.batches=2 data.seq_len=64"\n'
+        'set = "model=tiny workers=2 updates=2 inner.steps=3 eval.batches=2 data.seq_len=64"\n'
         f'db = "{db}"\n')
     env = {**os.environ, "FLWR_HOME": str(home),
            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
     try:
         out = subprocess.run(
             ["flwr", "run", ".", "--run-config", str(tmp_path / "rc.toml"),
-             "--federation-config", "num-supernodes=3", "--stream"],
+             "--federation-config", "num-supernodes=2", "--stream"],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
         deadline = time.monotonic() + 60  # --stream may return just before the commit lands
@@ -50,7 +50,7 @@ def test_flwr_run_dot(tmp_path):
             time.sleep(0.5)
         assert status == "finished", out.stdout[-2000:]
         conn = sqlite3.connect(db)
-        assert conn.execute("SELECT COUNT(*) FROM updates").fetchone()[0] == 2 * 3
+        assert conn.execute("SELECT COUNT(*) FROM updates").fetchone()[0] == 2 * 2
     finally:
         # `flwr run` leaves a detached local SuperLink behind: stop it by PID.
         for pid in _pids_mentioning(str(home)):

@@ -1,8 +1,8 @@
 """What a job costs in Flower deployment beyond its compute: the old path against the new.
 
     python experiments/bench/deploy_overhead.py [--models small,tiny] [--workers 4]
-        [--jobs 6] [--rounds 1] [--variants old,worker-process,new,warm-filedb,warm]
-        [--echo-messages 0]
+        [--jobs 6] [--rounds 1] [--variants old,new,warm-filedb,warm]
+        [--echo-messages 0] [--out PATH]
     python experiments/bench/deploy_overhead.py --smoke   # check: tiny, warm, JSON to /dev/null
 
 Runs ``fedlm deploy local``'s LocalDeployment (SuperLink + one SuperNode per
@@ -10,16 +10,18 @@ worker on loopback, TLS and SuperNode authentication on) with async SGD and
 short jobs, for each model in these variants, interleaved ``--rounds`` times
 (ABC CBA) so that they see the same machine load on average:
 
-* ``old``: every message in a fresh ClientApp process that imports torch and
-  fedlm (``FEDLM_WORKER_PROCESS=0``), plain ``flower-supernode`` (3 s sleep
-  after an empty poll); the SuperExec task poll 0.2 s, telemetry off;
-* ``worker-process``: the light ClientApp handing each job to the node's
-  long-lived worker process (``fedlm.deploy.node_client``), plain ``flower-supernode``;
-* ``new``: the worker process and ``python -m fedlm.deploy.supernode`` (the
-  SuperNode's waits capped), a ClientApp process per message;
+* ``old``: every message in a fresh ClientApp process (Flower's SuperExec) that
+  imports torch and fedlm, plain ``flower-supernode`` (3 s sleep after an empty
+  poll); the SuperExec task poll 0.2 s, telemetry off;
+* ``new``: ``old`` with ``python -m fedlm.deploy.supernode`` (the SuperNode's
+  waits capped), still a ClientApp process per message (until 2026-11 this
+  variant and ``worker-process`` handed each job to a long-lived worker process
+  per node, ``fedlm.deploy.node_worker``, since removed: the warm executor runs
+  the job itself);
 * ``warm-filedb``: ``new`` with the warm ClientApp executor
-  (``fedlm.deploy.warm_executor``: no process per message; object pulls retried after
-  20 ms, ``fedlm.deploy.object_pull``);
+  (``fedlm.deploy.warm_executor``: no process per message, the job run in that
+  process with torch, model and states kept warm; object pulls retried after
+  20 ms, the ``pull-backoff`` patch of ``fedlm.flower.patches``);
 * ``warm``: what ``fedlm deploy local`` does now: ``warm-filedb`` with the
   SuperLink's state and objects in memory (Flower's default) instead of a
   SQLite file (the four variants above keep the file, as before);
@@ -42,8 +44,8 @@ into phases:
   it starts the task, 0 when it claimed it before the SuperNode had the
   objects);
 * ``clientapp``: the ClientApp: pulling the message from the SuperNode, the
-  job (old: importing fedlm and torch, building the model first; new: handing
-  it to the worker process), pushing the reply to the SuperNode;
+  job (a process per message: importing fedlm and torch, building the model
+  first; warm: the job alone), pushing the reply to the SuperNode;
 * ``push``: the SuperNode pushing the reply's objects to the SuperLink;
 * ``server_notice``: until the ServerApp has pulled the reply and applied it;
 * warm executor only, inside ``pull`` + ``clientapp``, its own timings:
@@ -78,32 +80,26 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from fedlm import config_load  # noqa: E402
-from fedlm.deploy.local import FAST_TASK_POLL, LocalDeployment  # noqa: E402
+from fedlm.deploy.local import FAST_TASK_POLL, TASK_POLL_ENV, LocalDeployment  # noqa: E402
 from fedlm.deploy.warm_executor import DEFAULT_POLL_S, DONE_MARK as WARM_DONE  # noqa: E402
 from fedlm.deploy.warm_executor import START_MARK as WARM_START  # noqa: E402
 from experiments.bench.deploy_echo import echo_round_trips  # noqa: E402
 
-OLD = {"FEDLM_WORKER_PROCESS": "0"}  # every message in a fresh ClientApp process
 # ``old``, ``worker-process``, ``new`` and ``warm-filedb``: the SuperLink on a SQLite
 # file, as fedlm deploy local had it until the warm executor
 FILE_DB = dict(link_db_file=True)
 VARIANTS = {
-    "flower-defaults": dict(tls=True, auth=True, fast_poll=False, node_poll=False,
-                            warm_exec=False, **FILE_DB,
-                            extra_env={"FLWR_TELEMETRY_ENABLED": "1", **OLD}),
-    "old": dict(tls=True, auth=True, fast_poll=True, node_poll=False, warm_exec=False,
-                **FILE_DB, extra_env=OLD),
-    "worker-process": dict(tls=True, auth=True, fast_poll=True, node_poll=False,
-                           warm_exec=False, **FILE_DB, extra_env={}),
-    "new": dict(tls=True, auth=True, fast_poll=True, node_poll=True, warm_exec=False,
-                **FILE_DB, extra_env={}),
-    "warm-filedb": dict(tls=True, auth=True, fast_poll=True, node_poll=True, warm_exec=True,
-                        **FILE_DB, extra_env={}),
+    "flower-defaults": dict(tls=True, auth=True, node_poll=False, warm_exec=False, **FILE_DB,
+                            extra_env={"FLWR_TELEMETRY_ENABLED": "1", TASK_POLL_ENV: "1.0"}),
+    "old": dict(tls=True, auth=True, node_poll=False, warm_exec=False, **FILE_DB, extra_env={}),
+    "new": dict(tls=True, auth=True, node_poll=True, warm_exec=False, **FILE_DB, extra_env={}),
+    "warm-filedb": dict(tls=True, auth=True, node_poll=True, warm_exec=True, **FILE_DB,
+                        extra_env={}),
     # what fedlm deploy local does now: warm executor, SuperLink in memory
-    "warm": dict(tls=True, auth=True, fast_poll=True, node_poll=True, warm_exec=True,
-                 link_db_file=False, extra_env={}),
-    "warm-insecure": dict(tls=False, auth=False, fast_poll=True, node_poll=True,
-                          warm_exec=True, link_db_file=False, extra_env={}),
+    "warm": dict(tls=True, auth=True, node_poll=True, warm_exec=True, link_db_file=False,
+                 extra_env={}),
+    "warm-insecure": dict(tls=False, auth=False, node_poll=True, warm_exec=True,
+                          link_db_file=False, extra_env={}),
 }
 PHASES = ["poll_wait", "pull", "launch", "clientapp", "push", "server_notice"]
 # inside "clientapp" with the warm executor: its own timings (seconds)
@@ -307,7 +303,7 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--jobs", type=int, default=6, help="jobs per worker per run")
     ap.add_argument("--rounds", type=int, default=1, help="runs per variant, interleaved")
-    ap.add_argument("--variants", default="old,worker-process,new,warm-filedb,warm")
+    ap.add_argument("--variants", default="old,new,warm-filedb,warm")
     ap.add_argument("--models", default="small,tiny")
     ap.add_argument("--echo-messages", type=int, default=0,
                     help="round trips per array count in the echo app (0: skip it)")
@@ -356,7 +352,7 @@ def main() -> int:
     result = {
         "what": "per-job wall-clock overhead (latency - compute) of Flower deployment on "
                 "loopback, async SGD, TLS + SuperNode auth; old path (a fresh ClientApp "
-                "process runs each job) vs worker process vs warm ClientApp executor "
+                "process runs each job) vs warm ClientApp executor running the job itself "
                 "(no process per message; SuperLink in memory); phases from SuperNode "
                 "logs",
         "goal": {"small/warm median steady overhead <= 3 s": (

@@ -8,7 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from fedlm import interrupts, store
+from fedlm import interrupts
 from fedlm.cli.runs import print_summary
 from fedlm.store import check_writable
 
@@ -24,9 +24,14 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     db = args.db or cfg.db
     check_writable(db)
     with interrupts.interrupt_on_signals():  # LocalDeployment.stop runs on the way out
-        status = deploy.main_local(cfg, overrides, db, Path(args.home).resolve(), args.config)
+        status, run_id = deploy.main_local(cfg, overrides, db, Path(args.home).resolve(),
+                                           args.config)
     if status != 0:
         print(f"fedlm: error: flwr run exited with {status}; logs in {args.home}",
               file=sys.stderr)
         return 1
-    return print_summary(db, max(r["id"] for r in store.list_runs(db)))
+    if run_id is None:
+        print(f"fedlm: error: the ServerApp reported no run; logs in {args.home}",
+              file=sys.stderr)
+        return 1
+    return print_summary(db, run_id)  # its own run: not the store's newest, which may be another's

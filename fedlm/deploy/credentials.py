@@ -85,7 +85,7 @@ def make_certificates(out: Path, hosts: tuple[str, ...] = LOCAL_HOSTS,
 def make_node_key(path: Path) -> tuple[Path, Path]:
     """An EC P-384 key pair for SuperNode authentication, in the formats Flower reads.
 
-    Flower 1.41 loads the SuperNode's private key with ``load_ssh_private_key``
+    Flower (1.41, 1.42) loads the SuperNode's private key with ``load_ssh_private_key``
     (OpenSSH format, unencrypted) and ``flwr supernode register`` takes the
     public key in OpenSSH format (``ecdsa-sha2-nistp384 AAAA...``) on a NIST
     curve — what ``ssh-keygen -t ecdsa -b 384 -N "" -f PATH`` writes. Returns

@@ -25,24 +25,18 @@ Secure by default, as a real deployment must be:
 
 ``tls=False, auth=False`` (``--insecure``) gives the plain loopback setup.
 
-Per-message overhead: Flower's SuperExec, the SuperNode's child that starts a
-ClientApp process for each message, polls for new tasks every second; the
-supported ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` environment variable sets that
-(``fast_poll``, on by default: 0.2 s, for the SuperNodes only). Telemetry is switched off
-(``FLWR_TELEMETRY_ENABLED=0``): every ClientApp process otherwise waits for its
-telemetry request at exit. The SuperNodes run as ``python -m fedlm.deploy.supernode``
-(Flower's SuperNode with its hard-coded 3 s idle poll capped; ``node_poll``),
-and each one's ClientApps hand their jobs to a long-lived worker process
-(``fedlm.deploy.node_client``); with ``--warm-executor`` (``warm_exec``, on by
-default) each SuperNode's ClientApps run in one warm process
-(``fedlm.deploy.warm_executor``), not a process per message. The SuperLink keeps its
-state and objects in memory (Flower's default; ``link_db_file`` puts them in a
-SQLite file, which cost ~1 s per hop for 7 MB messages). See
-docs/deployment.md for the measurements.
-
-The same commands work across machines: start the SuperLink on one host and a
-SuperNode per worker on others, pointing ``--superlink`` at it (see
-docs/deployment.md for the exact commands).
+Per-message overhead: the SuperNodes run as ``python -m fedlm.deploy.supernode``
+(Flower's SuperNode with its hard-coded 3 s idle poll capped; ``node_poll``)
+with ``--warm-executor`` (``warm_exec``, on by default): each SuperNode's
+ClientApps run in one warm process that keeps torch, the model, the shards and
+the optimizer states between messages (``fedlm.deploy.warm_executor``), not a
+process per message. Without it, Flower's SuperExec starts a ClientApp process
+for each message and polls for new tasks every second
+(``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``: 0.2 s here, SuperNodes only). Telemetry
+is off (``FLWR_TELEMETRY_ENABLED=0``: a ClientApp process waits for it at exit).
+The SuperLink keeps its state and objects in memory (Flower's default;
+``link_db_file``: a SQLite file, ~1 s more per hop for 7 MB messages). The same
+commands work across machines (docs/deployment.md; measurements: docs/deploy_overhead.md).
 """
 
 from __future__ import annotations
@@ -56,25 +50,23 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from fedlm import data as data_lib
 from fedlm.sim import fleet as fleet_lib
 from fedlm.deploy.credentials import make_certificates, make_node_key, make_secret
+from fedlm.flower import patches
 from fedlm.config import Config
 
-ROOT = Path(__file__).resolve().parents[2]  # the repository: the Flower app `flwr run` builds
+ROOT = Path(__file__).resolve().parents[2]  # the repository: the Flower app `flwr run` bundles
 CONNECTION = "fedlm-local"  # the connection name written to $FLWR_HOME/config.toml
 
 # Flower's SuperExec polls its SuperNode for a new task (a message to run a
 # ClientApp for) every FLWR_SUPEREXEC_TASK_POLL_INTERVAL seconds, 1.0 by default
-# (flwr/supercore/superexec/run_superexec.py; accepted range 0.01 to 60).
+# (flwr/supercore/superexec/run_superexec.py; accepted range 0.01 to 60). Set for
+# SuperNodes without the warm executor (which starts no SuperExec).
 TASK_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
 FAST_TASK_POLL = 0.2
-WARM_ENV = "FEDLM_WARM_EXECUTOR"  # fedlm.deploy.warm_executor.ENV_SWITCH ("0": a process per message)
-
-
-def warm_enabled(env) -> bool:
-    return env.get(WARM_ENV, "1") != "0"
 
 
 def free_port() -> int:
@@ -105,14 +97,13 @@ class LocalDeployment:
     workers: int
     tls: bool = True  # serve the SuperLink over TLS (certificates made at start)
     auth: bool = True  # SuperNode authentication (needs tls)
-    fast_poll: bool = True  # FLWR_SUPEREXEC_TASK_POLL_INTERVAL = FAST_TASK_POLL
     node_poll: bool = True  # SuperNodes as `python -m fedlm.deploy.supernode` (shorter waits)
     # ClientApps in a warm executor per SuperNode (fedlm.deploy.warm_executor), not a process
-    # per message; None: on unless FEDLM_WARM_EXECUTOR=0. Needs node_poll.
+    # per message; None: on unless FEDLM_PATCH_WARM_EXECUTOR=0. Needs node_poll.
     warm_exec: bool | None = None
     # the SuperLink's state and object store: in memory (Flower's default), or a
     # SQLite file HOME/superlink.db (True: every message's objects written to and
-    # deleted from it; ~1 s more per hop for the small model, see docs/deployment.md)
+    # deleted from it; ~1 s more per hop for the small model, see docs/deploy_overhead.md)
     link_db_file: bool = False
     extra_env: dict[str, str] = field(default_factory=dict)  # set last, for every process
     port: int = 0
@@ -124,12 +115,13 @@ class LocalDeployment:
         if self.auth and not self.tls:
             raise ValueError("SuperNode authentication needs TLS (Flower refuses it otherwise)")
         if self.warm_exec is None:
-            self.warm_exec = self.node_poll and warm_enabled({**os.environ, **self.extra_env})
+            self.warm_exec = self.node_poll and patches.enabled(
+                "warm-executor", {**os.environ, **self.extra_env})
         if self.warm_exec:
             if not self.node_poll:
                 raise ValueError("the warm executor is started by fedlm.deploy.supernode: "
                                  "it needs node_poll=True")
-            from fedlm.deploy import warm_executor  # noqa: F401 - refuses another flwr version now
+            patches.check_supported("warm-executor")  # another flwr version: refused now
 
     def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None
                ) -> subprocess.Popen:
@@ -144,15 +136,15 @@ class LocalDeployment:
     def env(self, supernode: bool = False) -> dict[str, str]:
         """The environment of the processes started here.
 
-        Only SuperNodes get the fast task poll: their SuperExec starts a
-        ClientApp per message; the SuperLink's starts one ServerApp per run and
-        would only spend CPU polling faster.
+        Only SuperNodes without the warm executor get the fast task poll: their
+        SuperExec starts a ClientApp per message; the SuperLink's starts one
+        ServerApp per run and would only spend CPU polling faster.
         """
         env = {**os.environ, "FLWR_HOME": str(self.home),
                "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
                "FLWR_TELEMETRY_ENABLED": "0"}
         env.pop(TASK_POLL_ENV, None)
-        if supernode and self.fast_poll:
+        if supernode and not self.warm_exec:
             env[TASK_POLL_ENV] = str(FAST_TASK_POLL)
         env.update(self.extra_env)
         return env
@@ -302,13 +294,27 @@ class LocalDeployment:
         """
         rc = self.home / "run-config.toml"
         sets = " ".join(overrides)
+        self.run_id_file.unlink(missing_ok=True)  # an earlier run's id is not this one's
         rc.write_text(run_config if run_config is not None else
-                      f'config = "{config_path or ""}"\nset = "{sets}"\ndb = "{db}"\n')
+                      f'config = "{config_path or ""}"\nset = "{sets}"\ndb = "{db}"\n'
+                      f'run-id-file = "{self.run_id_file}"\n')
         args = ["flwr", "run", str(app), CONNECTION, "--run-config", str(rc), "--stream"]
         if background:
             return self._spawn("flwr-run", args)
         proc = subprocess.run(args, env=self.env(), timeout=timeout)
         return proc.returncode
+
+    @property
+    def run_id_file(self) -> Path:
+        return self.home / "run-id"
+
+    def run_id(self) -> int | None:
+        """The id under which the ServerApp of the last ``run`` stored its run (the
+        ``run-id-file`` of its run config; None: it stored none)."""
+        try:
+            return int(self.run_id_file.read_text())
+        except (OSError, ValueError):
+            return None
 
     def stop(self) -> None:
         for proc in reversed(self.procs):
@@ -362,10 +368,16 @@ class LocalDeployment:
         self.stop()
 
 
+class Deployed(NamedTuple):
+    status: int  # flwr run's exit status
+    run_id: int | None  # the run the ServerApp stored (None: it stored none)
+
+
 def main_local(cfg: Config, overrides: list[str], db: str, home: Path,
-               config_path: str | None, *, tls: bool = True, auth: bool = True,
-               fast_poll: bool = True) -> int:
-    """`fedlm deploy local`: start, run (wall clock), stop.
+               config_path: str | None, *, tls: bool = True, auth: bool = True) -> Deployed:
+    """`fedlm deploy local`: start, run (wall clock), stop. Returns ``flwr run``'s
+    status and the id of the run, as the ServerApp reported it (other runs may land
+    in the same store meanwhile).
 
     TLS and SuperNode authentication are on unless ``tls``/``auth`` say otherwise
     (``fedlm deploy local --insecure`` turns both off).
@@ -376,8 +388,7 @@ def main_local(cfg: Config, overrides: list[str], db: str, home: Path,
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
     data_lib.partition(data_lib.load_corpus(cfg.data), cfg.data, cfg.workers, cfg.seed)
     overrides = [*overrides, "clock=wall"] if cfg.clock != "wall" else list(overrides)
-    with LocalDeployment(home, cfg.workers, tls=tls, auth=auth and tls,
-                         fast_poll=fast_poll) as dep:
+    with LocalDeployment(home, cfg.workers, tls=tls, auth=auth and tls) as dep:
         dep.start(cfg)
         security = ("TLS, SuperNode authentication" if dep.auth
                     else "TLS" if dep.tls else "insecure")
@@ -385,4 +396,4 @@ def main_local(cfg: Config, overrides: list[str], db: str, home: Path,
               f"logs in {home}", flush=True)
         status = dep.run(overrides, str(Path(db).resolve()),
                          str(Path(config_path).resolve()) if config_path else None)
-    return status
+        return Deployed(status, dep.run_id())

@@ -1,17 +1,18 @@
 """``flower-supernode`` with shorter waits: ``python -m fedlm.deploy.supernode ARGS``.
 
-Flower 1.41's SuperNode loop (``flwr/supernode/start_client_internal.py``) has
+Flower's SuperNode loop (1.41, 1.42) (``flwr/supernode/start_client_internal.py``) has
 two hard-coded waits and no setting for them: ``time.sleep(3)`` after a poll
 of the SuperLink that found no message (a job waits 1.5 s on average before
 its node even sees it), and ``time.sleep(0.5)`` while it waits for the
 ClientApp's reply or a reply object to be stored. This entry point runs the
-same SuperNode with that module's ``time.sleep`` capped: ``EMPTY_POLL_S``
-(``FEDLM_SUPERNODE_POLL_S``, default 0.25 s: 4 light requests a second to the
-SuperLink per idle node) after an empty poll, ``LOCAL_WAIT_S`` (0.05 s; a
-local check) for the others. Nothing else changes: arguments, TLS,
+same SuperNode with those waits capped (``fedlm.flower.patches.supernode_waits``:
+0.25 s after an empty poll, ``FEDLM_PATCH_SUPERNODE_WAITS_S``; 4 light requests
+a second to the SuperLink per idle node; 0.05 s for the local checks) and
+Flower's object pulls retried sooner (``patches.pull_backoff``), both applied
+by ``main`` before the SuperNode starts. Nothing else changes: arguments, TLS,
 authentication and logs are Flower's. ``fedlm deploy local`` uses it unless
 told not to (``LocalDeployment(node_poll=False)``); see docs/deployment.md for
-the upstream issue.
+the upstream issue and the switches.
 
 ``--warm-executor`` (fedlm's own flag, taken out before Flower parses the
 arguments): the SuperNode runs with ``--isolation process`` and this process
@@ -32,30 +33,7 @@ import sys
 import threading
 import time
 
-from flwr.supernode import start_client_internal as _loop
-
-from fedlm.deploy.object_pull import shorten_object_pull_backoff
-
-EMPTY_POLL_S = float(os.environ.get("FEDLM_SUPERNODE_POLL_S", "0.25"))
-LOCAL_WAIT_S = 0.05
-
-
-class _ShortWaits:
-    """Stands in for the ``time`` module inside Flower's SuperNode loop (which only
-    calls ``time.sleep``)."""
-
-    def __getattr__(self, name: str):
-        return getattr(time, name)
-
-    @staticmethod
-    def sleep(seconds: float) -> None:
-        time.sleep(min(seconds, EMPTY_POLL_S if seconds >= 3 else LOCAL_WAIT_S))
-
-
-_loop.time = _ShortWaits()
-# objects of a message pulled from the SuperLink: retried after 20 ms, not 1 s
-shorten_object_pull_backoff("flwr.supernode.start_client_internal")
-
+from fedlm.flower import patches
 
 WARM_FLAG = "--warm-executor"
 RESTART_DELAY_S = 1.0
@@ -94,8 +72,14 @@ def _supervise(cmd: list[str]) -> None:
 def main() -> None:
     from flwr.supernode.cli import flower_supernode
 
+    # the SuperNode's idle poll and local waits, and the objects of a message it
+    # pulls from the SuperLink retried after 20 ms, not 1 s (this process only)
+    for done in (patches.supernode_waits(),
+                 patches.pull_backoff("flwr.supernode.start_client_internal")):
+        print(done.describe(), file=sys.stderr, flush=True)
     argv = sys.argv[1:]
     if WARM_FLAG in argv:
+        patches.check_supported("warm-executor")  # one line naming the switch, not a traceback
         argv = [a for a in argv if a != WARM_FLAG]
         if "--isolation" not in argv:
             argv += ["--isolation", "process"]

@@ -3,18 +3,18 @@
     python -m fedlm.deploy.warm_executor --runtime-api-address 127.0.0.1:PORT
         --superexec-auth-secret-file FILE --parent-pid PID [--insecure | --root-certificates CA]
 
-Flower 1.41's SuperNode (``--isolation subprocess``) starts ``flower-superexec``,
+Flower's SuperNode (``--isolation subprocess``) starts ``flower-superexec``,
 which polls the SuperNode's Runtime API (``AcquireTask``) and starts a fresh
 ``flwr-clientapp`` process for every task: process start, importing flwr,
 installing the FAB and loading the ClientApp, for each message (1.5-4 s on a
-quiet machine, the "launch" phase of docs/deployment.md). With
+quiet machine, the "launch" phase of docs/deploy_overhead.md). With
 ``--isolation process`` the SuperNode starts no SuperExec and waits for one
 started next to it; this is that process, run by ``fedlm.deploy.supernode
 --warm-executor`` (``fedlm deploy local`` does it by default). It
 
 * polls ``AcquireTask`` as Flower's SuperExec does (same ``RuntimeHttpClient``,
   version and SuperExec-auth interceptors, the secret of the SuperNode's
-  ``--superexec-auth-secret-file``), every ``FEDLM_WARM_POLL_S`` seconds
+  ``--superexec-auth-secret-file``), every ``FEDLM_PATCH_WARM_EXECUTOR_POLL_S`` seconds
   (default 0.1) and at once again after a task. Polling faster gains nothing:
   the SuperNode creates the task before it pulls the message's objects from
   the SuperLink (~0.5-1.5 s for the small model), so an executor that claims
@@ -26,6 +26,18 @@ started next to it; this is that process, run by ``fedlm.deploy.supernode
   reply, ``push_task_output`` for the final status and context. An exception in
   the ClientApp becomes Flower's error reply (``CLIENT_APP_RAISED_EXCEPTION``,
   or ``LOAD_CLIENT_APP_EXCEPTION``) exactly as there, and the executor goes on;
+* runs the job itself, in this process: fedlm's ClientApp
+  (``fedlm.flower.client_app``, the ``clientapp`` of ``pyproject.toml``) with
+  torch, the model, the tokenized shards and its caches kept here across
+  messages; and the node's state ``RecordDict`` (the worker's optimizer states
+  with ``inner.state_store = context``) kept here too, one per run
+  (``NodeStates``, the ``MAX_RUNS`` most recent), in place of Flower's
+  ``context.state``: the context pushed back to the SuperNode keeps the state
+  it came with, so optimizer states never travel. A job's state semantics (by
+  job id, ``prev_job``, ``keep_from``) are ``fedlm.worker.states``'s, as under
+  the simulation engine; they die with this process, as they would with a
+  restarted SuperNode (the ``disk`` store, the default with checkpoints, keeps
+  them);
 * installs a FAB once per FAB hash and loads its ClientApp once (imported from
   the installed bundle, as ``flwr-clientapp`` does), then reuses it: flwr and
   the app stay imported. A task of another FAB than the one loaded (a second
@@ -41,74 +53,87 @@ the process being interrupted (its late reply is refused), and a token the
 Runtime API rejects (401) fails that task instead of ending the process.
 Runtime dependency installation is not supported (``fedlm deploy`` disables it).
 
-Tied to Flower 1.41's internals (module paths, ``run_clientapp``'s helpers,
-``--isolation process``); another version is refused with a clear message.
+Tied to Flower's internals (module paths, ``run_clientapp``'s helpers,
+``--isolation process``): ``fedlm.deploy.supernode`` checks the installed
+version against ``fedlm.flower.patches.TESTED`` before it starts one, and
+refuses another with a message naming the switch (``FEDLM_PATCH_WARM_EXECUTOR=0``:
+Flower's SuperExec, a process per message).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
 import threading
 import time
+from collections import OrderedDict
 from logging import ERROR, INFO, WARNING
 from pathlib import Path
 
-import flwr
-
-FLWR_SERIES = "1.41."
-if not flwr.__version__.startswith(FLWR_SERIES):  # pragma: no cover - depends on install
-    raise ImportError(
-        f"fedlm.deploy.warm_executor reuses Flower {FLWR_SERIES}x internals "
-        f"(flwr.supernode.runtime.run_clientapp, the Runtime API client); flwr "
-        f"{flwr.__version__} is installed. Run the SuperNodes without it "
-        f"(FEDLM_WARM_EXECUTOR=0 / LocalDeployment(warm_exec=False)) or port this module.")
-
-import httpx  # noqa: E402
-from flwr.app import Context, Message  # noqa: E402
-from flwr.app.error import Error  # noqa: E402
-from flwr.cli.install import install_from_fab  # noqa: E402
-from flwr.clientapp.client_app import ClientApp, LoadClientAppError  # noqa: E402
-from flwr.clientapp.utils import get_load_client_app_fn  # noqa: E402
-from flwr.common.config import get_project_config, get_project_dir  # noqa: E402
-from flwr.common.constant import ErrorCode, SubStatus  # noqa: E402
-from flwr.proto.runtime_pb2 import AcquireTaskRequest, SendTaskHeartbeatRequest  # noqa: E402
-from flwr.supercore import log  # noqa: E402
-from flwr.supercore.app_utils import start_parent_process_monitor  # noqa: E402
-from flwr.supercore.auth.superexec_secret import load_superexec_auth_secret  # noqa: E402
-from flwr.supercore.constant import TaskType  # noqa: E402
-from flwr.supercore.exit import register_signal_handlers  # noqa: E402
-from flwr.supercore.heartbeat import HeartbeatSender  # noqa: E402
-from flwr.supercore.interceptors import (  # noqa: E402
+import httpx
+from flwr.app import Context, Message, RecordDict
+from flwr.app.error import Error
+from flwr.cli.install import install_from_fab
+from flwr.clientapp.client_app import ClientApp, LoadClientAppError
+from flwr.clientapp.utils import get_load_client_app_fn
+from flwr.common.config import get_project_config, get_project_dir
+from flwr.common.constant import ErrorCode, SubStatus
+from flwr.proto.runtime_pb2 import AcquireTaskRequest, SendTaskHeartbeatRequest
+from flwr.supercore import log
+from flwr.supercore.app_utils import start_parent_process_monitor
+from flwr.supercore.auth.superexec_secret import load_superexec_auth_secret
+from flwr.supercore.constant import TaskType
+from flwr.supercore.exit import register_signal_handlers
+from flwr.supercore.heartbeat import HeartbeatSender
+from flwr.supercore.interceptors import (
     RuntimeTokenHttpInterceptor,
     RuntimeVersionHttpInterceptor,
     SuperExecAuthHttpInterceptor,
 )
-from flwr.supercore.retry import make_simple_http_retry_invoker  # noqa: E402
-from flwr.supercore.runtime import RuntimeHttpClient  # noqa: E402
-from flwr.supercore.runtime.tracing import RuntimeTracingInterceptor  # noqa: E402
-from flwr.supercore.superexec.executor import ExecutionSpec  # noqa: E402
-from flwr.supercore.superexec.executor.subprocess_executor import SubprocessExecutor  # noqa: E402
-from flwr.supercore.superexec.run_superexec import _SUPEREXEC_AUTH_METHODS  # noqa: E402
-from flwr.supercore.telemetry import EventType  # noqa: E402
-from fedlm.deploy.object_pull import shorten_object_pull_backoff  # noqa: E402
-from flwr.supernode.runtime.run_clientapp import (  # noqa: E402
+from flwr.supercore.retry import make_simple_http_retry_invoker
+from flwr.supercore.runtime import RuntimeHttpClient
+from flwr.supercore.runtime.tracing import RuntimeTracingInterceptor
+from flwr.supercore.superexec.executor import ExecutionSpec
+from flwr.supercore.superexec.executor.subprocess_executor import SubprocessExecutor
+from flwr.supercore.telemetry import EventType
+from flwr.supernode.runtime.run_clientapp import (
     pull_task_input,
     push_message,
     push_task_output,
 )
 
-ENV_SWITCH = "FEDLM_WARM_EXECUTOR"  # "0": Flower's SuperExec, a process per message
-ENV_POLL = "FEDLM_WARM_POLL_S"
+from fedlm.flower import patches
+
 DEFAULT_POLL_S = 0.1  # see the module doc: the task is claimed while its objects still arrive
 TASK_RPC_MAX_S = 120.0  # give up a task's Runtime API call after this long (retries)
 START_MARK = "[fedlm warm executor] start task"  # logged per task (benchmarks read these)
 DONE_MARK = "[fedlm warm executor] done task"
+MAX_RUNS = 4  # runs whose node state this process keeps (the most recent ones)
 
 
-def enabled(env=os.environ) -> bool:
-    return env.get(ENV_SWITCH, "1") != "0"
+class NodeStates:
+    """This node's state RecordDict per run, held in this process for the ClientApp in
+    place of Flower's ``context.state`` (which would travel to the SuperNode and back
+    with every task)."""
+
+    def __init__(self, max_runs: int = MAX_RUNS) -> None:
+        self.max_runs = max_runs
+        self.runs: OrderedDict[int, RecordDict] = OrderedDict()
+
+    def state(self, run_id: int) -> RecordDict:
+        state = self.runs.pop(run_id, None)
+        self.runs[run_id] = state if state is not None else RecordDict()
+        while len(self.runs) > self.max_runs:  # the run used longest ago
+            self.runs.popitem(last=False)
+        return self.runs[run_id]
+
+    def context_for(self, context: Context) -> Context:
+        """The context the ClientApp sees: Flower's, with this process's state."""
+        local = copy.copy(context)
+        local.state = self.state(context.run_id)
+        return local
 
 
 def _task_retry_invoker():
@@ -140,7 +165,7 @@ class WarmExecutor:
                         RuntimeVersionHttpInterceptor(component_name="SuperExec")]
         if secret:
             interceptors.append(SuperExecAuthHttpInterceptor(
-                master_secret=secret, protected_methods=_SUPEREXEC_AUTH_METHODS))
+                master_secret=secret, protected_methods=patches.superexec_auth_methods()))
         self.client = RuntimeHttpClient.from_server_address(
             server_address=self.address, insecure=insecure,
             root_certificates=self.root_certificates, interceptors=interceptors,
@@ -148,6 +173,7 @@ class WarmExecutor:
         self.fab_hash: str | None = None  # the FAB whose ClientApp is loaded here
         self.app: ClientApp | None = None
         self.tasks = 0
+        self.node_states = NodeStates()
         self.current = None  # (client, context) of the task in flight, for on_exit
 
     # -- the loop -----------------------------------------------------------------
@@ -199,7 +225,7 @@ class WarmExecutor:
             self.current[1] = context
             app = self._client_app(run, fab)
             times.append(time.perf_counter())
-            reply = app(message=message, context=context)
+            reply = app(message=message, context=self.node_states.context_for(context))
             times.append(time.perf_counter())
             sub_status, details = SubStatus.COMPLETED, ""
         except Exception as ex:  # noqa: BLE001 - Flower's error reply, as run_clientapp
@@ -307,10 +333,11 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if not args.insecure and not args.root_certificates:
         ap.error("give --insecure or --root-certificates (the Runtime API's CA)")
-    poll_s = float(os.environ.get(ENV_POLL, DEFAULT_POLL_S))
+    poll_s = patches.setting("WARM_EXECUTOR_POLL_S", DEFAULT_POLL_S)
+    patches.check_supported("warm-executor")
     # the task is claimed while the SuperNode may still pull the message's objects:
     # retry a missing one after 20 ms, not Flower's 1 s
-    shorten_object_pull_backoff("flwr.supernode.runtime.run_clientapp")
+    log(INFO, "%s", patches.pull_backoff("flwr.supernode.runtime.run_clientapp").describe())
     secret = load_superexec_auth_secret(args.superexec_auth_secret_file)
     if args.parent_pid is not None:
         start_parent_process_monitor(args.parent_pid)

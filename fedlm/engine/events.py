@@ -2,7 +2,7 @@
 
 - ``VirtualEvents`` (simulation): a job's duration is known when it is
   dispatched (download + compute + upload from the worker's profile, or moved
-  along a shared server link by ``fedlm.network``), so its completion goes on a
+  along a shared server link by ``fedlm.sim.network``), so its completion goes on a
   virtual clock, and finished jobs are handed on in virtual-completion order,
   whatever order their real replies arrive in. A simulated run is then a pure
   function of its config and seed.

@@ -5,8 +5,11 @@
            sent and replies with the outer gradient and metrics.
 
 The worker's AdamW states are kept in ``context.state``, which Flower persists
-per node across messages (in simulation as in deployment), or in node-local
-files; each job names the state it starts from (``fedlm.worker.states``).
+per node across messages (in simulation as in deployment; in the warm executor
+of ``fedlm deploy local`` the executor holds it, ``fedlm.deploy.warm_executor``),
+or in node-local files; each job names the state it starts from
+(``fedlm.worker.states``). This is the ``clientapp`` of ``pyproject.toml``: the
+simulation engine, ``flwr run .`` and a deployment all run it.
 They are never sent. The run config travels inside each job message, so the
 same app works under ``fedlm run`` (whose run config is empty) and
 ``flwr run``.

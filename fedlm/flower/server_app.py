@@ -14,9 +14,11 @@ since ``run_simulation`` passes an empty run config).
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
+from pathlib import Path
 from typing import Callable
 
 from flwr.app import Context, Message, MessageType
@@ -25,7 +27,7 @@ from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
 from fedlm import config_load
 from fedlm.sim import fleet
-from fedlm.flower import messages
+from fedlm.flower import messages, patches
 from fedlm.config import Config
 from fedlm.engine import EngineError, Progress, JobResult
 from fedlm.runner import execute
@@ -51,13 +53,9 @@ class FlowerTransport:
         # Deployment: every pending message is pulled by a thread of its own. A
         # reply whose SuperNode died while uploading it blocks Grid.pull_messages
         # until Flower gives up on its objects (OBJECT_PUSH_SESSION_TTL_SECONDS,
-        # 180 s in 1.41); pulled together with the others, it would hold every
+        # 180 s in 1.41 and 1.42); pulled together with the others, it would hold every
         # other reply back that long. (Simulation: one pull for all, no threads.)
         self.per_message = not isinstance(grid, InMemoryGrid)
-        if self.per_message:  # a reply's objects lag its announcement: retry in 20 ms, not 1 s
-            from fedlm.deploy.object_pull import shorten_object_pull_backoff
-
-            shorten_object_pull_backoff("flwr.superlink.grid.http_grid")
         self._pulled: queue.SimpleQueue = queue.SimpleQueue()  # Messages or exceptions
         self._pullers: set[str] = set()  # message ids with a puller thread
 
@@ -193,6 +191,9 @@ app = ServerApp()
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
+    if not isinstance(grid, InMemoryGrid):  # deployment: this process is the ServerApp's own
+        # a reply's objects lag its announcement: pull them again after 20 ms, not 1 s
+        log.warning("%s", patches.pull_backoff("flwr.superlink.grid.http_grid").describe())
     rc = context.run_config
     path = str(rc.get("config", "")) or None
     overrides = [s for s in str(rc.get("set", "")).split() if s]
@@ -205,5 +206,13 @@ def main(grid: Grid, context: Context) -> None:
                     "virtual time" if cfg.clock == "virtual" else "wall clock",
                     p.virtual_time, ppl)
 
-    run_id = run_on_grid(grid, cfg, db, log_progress)
+    report = str(rc.get("run-id-file", ""))
+
+    def stored(run_id: int) -> None:  # who started `flwr run` learns which run is its own
+        if report:
+            tmp = Path(f"{report}.tmp")
+            tmp.write_text(f"{run_id}\n")
+            os.replace(tmp, report)
+
+    run_id = run_on_grid(grid, cfg, db, log_progress, on_start=stored)
     log.warning("fedlm: run %d stored in %s", run_id, db)

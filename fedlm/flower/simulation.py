@@ -1,10 +1,11 @@
 """``fedlm run`` on Flower's simulation engine: ``run_simulation`` in this process,
 the ServerApp driving the engine, the ClientApps as Ray actors.
 
-``run_simulation`` is marked deprecated in flwr 1.41; we use it on purpose: it
+``run_simulation`` is marked deprecated since flwr 1.41; we use it on purpose: it
 runs in-process and leaves no daemon behind (see docs/architecture.md). What it
 needs around it lives here: the libraries quieted (``quiet_libraries``), Ray's
-resources (``backend_config``), and our SIGTERM handler kept (``run_flower``).
+resources (``backend_config``), and our SIGTERM handler kept (``run_flower``, with
+``fedlm.flower.patches.ray_keeps_sigterm``).
 
 Flower and Ray are imported only when a run uses them (importing Flower costs
 about a second), and after ``quiet_libraries`` has set the environment they read.
@@ -63,14 +64,14 @@ def run_flower(cfg: Config, db_path: str, **kwargs) -> None:
     re-raised here from the ServerApp's thread; when ``should_stop`` turns true the
     ServerApp returns and ``run_simulation`` shuts Ray down, so no actor outlives
     the call."""
-    import ray._private.utils
     from flwr.simulation import run_simulation
+
+    from fedlm.flower import patches
 
     # ray.init (in run_simulation) replaces the SIGTERM handler with one that
     # exits at once, leaving the run marked "running". Keep ours: it stops
     # the engine, and run_simulation then shuts Ray down as on a normal end.
-    ray._private.utils.set_sigterm_handler = lambda handler: None
-
+    patches.ray_keeps_sigterm()
     from fedlm.flower.client_app import app as client_app
     from fedlm.flower.server_app import make_server_app
 
