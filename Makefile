@@ -29,4 +29,4 @@ run: install
 	$(PYTHON) -m fedlm run
 
 test: install-test
-	$(PYTHON) -m pytest -q --durations=10
+	$(PYTHON) -m pytest -q -n 2 --dist loadfile --durations=15
