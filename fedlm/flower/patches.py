@@ -36,8 +36,9 @@ from importlib.metadata import PackageNotFoundError, version
 
 log = logging.getLogger("fedlm")
 
-# The versions every patch was tested with (the Flower and Ray tests pass on them).
-TESTED = {"flwr": ("1.42.0",), "ray": ("2.55.1",)}
+# The versions every patch was tested with (the Flower and Ray tests pass on them;
+# pyproject pins flwr 1.42, and 1.41.0 passes them too).
+TESTED = {"flwr": ("1.41.0", "1.42.0"), "ray": ("2.55.1",)}
 PREFIX = "FEDLM_PATCH_"
 MARK = "_fedlm_patch"  # attribute set on what a patch puts in place
 
