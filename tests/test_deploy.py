@@ -35,7 +35,7 @@ def _processes_mentioning(text: str) -> list[int]:
 def _other_run(db: Path, name: str) -> int:
     """Another writer's run in the same store (a finished stand-in)."""
     w = RunWriter(db, name=name, strategy="diloco", local_steps="fixed", profile="moderate",
-                  model="tiny", workers=1, seed=0, mode="virtual", config_json="{}")
+                  model="tiny", workers=1, seed=0, clock="virtual", config_json="{}")
     w.finish(status="finished", virtual_time=0.0, updates=0, final_hash=None)
     w.close()
     return w.run_id
@@ -83,7 +83,7 @@ def test_deploy_local_runs_replays_and_cleans_up(tmp_path):
     assert "wall-clock time" in out
     assert "(TLS, SuperNode authentication)" in out
     conn = sqlite3.connect(db)
-    assert conn.execute("SELECT status, mode FROM runs WHERE id = ?", (mine,)).fetchone() == \
+    assert conn.execute("SELECT status, clock FROM runs WHERE id = ?", (mine,)).fetchone() == \
         ("finished", "wall")
     nodes = [n for (n,) in conn.execute("SELECT node_id FROM workers WHERE run_id = ?",
                                         (mine,))]

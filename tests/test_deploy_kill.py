@@ -121,7 +121,7 @@ def test_killed_supernode_is_retired_and_the_run_replays(tmp_path):
     assert _processes_mentioning(str(home)) == []  # stop() ended every process it started
 
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    assert conn.execute("SELECT status, mode FROM runs").fetchone() == ("finished", "wall")
+    assert conn.execute("SELECT status, clock FROM runs").fetchone() == ("finished", "wall")
     events = conn.execute("SELECT kind, worker, detail FROM events").fetchall()
     failed = [d for k, w, d in events if k == "job_failed" and w == VICTIM]
     where = (f"(killed {'mid-upload' if mid_upload else 'outside an upload'}, "

@@ -57,7 +57,7 @@ def test_warm_executor_reuses_its_process_and_reports_clientapp_errors(deploymen
             for n in ("supernode0", "supernode1")}
 
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    assert conn.execute("SELECT status, mode FROM runs").fetchone() == ("finished", "wall")
+    assert conn.execute("SELECT status, clock FROM runs").fetchone() == ("finished", "wall")
     failed = [d for k, w, d in conn.execute("SELECT kind, worker, detail FROM events")
               if k == "job_failed" and w == 1]
     done_after = conn.execute(

@@ -109,7 +109,7 @@ def test_async_flower_run_in_real_arrival_order_replays_exactly(wall_run):
     assert out.returncode == 0, out.stdout + out.stderr
     assert "identical" in out.stdout
     conn = sqlite3.connect(db)
-    assert conn.execute("SELECT mode FROM runs").fetchone()[0] == "wall"
+    assert conn.execute("SELECT clock FROM runs").fetchone()[0] == "wall"
     steps = dict(conn.execute("SELECT worker, MAX(local_steps) FROM jobs GROUP BY worker"))
     assert steps[0] > steps[2]  # DyLU: the slow worker runs fewer local steps
 
