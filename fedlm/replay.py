@@ -149,8 +149,8 @@ def replay(db: str | Path, run_id: int,
             if params_hash(grad) != row["update_hash"]:
                 mismatched += 1
             update = model.update(worker=job.worker, job_id=job.job_id, base_version=base,
-                                   outer_grad=grad, tokens=result.tokens,
-                                   local_steps=result.steps)
+                                  outer_grad=grad, tokens=result.tokens,
+                                  local_steps=result.steps)
             if update.staleness != row["staleness"]:
                 raise ReplayError(f"update {row['seq']}: staleness {update.staleness}, "
                                   f"log says {row['staleness']}")

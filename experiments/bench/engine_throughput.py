@@ -1,6 +1,6 @@
 """The scheduling core alone: events and virtual updates per second.
 
-    python experiments/bench/engine_throughput.py [--events 200000] [--smoke]
+    python experiments/bench/engine_throughput.py [--events 200000] [--repeat 1] [--smoke]
 
 A no-op transport answers every job at once with a one-number outer gradient,
 so what is measured is fedlm's engine: the virtual clock, dispatch, the
@@ -8,7 +8,8 @@ strategy call, bookkeeping. For 10, 1,000 and 100,000 simulated workers
 (async SGD: one update per finished job; FedAvg: one per round), with and
 without the SQLite run store (at 100,000 workers without it only). Each case
 finishes ``--events`` jobs, or twice the workers if that is more. Prints a
-table; writes experiments/results/engine_throughput.json. ``--smoke``: a
+table; writes experiments/results/engine_throughput.json. ``--repeat N``: each
+case N times, its fastest kept (a machine shared with other work). ``--smoke``: a
 seconds-long version (few jobs, 10 and 100 workers) that writes nothing, for
 tests/test_bench_engine_throughput.py.
 """
@@ -87,6 +88,8 @@ def measure(workers: int, strategy: str, events: int, store: bool) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--events", type=int, default=200_000, help="jobs to finish per case")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run each case this many times and keep its fastest")
     ap.add_argument("--smoke", action="store_true",
                     help="a seconds-long check that it runs: 200 jobs at 10 and 100 workers, "
                          "nothing written")
@@ -98,7 +101,9 @@ def main() -> None:
             for store in (False, True):
                 if store and workers == 100_000:
                     continue  # the store's cost per job does not depend on the fleet size
-                rows.append(measure(workers, strategy, max(events, 2 * workers), store))
+                runs = [measure(workers, strategy, max(events, 2 * workers), store)
+                        for _ in range(max(1, args.repeat))]
+                rows.append(max(runs, key=lambda r: r["events_per_s"]))
                 print(rows[-1], flush=True)
     print(f"\n{'workers':>8} {'strategy':>10} {'store':>6} {'jobs':>8} {'jobs/s':>9} "
           f"{'events/s':>9} {'updates/s':>10} {'setup s':>8}")
@@ -109,7 +114,9 @@ def main() -> None:
     if args.smoke:
         return
     out = ROOT / "experiments" / "results" / "engine_throughput.json"
-    out.write_text(json.dumps({"machine": f"{os.cpu_count()} cores", "rows": rows}, indent=2))
+    machine = f"{os.cpu_count()} cores" + (f", best of {args.repeat} runs" if args.repeat > 1
+                                          else "")
+    out.write_text(json.dumps({"machine": machine, "rows": rows}, indent=2))
     print(f"wrote {out}")
 
 

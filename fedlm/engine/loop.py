@@ -267,8 +267,8 @@ class Engine:
         self.inbox.settle(job_id, "done")
         self._release(w, flight.index)
         update = self.model.update(worker=w, job_id=job_id, base_version=job.base_version,
-                                    outer_grad=grad, tokens=reply.tokens,
-                                    local_steps=reply.steps)
+                                   outer_grad=grad, tokens=reply.tokens,
+                                   local_steps=reply.steps)
         self.tokens += reply.tokens
         self.steps_done += reply.steps
         self.jobs_done += 1
