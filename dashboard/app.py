@@ -31,9 +31,12 @@ from fedlm.sweep.uncertainty import band  # noqa: E402
 
 REFRESH_SECONDS = 2
 KIND_COLORS = {"compute": "#2ca02c", "download": "#1f77b4", "upload": "#9467bd",
-               "link wait": "#17becf", "idle": "#d62728"}
-TIMELINE_COLORS = {**KIND_COLORS, "in flight": "#bbbbbb", "offline": "#444444",
-                   "lost job": "#ff7f0e"}
+               "exchange": "#8c564b", "link wait": "#17becf", "idle": "#d62728"}
+# an exchange that ran behind compute (Streaming DiLoCo's overlap): drawn as a thin
+# bar over the compute it overlapped, left out of the time totals
+HIDDEN = "hidden exchange"
+TIMELINE_COLORS = {**KIND_COLORS, HIDDEN: "#e377c2", "in flight": "#bbbbbb",
+                   "offline": "#444444", "lost job": "#ff7f0e"}
 
 
 def db_from_argv() -> str:
@@ -146,7 +149,15 @@ def headline_row(h: dict) -> None:
 
 def timeline_chart(iv: pd.DataFrame) -> alt.Chart:
     iv = iv.assign(worker=iv["worker"].map(lambda w: f"worker {w}"))
-    return alt.Chart(iv).mark_bar().encode(
+    hidden = iv["kind"] == HIDDEN
+    chart = _timeline_bars(iv[~hidden], alt.Chart(iv[~hidden]).mark_bar())
+    if hidden.any():  # a thin bar over the compute it overlapped
+        chart = chart + _timeline_bars(iv[hidden], alt.Chart(iv[hidden]).mark_bar(size=7))
+    return chart.properties(height=alt.Step(32))  # 32 px per worker row
+
+
+def _timeline_bars(iv: pd.DataFrame, chart: alt.Chart) -> alt.Chart:
+    return chart.encode(
         x=alt.X("t_start:Q", title="virtual time (s)"),
         x2="t_end:Q",
         y=alt.Y("worker:N", title=None),
@@ -157,7 +168,7 @@ def timeline_chart(iv: pd.DataFrame) -> alt.Chart:
                  alt.Tooltip("t_end:Q", format=".1f"), "version", "job_id",
                  alt.Tooltip("shard:Q", title="data shard"),
                  alt.Tooltip("cursor:Q", title="shard's steps before the job")],
-    ).properties(height=alt.Step(32))  # 32 px per worker row
+    )
 
 
 def worker_charts(wt: pd.DataFrame) -> None:
@@ -311,7 +322,9 @@ def live(db: str, smoothing: float, log_scale: bool, window: float) -> None:
             "worker": wt["worker"].map(lambda w: f"worker {w}"),
             "s/step": wt["step_time"].map("{:.2f}".format), "region": wt["region"],
             "updates": wt["updates"], "compute s": wt["compute"].map("{:,.1f}".format),
-            "comm s": (wt["download"] + wt["upload"]).map("{:,.2f}".format),
+            "exposed comm s": (wt["download"] + wt["upload"] + wt["exchange"]
+                               ).map("{:,.2f}".format),
+            "hidden comm s": wt[HIDDEN].map("{:,.2f}".format),
             "link wait s": wt["link wait"].map("{:,.2f}".format),
             "sent up": wt["bytes_up"].map(_bytes),
             "idle s": wt["idle"].map("{:,.1f}".format),

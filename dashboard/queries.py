@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from fedlm.store import config_of, last_seen, shown_status
+from fedlm.store.schema import COUNTED_KINDS
 from fedlm.store import dashboard as reads
 
 
@@ -84,7 +85,7 @@ def headline(db: str | Path, run_id: int) -> dict:
     """The numbers at the top of the page for one run."""
     h = reads.headline_rows(db, run_id)
     r, spans = h["run"], h["spans"]
-    total = sum(spans.values())
+    total = sum(v for k, v in spans.items() if k in COUNTED_KINDS)
     return {"status": shown_status(r), "virtual_time": r["virtual_time"] or h["latest_time"],
             "updates": h["versions"], "jobs": h["jobs"], "tokens": h["tokens"],
             "perplexity": h["perplexity"], "best_perplexity": h["best_perplexity"],
@@ -98,7 +99,7 @@ def worker_totals(db: str | Path, run_id: int) -> pd.DataFrame:
     spans = reads.interval_seconds(db, run_id)
     wide = spans.pivot_table(index="worker", columns="kind", values="seconds",
                              fill_value=0.0).reset_index()
-    for kind in ("download", "compute", "upload", "link wait", "idle"):
+    for kind in (*COUNTED_KINDS, "hidden exchange"):
         if kind not in wide:
             wide[kind] = 0.0
     counts = reads.updates_per_worker(db, run_id)
@@ -106,9 +107,10 @@ def worker_totals(db: str | Path, run_id: int) -> pd.DataFrame:
     counts = counts.merge(sent, on="worker", how="outer")
     prof = reads.worker_profiles(db, run_id)
     out = prof.merge(wide, on="worker", how="left").merge(counts, on="worker", how="left")
-    out = out.fillna({"download": 0.0, "compute": 0.0, "upload": 0.0, "link wait": 0.0,
-                      "idle": 0.0, "updates": 0, "bytes_up": 0})
-    total = out[["download", "compute", "upload", "link wait", "idle"]].sum(axis=1)
+    out = out.fillna({**{k: 0.0 for k in (*COUNTED_KINDS, "hidden exchange")},
+                      "updates": 0, "bytes_up": 0})
+    # the hidden exchange overlaps compute, and offline time is no one's work
+    total = out[["download", "compute", "upload", "exchange", "link wait", "idle"]].sum(axis=1)
     out["idle_fraction"] = (out["idle"] / total.where(total > 0)).fillna(0.0)
     out["updates"] = out["updates"].astype(int)
     return out

@@ -20,6 +20,8 @@ from fedlm.errors import ConfigError  # noqa: F401  (re-exported: the error of a
 
 # How outer gradients may travel (fedlm.sim.compression).
 COMPRESSIONS = ("fp32", "bf16", "fp16", "int8", "int4")
+# How outer gradients are exchanged (fedlm.sim.collectives.TOPOLOGIES, a test checks).
+TOPOLOGIES = ("star", "ring", "tree", "hierarchical")
 
 # Inner learning-rate schedules (InnerConfig.schedule) and shard choices (DataConfig).
 SCHEDULES = ("worker", "shard", "global")
@@ -155,6 +157,11 @@ class NetworkConfig:
     # server over the WAN. The strategy then sees one worker per region.
     hierarchical: bool = False
     intra_bw: float = 12.5e9  # bytes/s of the link inside a region (100 Gbit/s)
+    # How outer gradients are exchanged (fedlm.sim.collectives): star (a parameter
+    # server: upload, then download the new model), ring or tree (an all-reduce among
+    # the workers, no server; synchronous strategies only), hierarchical (= star
+    # between region pods, as hierarchical = true).
+    topology: str = "star"
 
 
 @dataclass(frozen=True)

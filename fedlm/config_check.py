@@ -13,7 +13,8 @@ from typing import Any, get_type_hints
 
 from fedlm import presets
 from fedlm.config import (CLOCKS, COMPRESSIONS, DEVICES, FAULT_KINDS, GRACE_RULES, PARTITIONS,
-                          PRECISIONS, SCHEDULES, SHARD_CHOICES, STATE_STORES, Config)
+                          PRECISIONS, SCHEDULES, SHARD_CHOICES, STATE_STORES, TOPOLOGIES,
+                          Config)
 from fedlm.data import shakespeare_play_count
 from fedlm.errors import ConfigError, first_line, shown, shown_key
 from fedlm.sim import fleet
@@ -226,6 +227,8 @@ def validate(cfg: Config) -> None:
     _require_choice("network.compression", n.compression, COMPRESSIONS)
     _require(n.block_size >= 0, "network.block_size", n.block_size, "must be >= 0")
     _require(n.intra_bw > 0, "network.intra_bw", n.intra_bw, "must be > 0")
+    _require_choice("network.topology", n.topology, TOPOLOGIES)
+    _check_exchange(cfg)
 
     fa = cfg.faults
     for name in (*FAULT_KINDS, "offline"):
@@ -256,3 +259,37 @@ def validate(cfg: Config) -> None:
     _require(s.cpus >= 0, "sim.cpus", s.cpus, "must be >= 0")
     _require(s.ttl > 0, "sim.ttl", s.ttl, "must be > 0")
     _require(s.reply_timeout > 0, "sim.reply_timeout", s.reply_timeout, "must be > 0")
+
+
+def _check_exchange(cfg: Config) -> None:
+    """What an all-reduce topology and Streaming DiLoCo's rounds need: every worker
+    in every round (a synchronous strategy), and a timing model without a shared
+    server link (``fedlm.sim.collectives``)."""
+    from fedlm.strategies import fragments
+    from fedlm.strategies.registry import strategy_class
+
+    n = cfg.network
+    shared = n.server_down > 0 or n.server_up > 0 or n.daily_amplitude > 0
+    if n.topology in ("ring", "tree"):
+        _require(strategy_class(cfg.strategy).synchronous, "network.topology", n.topology,
+                 f"an all-reduce needs every worker each round: a synchronous strategy "
+                 f"(diloco, fedavg), not {cfg.strategy!r}")
+        _require(not shared, "network.topology", n.topology,
+                 "has no server: drop network.server_down, server_up and daily_amplitude")
+    stream = fragments.Streaming.from_outer(cfg.outer)
+    if stream is None:
+        return
+    blocks = presets.PRESETS[cfg.model][0]
+    _require(stream.fragments <= blocks, "outer.fragments", stream.fragments,
+             f"must be at most the {blocks} blocks of layers of model {cfg.model!r}")
+    shortest = cfg.inner.steps // stream.fragments
+    _require(shortest >= 1, "outer.fragments", stream.fragments,
+             f"must be at most inner.steps ({cfg.inner.steps})")
+    _require(stream.overlap < shortest, "outer.overlap", stream.overlap,
+             f"must be less than the {shortest} inner steps of a round "
+             f"(inner.steps {cfg.inner.steps} / outer.fragments {stream.fragments})")
+    _require(cfg.local_steps == "fixed", "local_steps", cfg.local_steps,
+             "must be 'fixed' with streaming rounds (outer.fragments/overlap/mix)")
+    _require(not shared, "outer.fragments", stream.fragments,
+             "streaming rounds are timed without a shared server link or daily cycle: "
+             "drop network.server_down, server_up and daily_amplitude")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import tomllib
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, get_type_hints
 
@@ -72,6 +72,12 @@ def _build(cls: type, raw: dict[str, Any], prefix: str) -> Any:
 def from_dict(raw: dict[str, Any]) -> Config:
     """Build a ``Config`` from plain data and validate it."""
     cfg = _build(Config, raw, "")
+    net = cfg.network
+    # One idea, two spellings: network.hierarchical = true is topology "hierarchical"
+    if net.topology == "hierarchical" and not net.hierarchical:
+        cfg = replace(cfg, network=replace(net, hierarchical=True))
+    elif net.hierarchical and net.topology == "star":
+        cfg = replace(cfg, network=replace(net, topology="hierarchical"))
     validate(cfg)
     return cfg
 

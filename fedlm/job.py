@@ -29,6 +29,11 @@ class JobSpec:
     shard: int = -1  # data shard it trains (data.shard_choice = paper); -1: the worker's own
     cursor: int = 0  # inner steps handed out from that shard before this job
     schedule_step: int = -1  # inner-schedule position of its first step; -1: the worker's own
+    # Streaming DiLoCo (fedlm.strategies.fragments): the fragment whose outer gradient it
+    # reports (-1: the whole model, not streaming) and the inner step at which it mixes in
+    # the global fragments it was sent (-1: none sent)
+    fragment: int = -1
+    mix_step: int = -1
 
     def to_message(self) -> dict[str, int | str]:
         """The job as the flat config a Flower message carries (``from_message`` reads it)."""

@@ -28,7 +28,8 @@ some job still to be replayed starts from are kept in memory.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -36,8 +37,10 @@ from fedlm.sim import fleet
 from fedlm import start
 from fedlm.config_load import from_json
 from fedlm.engine.global_model import GlobalModel
+from fedlm.engine.streaming import seen_versions, what_to_send
 from fedlm.errors import ConfigError
 from fedlm.params import params_hash
+from fedlm.strategies.fragments import Streaming, fragment_names
 from fedlm.store import operation_log, shown_status
 from fedlm.sim import compression
 from fedlm.job import JobSpec
@@ -114,6 +117,8 @@ def replay(db: str | Path, run_id: int,
     model = GlobalModel(registry.build_strategy(cfg.strategy, cfg.outer))
     model.start(params, num_workers=fleet.node_count(cfg))
     versions = {0: params}
+    stream = Streaming.from_outer(cfg.outer)
+    groups = fragment_names(list(params), stream.fragments) if stream is not None else []
     held, mismatched = 1, 0
     states = [MemoryStates() for _ in range(fleet.node_count(cfg))]
 
@@ -140,12 +145,18 @@ def replay(db: str | Path, run_id: int,
                           row["data_seed"], prev_job=job["prev_job"],
                           **{k: job[k] for k in ("shard", "cursor", "schedule_step")
                              if job[k] is not None})  # schema 4 and older: none
+            payload, reference = versions[base], versions[base]
+            if stream is not None:  # what the engine sent: the fragments the worker lacked
+                sent, fields = what_to_send(stream, groups, list(payload),
+                                            seen_versions(jobs, jobs[job.job_id]), base)
+                job = replace(job, **fields)
+                payload = OrderedDict((n, payload[n]) for n in sent)
+                reference = OrderedDict((n, reference[n]) for n in groups[job.fragment])
             worker_states = states[job.worker]
-            result, new_state = job_update(versions[base], worker_states.load(job.prev_job),
-                                           job, cfg)
+            result, new_state = job_update(payload, worker_states.load(job.prev_job), job, cfg)
             worker_states.save(job.job_id, new_state)
             worker_states.prune(job.prev_job)
-            grad = compression.decode(result.outer_grad, versions[base], cfg.network)
+            grad = compression.decode(result.outer_grad, reference, cfg.network)
             if params_hash(grad) != row["update_hash"]:
                 mismatched += 1
             update = model.update(worker=job.worker, job_id=job.job_id, base_version=base,

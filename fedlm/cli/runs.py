@@ -41,11 +41,13 @@ def print_summary(db: str, run_id: int) -> int:
     clock = "virtual time" if s.clock == "virtual" else "wall-clock time"
     print(f"  {s.updates} updates from {s.jobs} jobs, {s.local_steps:,} local steps, "
           f"{s.tokens:,} tokens; {clock} {s.virtual_time:.1f} s, real time {s.wall_time:.1f} s")
+    hidden = any(w.hidden for w in s.workers)  # streaming: comm behind compute too
     print(f"  {'worker':>6} {'s/step':>7} {'region':>6} {'jobs':>5} {'compute':>9} "
-          f"{'comm':>8} {'idle':>9} {'idle %':>7}")
+          f"{'comm':>8} {'idle':>9} {'idle %':>7}" + (f" {'hidden comm':>12}" if hidden else ""))
     for w in s.workers:
         print(f"  {w.worker:>6} {w.step_time:>7.2f} {w.region:>6} {w.jobs:>5} {w.compute:>9.1f} "
-              f"{w.communication:>8.2f} {w.idle:>9.1f} {100 * w.idle_fraction:>6.1f}%")
+              f"{w.communication:>8.2f} {w.idle:>9.1f} {100 * w.idle_fraction:>6.1f}%"
+              + (f" {w.hidden:>12.2f}" if hidden else ""))
     print(f"  straggler idle fraction (all workers): {100 * s.idle_fraction:.1f}%")
     _print_troubles(store.troubles(db, run_id))
     print(f"  stored in {db} (run {s.run_id}); `fedlm show {s.run_id} --db {db}`")

@@ -68,7 +68,7 @@ class VirtualEvents:
                  inbox: Inbox) -> None:
         self.fleet, self.flights, self.inbox = fleet, flights, inbox
         self.clock: VirtualClock = VirtualClock()
-        self.timer = JobTimer(fleet, cfg.seed, cfg.network.intra_bw)
+        self.timer = JobTimer(fleet, cfg.seed, cfg.network.intra_bw, cfg.network.topology)
         n = cfg.network
         self.net = (Network(n.server_down, n.server_up, n.daily_amplitude, n.peak_hour)
                     if n.server_down or n.server_up or n.daily_amplitude else None)
@@ -95,6 +95,12 @@ class VirtualEvents:
             timing = JobTiming(region.latency + down / (region.down_bw * m),
                                timing.compute, region.latency + up / (region.up_bw * m))
         return timing
+
+    def streaming_timing(self, w: int, steps: int, down_bytes: int, up_bytes: int,
+                         overlap: int) -> JobTiming:
+        """A streaming round's job (``JobTimer.streaming_timing``; no shared link)."""
+        return self.timer.streaming_timing(w, steps, self.down_bytes, down_bytes, up_bytes,
+                                           overlap)
 
     def will_expire(self, timing: JobTiming, fault: str, limit: float) -> bool:
         """Whether the job misses its deadline (known at dispatch, without a shared link)."""
@@ -194,6 +200,8 @@ class VirtualEvents:
                     (IntervalKind.UPLOAD, comp, comp + f.timing.upload),
                     (IntervalKind.LINK_WAIT, comp + f.timing.upload, up)]
         a = t0 + f.timing.download
+        if f.timing.exchange or f.timing.hidden:  # an all-reduce, or a streaming round
+            return _exchange_spans(f.timing, a, end)
         b = a + f.timing.compute
         return [(IntervalKind.DOWNLOAD, t0, a), (IntervalKind.COMPUTE, a, b),
                 (IntervalKind.UPLOAD, b, end)]
@@ -209,6 +217,19 @@ class VirtualEvents:
         if self.net is not None:
             self.net.load_state_dict(st["network"])
         self.phases = {j: list(p) for j, p in st["phases"].items()}
+
+
+def _exchange_spans(timing: JobTiming, a: float, end: float) -> list[Span]:
+    """compute (τ steps' worth) | exposed exchange | the rest of compute, with the
+    hidden part of the exchange beside the first compute span (not counted in time
+    totals: ``fedlm.store.schema.COUNTED_KINDS``). Without overlap (an all-reduce
+    after the compute) the first span is the whole compute."""
+    x = a + timing.before_exchange
+    e = x + timing.exchange
+    spans = [(IntervalKind.COMPUTE, a, x), (IntervalKind.EXCHANGE, x, e),
+             (IntervalKind.COMPUTE, e, e + timing.compute - timing.before_exchange),
+             (IntervalKind.HIDDEN, a, a + timing.hidden)]
+    return [(kind, s, min(t, end)) for kind, s, t in spans if t > s]
 
 
 class WallEvents:
@@ -230,6 +251,10 @@ class WallEvents:
 
     def timing(self, w: int, steps: int) -> None:
         return None  # real transfers and compute take what they take
+
+    def streaming_timing(self, w: int, steps: int, down_bytes: int, up_bytes: int,
+                         overlap: int) -> None:
+        return None
 
     def will_expire(self, timing, fault: str, limit: float) -> bool:
         return False  # a deadline is noticed when it passes

@@ -83,7 +83,7 @@ class JobMaker:
         if timing is None:  # wall clock without a configured deadline
             return self.cfg.sim.reply_timeout
         nominal = (timing.download + job.local_steps * self.fleet[job.worker].step_time
-                   + timing.upload)
+                   + timing.upload + timing.exchange)
         return r.deadline_factor * nominal
 
     def state_dict(self) -> dict:

@@ -11,20 +11,18 @@
             versions, checkpointed every reliability.checkpoint_every)
 
 Who owns what: the ``GlobalModel`` the global params, their version and the
-strategy (replay drives the strategy through it too); the ``WorkerPool`` the
-workers' lifecycle (free, busy, offline, retired); the event source (``VirtualEvents``
-or ``WallEvents``) the order things happen in and the time; the ``Inbox`` the
-replies not yet handed on; ``InFlightJobs`` the jobs in flight (the loop adds and
-pops them, the other parts are handed it and ask); the ``RunLog`` every store
-write; the ``JobMaker`` what each new job is (its data, shard, fault, deadline).
-The loop owns the run's totals, and knows nothing of the algorithm.
+strategy (replay drives it too); the ``WorkerPool`` the workers' lifecycle; the
+event source (``VirtualEvents`` or ``WallEvents``) the order of events and the
+time; the ``Inbox`` the replies not yet handed on; ``InFlightJobs`` the jobs in
+flight; the ``RunLog`` every store write; the ``JobMaker`` what each new job is;
+``StreamRounds`` what a Streaming DiLoCo round's job carries. The loop owns the
+run's totals, and knows nothing of the algorithm.
 
 A dispatched job goes to a ``Transport`` (Flower's Grid in ``server_app``; an
-in-process trainer in tests, sweeps and replay) and computes while the loop
-goes on. Each job names the worker state it starts from (the worker's last
-*accepted* job), so a lost job leaves no trace on the worker either
-(``fedlm.worker.states``). Checkpoints are taken at the top of the loop, where
-the whole state is in ``state_dict``; ``run(..., resume=state)`` re-sends the
+in-process trainer in tests, sweeps and replay) and computes while the loop goes
+on. Each job names the worker state it starts from (the worker's last *accepted*
+job), so a lost job leaves no trace on the worker either. Checkpoints are taken
+at the top of the loop (``state_dict``); ``run(..., resume=state)`` re-sends the
 jobs that were in flight.
 """
 
@@ -46,11 +44,12 @@ from fedlm.engine import state
 from fedlm.engine.divergence import DivergenceWatch, hint
 from fedlm.engine.global_model import GlobalModel
 from fedlm.engine.events import VirtualEvents, WallEvents
-from fedlm.engine.grace import Window, grace_rule
+from fedlm.engine.grace import grace_rule, take_window
 from fedlm.engine.in_flight import InFlightJobs
 from fedlm.engine.inbox import Inbox
 from fedlm.engine.jobs import JobMaker
 from fedlm.engine.runlog import RunLog
+from fedlm.engine.streaming import StreamRounds
 from fedlm.engine.types import (BackOnline, Diverged, EngineError, Event, InFlight, Interrupted,
                                 Progress, JobResult, Transport)
 from fedlm.engine.workers import WorkerPool
@@ -80,6 +79,10 @@ class Engine:
         self.events = (VirtualEvents(cfg, fleet, self.in_flight, self.inbox)
                        if cfg.clock == "virtual" else WallEvents(self.in_flight, self.inbox, self.pool))
         self.jobs = JobMaker(cfg, fleet, shard_sizes)
+        self.stream = StreamRounds.of(cfg)  # Streaming DiLoCo's rounds, or None
+        # updates and eval.every count outer steps: P streaming rounds each
+        self.per_update = self.stream.streaming.fragments if self.stream is not None else 1
+        self.versions_wanted = cfg.updates * self.per_update
         self.grace = grace_rule(cfg.grace, cfg.grace_span, wants_grace=strategy.wants_grace,
                                 synchronous=strategy.synchronous,
                                 together=local_steps.even_times
@@ -116,7 +119,7 @@ class Engine:
         """Stop at ``updates`` versions, at the time budget, or once the local-step
         budget is spent: every step of it handed to the strategy, no job in flight."""
         budget, limit = self.cfg.local_step_budget, self.cfg.time_budget
-        return (self.version >= self.cfg.updates
+        return (self.version >= self.versions_wanted
                 or (budget > 0 and self.steps_done >= budget and not self.in_flight)
                 or (limit > 0 and self.now >= limit))
 
@@ -125,7 +128,9 @@ class Engine:
         budget (0: no job). A synchronous round is handed out whole while the budget
         is not spent, so the run ends on a whole round; an asynchronous job gets at most
         the steps not yet spent nor in flight, so the run ends on the budget exactly."""
-        steps, budget = self.policy.local_steps(w), self.cfg.local_step_budget
+        steps = (self.stream.steps(self.version) if self.stream is not None
+                 else self.policy.local_steps(w))
+        budget = self.cfg.local_step_budget
         if not budget:
             return steps
         if self.strategy.synchronous:
@@ -151,6 +156,8 @@ class Engine:
 
     def _run(self, params, resume: dict | None):
         self.model.start(params, num_workers=len(self.fleet))
+        if self.stream is not None:
+            self.stream.start(params)
         self.policy.start(steps=self.cfg.inner.steps,
                           step_times=[p.step_time for p in self.fleet])
         if resume is None:
@@ -161,8 +168,7 @@ class Engine:
             self._evaluate()
         else:
             self.load_state_dict(resume)
-            for f in self.in_flight.flights():  # the jobs the dead process was waiting for
-                self.transport.submit(f.job, self.base_params[f.job.base_version])
+            state.resubmit(self)  # the jobs the dead process was waiting for
         while True:
             if self._checkpoint_due:
                 self._write_checkpoint()
@@ -178,28 +184,11 @@ class Engine:
             if self.cfg.time_budget and nxt is not None and nxt > self.cfg.time_budget:
                 break  # the next job would finish after the time budget
             if first is not None:
-                self._grace_window(self.grace.open(self.now, first, self.in_flight))
+                take_window(self, self.grace.open(self.now, first, self.in_flight))
         if self._last_eval_version != self.version:
             self._evaluate()
         self._close_timeline()
         return self.params
-
-    def _grace_window(self, window: Window | None) -> None:
-        """Take the finished jobs that belong with the one just taken, before any
-        worker gets new work (``fedlm.engine.grace``), so they restart together."""
-        if window is None:
-            return
-        # A fixed window on the virtual clock knows its last arrival in advance: the
-        # first worker waits only until then (the paper's toy notebook does the same).
-        oracle = window.expected is None and self.events.lookahead
-        while not self.done() and not window.complete(self.in_flight):
-            event = self.events.next_event(until=window.closes, advance=not oracle)
-            if event is None:
-                break
-            self._handle(event)
-        if window.expected is not None and not window.complete(self.in_flight):
-            late = sorted(j for j in window.expected if j in self.in_flight)
-            self.log.grace_closed(self.now, waited=self.now - window.opened, late=late)
 
     def _dispatch_free_workers(self) -> None:
         now, cap = self.now, self.cfg.max_in_flight
@@ -220,7 +209,11 @@ class Engine:
         index, free_since = self.pool.take(w)
         job = self.jobs.make(w, version=self.version, steps=steps, index=index,
                              prev_job=self.pool.state_job[w], keep_from=self.pool.keep_from(w))
-        timing = self.events.timing(w, steps)
+        if self.stream is None:
+            payload, down, up = self.params, self.model_bytes, self.up_bytes
+            timing = self.events.timing(w, steps)
+        else:  # the fragments the worker lacks, mixed in τ steps into the job
+            job, payload, down, up, timing = self.stream.dispatch(job, self.params, self.events)
         limit = now + self.jobs.time_allowed(job, timing)
         expires = timing is not None and self.events.will_expire(timing, job.fault, limit)
         flight = InFlight(job, now, timing, index, limit, expires)
@@ -231,8 +224,8 @@ class Engine:
         if self.checkpoint is not None:  # a checkpoint must be able to re-send it
             self.base_params.setdefault(self.version, self.params)
         self.events.dispatched(flight)
-        self.log.dispatched(job, now, down_bytes=self.model_bytes, up_bytes=self.up_bytes)
-        self.transport.submit(job, self.params)
+        self.log.dispatched(job, now, down_bytes=down, up_bytes=up)
+        self.transport.submit(job, payload)
 
     def _handle(self, event: Event) -> InFlight | None:
         """Act on an event; a finished job (done or lost) is returned."""
@@ -255,14 +248,18 @@ class Engine:
                 # The one place tensors are unpacked: torch loads with the first update,
                 # so the scheduling core imports (and is benchmarked) without it.
                 from fedlm.sim import compression
-                grad = compression.decode(reply.outer_grad, self.params, self.cfg.network)
-                check_update(grad, self.params)
+                ref = (self.params if job.fragment < 0
+                       else self.stream.reference(job.fragment, self.params))
+                grad = compression.decode(reply.outer_grad, ref, self.cfg.network)
+                check_update(grad, ref)
             except BadUpdate as exc:
                 error, reason = f"rejected update: {exc}", "rejected"
         if error is not None:
             self._lost(flight, error, reason)
             return flight
         self.pool.accepted(w, job_id)
+        if self.stream is not None:
+            self.stream.accepted(w, job.base_version)
         self.grace.observe(flight, now)
         self.inbox.settle(job_id, "done")
         self._release(w, flight.index)
@@ -321,13 +318,12 @@ class Engine:
             used = self.in_flight.base_versions()
             self.base_params = {v: p for v, p in self.base_params.items() if v in used}
         self.log.applied(self.version, seqs)
-        if self.version % self.cfg.eval.every == 0:
+        if self.version % (self.cfg.eval.every * self.per_update) == 0:
             self._evaluate()
         every = self.cfg.reliability.checkpoint_every
         if self.checkpoint is not None and every and self.version % every == 0:
             self._checkpoint_due = True
 
-    # -- checkpoints ------------------------------------------------------------
     def _write_checkpoint(self) -> None:
         self._checkpoint_due = False
         self.pool.pin(self.cfg.reliability.checkpoint_keep)
@@ -342,15 +338,14 @@ class Engine:
     def load_state_dict(self, st: dict) -> None:
         state.restore(self, st)  # also a checkpoint written by an older fedlm
 
-    # -- bookkeeping ----------------------------------------------------------
     def _spans(self, f: InFlight, end: float, compute_seconds: float) -> list:
         """Interval rows of a job's download / compute / upload, cut at ``end``."""
         return [(f.job.worker, kind, min(a, end), min(max(a, b), end), f.job.base_version,
                  f.job.job_id) for kind, a, b in self.events.spans(f, end, compute_seconds)]
 
     def _close_timeline(self, why: str = "run finished") -> None:
-        """At the end: free workers were idle until now, offline ones offline;
-        jobs in flight are cut at now and cancelled (``why``)."""
+        """Free workers were idle until now, offline ones offline; jobs in flight are
+        cut at now and cancelled (``why``)."""
         end = self.now
         rows = self.pool.closing_rows(end, self.version)
         for f in self.in_flight.flights():
@@ -360,9 +355,8 @@ class Engine:
         self.log.commit()
 
     def cancel_in_flight(self, why: str) -> None:
-        """The run ends (finished, diverged, stopped or failed) with these jobs in
-        flight: none of them will be handed on, so the jobs table says ``cancelled``
-        rather than ``running``. Once; replay walks only their dispatch."""
+        """The run ends with these jobs in flight: none will be handed on, so the jobs
+        table says ``cancelled``, not ``running`` (once; replay walks only their dispatch)."""
         if not self._cancelled:
             self._cancelled = True
             self.log.cancelled(self.in_flight.ids(), why)
@@ -391,6 +385,6 @@ class Engine:
 
     def _report(self) -> None:
         if self.progress:
-            self.progress(Progress(self.version, self.cfg.updates, self.now,
+            self.progress(Progress(self.version, self.versions_wanted, self.now,
                                    self.jobs_done, self.tokens, self.last_perplexity,
                                    self.steps_done, self.cfg.local_step_budget))

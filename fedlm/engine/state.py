@@ -29,6 +29,8 @@ def capture(engine: Any) -> dict:
     """``engine``'s state (an ``Engine``, at the top of its loop)."""
     st = {name: getattr(engine, name).state_dict() for name in PARTS}
     st.update({name: getattr(engine, name) for name in TOTALS})
+    if engine.stream is not None:
+        st["stream"] = engine.stream.state_dict()
     return {**st, "base_params": dict(engine.base_params),
             "last_eval_version": engine._last_eval_version, "position": position(engine)}
 
@@ -44,6 +46,8 @@ def restore(engine: Any, st: dict) -> None:
         getattr(engine, name).load_state_dict(st[name])
     for name in TOTALS:
         setattr(engine, name, st[name])
+    if engine.stream is not None:
+        engine.stream.load_state_dict(st["stream"])
     engine.base_params = dict(st["base_params"])
     engine._last_eval_version = st["last_eval_version"]
     engine.events.set_payload(engine.model_bytes, engine.up_bytes)
@@ -54,3 +58,12 @@ def position(engine: Any) -> dict:
     return {"version": engine.version, "op": engine.log.op, "seq": engine.model.seq,
             "next_job_id": engine.jobs.next_job_id, "in_flight": engine.in_flight.ids(),
             "now": engine.now}
+
+
+def resubmit(engine: Any) -> None:
+    """Send the jobs in flight at the checkpoint again, each with what it carried."""
+    for f in engine.in_flight.flights():
+        base = engine.base_params[f.job.base_version]
+        if engine.stream is not None:
+            base = engine.stream.plan(f.job.worker, f.job.base_version, base)[0]
+        engine.transport.submit(f.job, base)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedlm.config import Config, FleetConfig
+from fedlm.sim import collectives
 
 
 @dataclass(frozen=True)
@@ -57,13 +58,23 @@ class WorkerProfile:
 
 @dataclass(frozen=True)
 class JobTiming:
+    """A job's virtual durations. Star topology: download, compute, upload. An
+    all-reduce (``network.topology`` ring or tree) or a streaming round instead
+    has an ``exchange``: the part of the collective the worker waits for, after
+    ``before_exchange`` seconds of its compute (all of it, without streaming;
+    τ steps' worth with Streaming DiLoCo's overlap), while ``hidden`` seconds of
+    the exchange ran behind that compute."""
+
     download: float
     compute: float
     upload: float
+    exchange: float = 0.0  # exposed collective seconds (the worker waits)
+    before_exchange: float = 0.0  # compute seconds before the exposed exchange
+    hidden: float = 0.0  # collective seconds overlapped by compute
 
     @property
     def total(self) -> float:
-        return self.download + self.compute + self.upload
+        return self.download + self.compute + self.upload + self.exchange
 
 
 # Heterogeneity levels: worker speeds spread geometrically from 1× to R× the
@@ -145,22 +156,63 @@ class JobTimer:
     """Virtual durations of jobs; one seeded RNG per worker, so a worker's
     jitter sequence does not depend on the order jobs of others were dispatched."""
 
-    def __init__(self, fleet: list[WorkerProfile], seed: int, intra_bw: float = 12.5e9) -> None:
+    def __init__(self, fleet: list[WorkerProfile], seed: int, intra_bw: float = 12.5e9,
+                 topology: str = "star") -> None:
         self.fleet = fleet
         self.intra_bw = intra_bw
+        self.topology = topology
         self._rngs = [np.random.default_rng([seed, 7919, p.worker]) for p in fleet]
+        # an all-reduce's steps go as fast as the slowest link allows, each paying the
+        # largest latency (fedlm.sim.collectives)
+        self._bw_min = min(min(p.region.down_bw, p.region.up_bw) for p in fleet)
+        self._lat_max = max(p.region.latency for p in fleet)
 
-    def timing(self, worker: int, steps: int, down_bytes: int, up_bytes: int) -> JobTiming:
+    def _compute(self, worker: int, steps: int, model_bytes: int) -> float:
         p = self.fleet[worker]
         jitter = float(self._rngs[worker].lognormal(0.0, p.jitter)) if p.jitter > 0 else 1.0
         # A pod of k workers all-reduces its gradients every step: a ring moves
         # 2(k-1)/k of the model through each member's local link.
-        allreduce = 2 * (p.members - 1) / p.members * down_bytes / self.intra_bw
+        allreduce = collectives.intra_step(model_bytes, p.members, self.intra_bw)
+        return steps * (p.step_time * jitter + allreduce)
+
+    def allreduce(self, nbytes: float) -> float:
+        """Seconds of one all-reduce of ``nbytes`` among the fleet (ring or tree)."""
+        return collectives.allreduce_seconds(self.topology, nbytes, len(self.fleet),
+                                             self._bw_min, self._lat_max)
+
+    def timing(self, worker: int, steps: int, down_bytes: int, up_bytes: int) -> JobTiming:
+        """A whole-model job: download, compute, upload (star), or compute and an
+        all-reduce of the upload (ring, tree)."""
+        p = self.fleet[worker]
+        compute = self._compute(worker, steps, down_bytes)
+        if self.topology in collectives.ALLREDUCE:
+            return JobTiming(0.0, compute, 0.0, exchange=self.allreduce(up_bytes),
+                             before_exchange=compute)
         return JobTiming(
             download=p.region.latency + down_bytes / p.region.down_bw,
-            compute=steps * (p.step_time * jitter + allreduce),
+            compute=compute,
             upload=p.region.latency + up_bytes / p.region.up_bw,
         )
+
+    def streaming_timing(self, worker: int, steps: int, model_bytes: int, down_bytes: int,
+                         up_bytes: int, overlap: int) -> JobTiming:
+        """A Streaming DiLoCo round's job. The exchange it waits for is the previous
+        round's: its fragment's upload (``up_bytes``; 0 on a worker's first job) and
+        the new global fragments' download (``down_bytes``), or their all-reduce.
+        It runs behind the first ``overlap`` inner steps; what is left of it is
+        exposed. ``overlap`` < 0: nothing to overlap (the first job's whole model)."""
+        p = self.fleet[worker]
+        compute = self._compute(worker, steps, model_bytes)
+        if self.topology in collectives.ALLREDUCE:
+            exchange = self.allreduce(up_bytes) if up_bytes else 0.0
+        else:
+            exchange = ((p.region.latency + up_bytes / p.region.up_bw if up_bytes else 0.0)
+                        + (p.region.latency + down_bytes / p.region.down_bw
+                           if down_bytes else 0.0))
+        ahead = compute * overlap / steps if overlap > 0 else 0.0  # τ steps of compute
+        hidden = min(exchange, ahead)
+        return JobTiming(0.0, compute, 0.0, exchange=exchange - hidden,
+                         before_exchange=ahead, hidden=hidden)
 
     def state_dict(self) -> dict:
         return {"rngs": [r.bit_generator.state for r in self._rngs]}

@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 
 from fedlm import ownership
 from fedlm.store.connection import StoreError, connect_readonly
+from fedlm.store.schema import EXPOSED_COMM_KINDS, IntervalKind
 
 
 @dataclass(frozen=True)
@@ -34,9 +35,10 @@ class WorkerSummary:
     region: str
     jobs: int
     compute: float
-    communication: float  # download + upload + waiting for the shared link
+    communication: float  # exposed: download, upload, exchange, waiting for the shared link
     idle: float
     idle_fraction: float
+    hidden: float = 0.0  # exchange behind compute (Streaming DiLoCo's overlap), not counted
 
 
 @dataclass(frozen=True)
@@ -114,9 +116,8 @@ def summarize(path: str | Path, run_id: int) -> RunSummary:
             idle = spans.get("idle", 0.0)
             workers.append(WorkerSummary(
                 w["worker"], w["step_time"], w["region"], jobs, spans.get("compute", 0.0),
-                spans.get("download", 0.0) + spans.get("upload", 0.0)
-                + spans.get("link wait", 0.0), idle,
-                idle / end if end else 0.0))
+                sum(spans.get(k, 0.0) for k in EXPOSED_COMM_KINDS), idle,
+                idle / end if end else 0.0, spans.get(IntervalKind.HIDDEN.value, 0.0)))
         tokens, jobs, steps = conn.execute(
             "SELECT COALESCE(SUM(tokens), 0), COUNT(*), COALESCE(SUM(local_steps), 0)"
             " FROM updates WHERE run_id=?", (run_id,)).fetchone()

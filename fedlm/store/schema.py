@@ -134,6 +134,18 @@ class IntervalKind(str, Enum):
     IDLE = "idle"
     OFFLINE = "offline"
     LINK_WAIT = "link wait"  # a transfer waiting for its share of the server's link
+    # an all-reduce (network.topology ring/tree) or a streaming round's fragment exchange
+    # that the worker waits for ...
+    EXCHANGE = "exchange"
+    # ... and the part of one that ran behind compute (Streaming DiLoCo's overlap): it
+    # overlaps a compute span, so time totals leave it out (COUNTED_KINDS)
+    HIDDEN = "hidden exchange"
+
+
+# The kinds whose spans never overlap one another: a worker's time adds up over these.
+COUNTED_KINDS = tuple(k.value for k in IntervalKind if k is not IntervalKind.HIDDEN)
+# The kinds that are communication the worker waits for (exposed).
+EXPOSED_COMM_KINDS = ("download", "upload", "link wait", "exchange")
 
 
 def schema_version(conn: sqlite3.Connection) -> object | None:

@@ -26,7 +26,7 @@ import torch
 from fedlm.sim import compression, faults, fleet
 from fedlm import data, model as model_lib
 from fedlm.shards import data_shards, job_data, pod_size
-from fedlm.worker import precision
+from fedlm.worker import precision, streaming
 from fedlm.config import Config, InnerConfig
 from fedlm.job import JobResult, JobSpec
 from fedlm.model import load_into
@@ -118,7 +118,7 @@ def _upload(rows: np.ndarray, device: torch.device) -> torch.Tensor:
 
 
 def train_steps(net, opt: torch.optim.Optimizer, batches: np.ndarray, lr_at,
-                cfg: Config, forward=None) -> torch.Tensor:
+                cfg: Config, forward=None, before_step=None) -> torch.Tensor:
     """AdamW steps on ``net``, one per row of ``batches`` (sequence indices), step
     s at learning rate ``lr_at(s)``; returns the training losses as a 1-D fp32
     tensor on the device (read it once: no host synchronisation per step).
@@ -126,6 +126,7 @@ def train_steps(net, opt: torch.optim.Optimizer, batches: np.ndarray, lr_at,
     ``forward`` is what computes (logits, loss) — ``net`` itself, or its compiled
     form (``precision.compiled``), which shares its parameters. Forward + loss run
     under ``inner.precision`` (bf16: autocast; the weights and AdamW state stay fp32).
+    ``before_step(s)``, if given, runs before step s (Streaming DiLoCo's mix-in).
     """
     corpus = data.load_corpus(cfg.data)
     device = next(net.parameters()).device
@@ -140,6 +141,8 @@ def train_steps(net, opt: torch.optim.Optimizer, batches: np.ndarray, lr_at,
     losses = []
     with precision.matmul_scope(mode, device):
         for s in range(len(batches)):
+            if before_step is not None:
+                before_step(s)
             for group in opt.param_groups:
                 group["lr"] = lr_at(s)
             seqs = seqs_all[s]  # (B, T+1)
@@ -194,9 +197,10 @@ def run_job(params, opt_state: dict, job: JobSpec, cfg: Config,
     torch.set_num_threads(cfg.inner.threads)
     device = model_lib.resolve_device(cfg.device)
     net = _scratch_model(cfg.model, cfg.data.seq_len, device)
-    start_params = precision.to_device(params, device)
-    load_into(net, start_params)
     names = [n for n, _ in net.named_parameters()]
+    stream = streaming.WorkerStream(job, opt_state, params, names, cfg, device)
+    start_params = stream.start if stream.on else precision.to_device(params, device)
+    load_into(net, start_params)
 
     opt = new_optimizer(net, cfg)
     tensors = {k: v for k, v in opt_state.items() if k != "schedule_step"}
@@ -212,7 +216,8 @@ def run_job(params, opt_state: dict, job: JobSpec, cfg: Config,
     batches = data.job_batches(job_data(cfg, job), job.local_steps, batch_size, job.data_seed)
     t0 = time.perf_counter()
     losses = train_steps(net, opt, batches, lambda s: inner_lr(start + s, cfg.inner, horizon),
-                         cfg, forward=model_forward(net, cfg, device))
+                         cfg, forward=model_forward(net, cfg, device),
+                         before_step=stream.mix_hook(net) if stream.on else None)
     train_loss = mean_loss(losses)  # the job's one read of the losses (waits for the device)
     seconds = time.perf_counter() - t0
 
@@ -220,7 +225,11 @@ def run_job(params, opt_state: dict, job: JobSpec, cfg: Config,
     new_state["schedule_step"] = own_step + job.local_steps
     with torch.no_grad():
         end = dict(net.named_parameters())
-        grad = OrderedDict((k, start_params[k] - end[k].detach()) for k in start_params)
+        if stream.on:  # the reported fragment against its last global value
+            grad = stream.outer_gradient(end)
+            new_state.update(stream.kept(end, state_on_device))
+        else:
+            grad = OrderedDict((k, start_params[k] - end[k].detach()) for k in start_params)
     if device != "cpu":  # on the CPU the difference is already a fresh host tensor
         grad = precision.to_host(grad)
     result = JobResult(job.job_id, grad, job.local_steps,
@@ -235,7 +244,10 @@ def job_update(params, state: dict, job: JobSpec, cfg: Config,
     error-feedback tensors on. Replay calls this too."""
     result, new_state = run_job(params, state, job, cfg, state_on_device)
     payload, errors = compression.encode(result.outer_grad, state, cfg.network)
-    return Trained(replace(result, outer_grad=payload), {**new_state, **errors})
+    # a streaming job encodes one fragment: the other fragments' errors carry on
+    carried = {k: v for k, v in state.items()
+               if k.startswith(compression.EF_PREFIX) and k not in errors}
+    return Trained(replace(result, outer_grad=payload), {**new_state, **carried, **errors})
 
 
 def serve_job(params, states, job: JobSpec, cfg: Config,
