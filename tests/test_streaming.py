@@ -182,3 +182,27 @@ def test_one_fragment_without_overlap_is_diloco_bit_for_bit(tmp_path):
     hashes = [sqlite3.connect(tmp_path / d).execute("SELECT final_hash FROM runs").fetchone()[0]
               for d in ("a.db", "b.db")]
     assert hashes[0] == hashes[1] and plain is not None and streamed is not None
+
+
+STREAMED = ["workers=3", "updates=4", "inner.steps=4", "outer.fragments=2", "outer.overlap=1",
+            "outer.mix=0.5", "network.compression=int8", "fleet.preset=geo",
+            "reliability.checkpoint_every=2", "eval.every=2"]
+
+
+def test_a_streaming_run_replays_and_resumes_bit_for_bit(tmp_path):
+    from fedlm import store
+    from fedlm.engine import Interrupted
+    from fedlm.replay import replay
+
+    ref_db, db = tmp_path / "reference.db", tmp_path / "stopped.db"
+    run_inprocess(tiny_config(*STREAMED), str(ref_db))
+    (ref,) = store.list_runs(ref_db)
+    result = replay(ref_db, ref["id"])
+    assert result.identical and result.versions == 8  # 4 outer steps of 2 fragments
+    stop = []  # asked to stop once version 5 exists, then resumed from its checkpoint
+    with pytest.raises(Interrupted):
+        run_inprocess(tiny_config(*STREAMED), str(db), should_stop=lambda: bool(stop),
+                      progress=lambda p: stop.append(p.version) if p.version >= 5 else None)
+    run_inprocess(tiny_config(*STREAMED), str(db), resume=1)
+    (run,) = store.list_runs(db)
+    assert (run["status"], run["final_hash"]) == ("finished", ref["final_hash"])

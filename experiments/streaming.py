@@ -1,0 +1,153 @@
+"""Streaming DiLoCo against DiLoCo on the `geo` fleet, at equal inner steps.
+
+    python experiments/streaming.py [--seeds 0 1 2] [--jobs 2] [--smoke]
+
+The default run (`small` model, 4 workers in us/eu/asia, H = 30, 10 outer steps)
+with `profile = geo`, as DiLoCo and as Streaming DiLoCo (`outer.fragments = 4`,
+`outer.overlap = 5`, and each `outer.mix` given with --mix), each seed of --seeds.
+Every run is kept in runs/streaming.db and reused by name. Per arm: final
+perplexity (mean, 95% t-interval over seeds; paired difference to DiLoCo),
+bytes per exchange (the largest a worker sends or receives at once: what the
+links must carry in one go), total bytes, exposed and hidden communication per
+worker, virtual time. Writes experiments/results/streaming.md and .json
+(``--smoke``: the tiny model, 2 rounds, one seed, nothing written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from fedlm.config_load import load  # noqa: E402
+from fedlm.runner import run_inprocess  # noqa: E402
+from fedlm.sweep.uncertainty import estimate, paired_estimate  # noqa: E402
+
+BASE = ["profile=geo"]
+STREAM = ["outer.fragments=4", "outer.overlap=5"]
+
+
+def arms(mixes: list[float]) -> dict[str, list[str]]:
+    out = {"DiLoCo": []}
+    for mix in mixes:
+        p, tau = (kv.split("=")[1] for kv in STREAM)
+        out[f"Streaming DiLoCo, P {p}, overlap {tau}, mix {mix:g}"] = [*STREAM,
+                                                                     f"outer.mix={mix}"]
+    return out
+
+
+def _run(args: tuple) -> str:
+    name, sets, db = args
+    with sqlite3.connect(db) if Path(db).exists() else _none() as conn:
+        if conn is not None:
+            try:
+                row = conn.execute("SELECT status FROM runs WHERE name=? AND status='finished'",
+                                   (name,)).fetchone()
+            except sqlite3.OperationalError:
+                row = None
+            if row:
+                return f"{name}: reused"
+    run_inprocess(load(None, [*sets, f"name={name}"]), db)
+    return f"{name}: done"
+
+
+class _none:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def measure(db: str, name: str) -> dict:
+    with sqlite3.connect(db) as conn:
+        run_id, vt = conn.execute("SELECT id, virtual_time FROM runs WHERE name=? AND "
+                                  "status='finished'", (name,)).fetchone()
+        ppl = conn.execute("SELECT perplexity FROM metrics WHERE run_id=? ORDER BY id DESC",
+                           (run_id,)).fetchone()[0]
+        down, up, peak_down, peak_up = conn.execute(
+            "SELECT SUM(down_bytes), SUM(up_bytes), MAX(down_bytes), MAX(up_bytes) FROM jobs"
+            " WHERE run_id=? AND dispatch_op > ?", (run_id, -1)).fetchone()
+        # the first job of each worker downloads the whole model: later exchanges are what
+        # streaming changes, so the peak leaves it out
+        later_down = conn.execute(
+            "SELECT MAX(down_bytes) FROM jobs j WHERE run_id=? AND job_id NOT IN"
+            " (SELECT MIN(job_id) FROM jobs WHERE run_id=? GROUP BY worker)",
+            (run_id, run_id)).fetchone()[0] or 0
+        workers = conn.execute("SELECT COUNT(*) FROM workers WHERE run_id=?",
+                               (run_id,)).fetchone()[0]
+        spans = dict(conn.execute("SELECT kind, SUM(t_end - t_start) FROM intervals"
+                                  " WHERE run_id=? GROUP BY kind", (run_id,)))
+    exposed = sum(spans.get(k, 0.0) for k in ("download", "upload", "exchange", "link wait"))
+    return {"perplexity": ppl, "virtual_time": vt, "bytes_total": (down or 0) + (up or 0),
+            "peak_exchange_bytes": max(later_down, peak_up or 0),
+            "exposed_comm_per_worker": exposed / workers,
+            "hidden_comm_per_worker": spans.get("hidden exchange", 0.0) / workers}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--mix", type=float, nargs="+", default=[1.0, 0.5])
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--db", default=str(ROOT / "runs" / "streaming.db"))
+    ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "streaming"))
+    ap.add_argument("--smoke", action="store_true", help="tiny model, one seed, nothing kept")
+    args = ap.parse_args()
+    base = BASE
+    if args.smoke:
+        import tempfile
+        args.seeds, args.mix, args.jobs = [0], [0.5], 1
+        args.db = str(Path(tempfile.mkdtemp()) / "smoke.db")
+        base = [*BASE, "model=tiny", "updates=1", "inner.steps=8", "eval.batches=2",
+                "data.seq_len=64", "inner.batch_size=4"]
+        global STREAM
+        STREAM = ["outer.fragments=2", "outer.overlap=1"]
+    Path(args.db).parent.mkdir(parents=True, exist_ok=True)
+    table = arms(args.mix)
+    todo = [(f"{label} · seed {s}", [*base, *sets, f"seed={s}"], args.db)
+            for label, sets in table.items() for s in args.seeds]
+    # one run creates the store first: parallel first writers would race on the schema
+    print(_run(todo[0]), flush=True)
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for line in pool.map(_run, todo[1:]):
+            print(line, flush=True)
+    rows = {label: [measure(args.db, f"{label} · seed {s}") for s in args.seeds]
+            for label in table}
+    ref = {s: r["perplexity"] for s, r in zip(args.seeds, rows["DiLoCo"])}
+
+    def interval(e) -> str:
+        return f"{e.mean:.3f}" if e.half_width is None else f"{e.mean:.3f} ± {e.half_width:.3f}"
+
+    lines = ["| arm | final perplexity (mean ± 95% CI) | vs DiLoCo, paired (%) | bytes per "
+             "exchange | total bytes | exposed comm / worker (s) | hidden comm / worker (s) | "
+             "virtual time (s) |", "|---|---|---|---|---|---|---|---|"]
+    for label, rs in rows.items():
+        ppl = estimate(r["perplexity"] for r in rs)
+        diff = paired_estimate({s: r["perplexity"] for s, r in zip(args.seeds, rs)}, ref)
+
+        def mean(key):
+            return sum(r[key] for r in rs) / len(rs)
+        vs = "" if label == "DiLoCo" else interval(diff).replace(".000", "")
+        lines.append(f"| {label} | {interval(ppl)} | {vs} | "
+                     f"{mean('peak_exchange_bytes') / 1e6:.2f} MB | "
+                     f"{mean('bytes_total') / 1e6:.1f} MB | "
+                     f"{mean('exposed_comm_per_worker'):.2f} | "
+                     f"{mean('hidden_comm_per_worker'):.2f} | {mean('virtual_time'):.1f} |")
+    print("\n".join(lines))
+    if args.smoke:
+        return
+    Path(args.out + ".json").write_text(json.dumps({"seeds": args.seeds, "runs": rows},
+                                                   indent=2))
+    Path(args.out + ".md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {args.out}.md, {args.out}.json")
+
+
+if __name__ == "__main__":
+    main()
