@@ -69,8 +69,10 @@ def row(v: PlanInput, stream: bool) -> dict:
             "bandwidth_10pct": topology_bandwidth(v, 0.1)}
 
 
-def scan(inp: PlanInput, sizes=SIZES, dcs=DATA_CENTRES, topologies=TOPOLOGIES) -> list[dict]:
+def scan(inp: PlanInput, sizes=None, dcs=None, topologies=TOPOLOGIES) -> list[dict]:
     inp.check()
+    sizes = SIZES if sizes is None else sizes
+    dcs = DATA_CENTRES if dcs is None else dcs
     return [row(variant(inp, p, d, t, s), s)
             for p in sizes for d in dcs for t in topologies for s in (False, True)]
 
@@ -92,11 +94,13 @@ def markdown(rows: list[dict]) -> str:
 
 
 def run(inp: PlanInput, json_out: bool = False, plot: str | None = None,
-        command: str = "", sizes=SIZES, dcs=DATA_CENTRES) -> int:
+        command: str = "", sizes=None, dcs=None) -> int:
     """``fedlm plan --scan``: print the table (or JSON); with ``plot``, write the two
     figures, ``scaling_topologies.json`` and ``scaling_topologies.md`` there."""
     from fedlm.plan.report import describe, input_dict
 
+    sizes = SIZES if sizes is None else sizes
+    dcs = DATA_CENTRES if dcs is None else dcs
     rows = scan(inp, sizes, dcs)
     result = jsonable({"plan": input_dict(inp), "command": command, "sizes": list(sizes),
                        "data_centres": list(dcs), "streamed": list(streamed(inp)),
