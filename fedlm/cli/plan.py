@@ -27,9 +27,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     import json
 
     if args.walltime:
-        from fedlm.cli.walltime import cmd_walltime
+        from fedlm.cli.walltime import print_walltime
 
-        return cmd_walltime(args)
+        return print_walltime(wall_input(args), args.json)
     inp = input_from_args(args)
     if args.scan:
         from fedlm.plan import scan
@@ -208,3 +208,40 @@ def parse_count(text: str, what: str = "--params") -> float:
         raise ConfigError(f"{what}: expected a number of parameters like 1e9 or 7B, "
                           f"got {text!r}")
     return value
+
+
+def wall_input(args: argparse.Namespace):
+    """A checked ``fedlm.plan.walltime.WallInput`` from ``fedlm plan --walltime``'s flags."""
+    from fedlm.plan.walltime import NETWORKS, WallInput
+    from fedlm.sim.wire_sizes import BYTES_PER_VALUE
+
+    params = parse_count(args.params)
+    compression = args.compression or "bf16"
+    if compression not in BYTES_PER_VALUE:
+        raise ConfigError(f"--compression: must be one of {', '.join(BYTES_PER_VALUE)}, "
+                          f"got {compression!r}")
+    tokens = parse_count(args.tokens, "--tokens") if args.tokens else 20 * params
+    replicas = args.replicas if args.replicas is not None else (args.data_centres or 2)
+    high, low = NETWORKS["high"], NETWORKS["low"]
+    inp = WallInput(
+        params=params, tokens=tokens, batch=parse_count(args.batch, "--batch"),
+        chips=parse_count(args.chips, "--chips"),
+        flops_per_chip=parse_count(args.flops_per_chip, "--flops-per-chip"),
+        replicas=replicas, H=args.H,
+        intra_bw=8 * parse_bandwidth(args.intra_bandwidth, "--intra-bandwidth")
+        if args.intra_bandwidth else high[0],
+        intra_latency=args.intra_latency,
+        inter_bw=8 * parse_bandwidth(args.inter_bandwidth, "--inter-bandwidth")
+        if args.inter_bandwidth else low[0],
+        inter_latency=args.inter_latency if args.inter_latency is not None else low[1],
+        bits=8 * BYTES_PER_VALUE[compression], fragments=args.fragments, overlap=args.overlap)
+    try:
+        return inp.check()
+    except ConfigError as exc:  # name the flag, not the field
+        name, _, rest = str(exc).partition(":")
+        flag = _WALL_FLAGS.get(name, "--" + name.replace("_", "-"))
+        raise ConfigError(f"{flag}:{rest}") from None
+
+
+_WALL_FLAGS = {"intra_bw": "--intra-bandwidth", "inter_bw": "--inter-bandwidth",
+               "bits": "--compression"}

@@ -1,5 +1,6 @@
-"""``fedlm plan --walltime``: the idealized wall-clock model of the DiLoCo
-scaling-laws paper (``fedlm.plan.walltime``), from the command line's text.
+"""``fedlm plan --walltime``: the table of the idealized wall-clock model of the
+DiLoCo scaling-laws paper (``fedlm.plan.walltime``); its flags' text is parsed in
+``fedlm.cli.plan.wall_input``.
 
 Its flags: --params N, --tokens D (default 20 N), --batch B (tokens), --chips R,
 --flops-per-chip Q, --replicas M (default: --data-centres, or 2), --H,
@@ -10,57 +11,18 @@ Its flags: --params N, --tokens D (default 20 N), --batch B (tokens), --chips R,
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 
-from fedlm.errors import ConfigError
-from fedlm.cli.plan import parse_bandwidth, parse_count
 
-
-def wall_input(args: argparse.Namespace):
-    from fedlm.plan.walltime import NETWORKS, WallInput
-    from fedlm.sim.wire_sizes import BYTES_PER_VALUE
-
-    params = parse_count(args.params)
-    compression = args.compression or "bf16"
-    if compression not in BYTES_PER_VALUE:
-        raise ConfigError(f"--compression: must be one of {', '.join(BYTES_PER_VALUE)}, "
-                          f"got {compression!r}")
-    tokens = parse_count(args.tokens, "--tokens") if args.tokens else 20 * params
-    replicas = args.replicas if args.replicas is not None else (args.data_centres or 2)
-    high, low = NETWORKS["high"], NETWORKS["low"]
-    inp = WallInput(
-        params=params, tokens=tokens, batch=parse_count(args.batch, "--batch"),
-        chips=parse_count(args.chips, "--chips"),
-        flops_per_chip=parse_count(args.flops_per_chip, "--flops-per-chip"),
-        replicas=replicas, H=args.H,
-        intra_bw=8 * parse_bandwidth(args.intra_bandwidth, "--intra-bandwidth")
-        if args.intra_bandwidth else high[0],
-        intra_latency=args.intra_latency,
-        inter_bw=8 * parse_bandwidth(args.inter_bandwidth, "--inter-bandwidth")
-        if args.inter_bandwidth else low[0],
-        inter_latency=args.inter_latency if args.inter_latency is not None else low[1],
-        bits=8 * BYTES_PER_VALUE[compression], fragments=args.fragments, overlap=args.overlap)
-    try:
-        return inp.check()
-    except ConfigError as exc:  # name the flag, not the field
-        name, _, rest = str(exc).partition(":")
-        flag = _FLAGS.get(name, "--" + name.replace("_", "-"))
-        raise ConfigError(f"{flag}:{rest}") from None
-
-
-_FLAGS = {"intra_bw": "--intra-bandwidth", "inter_bw": "--inter-bandwidth",
-          "bits": "--compression"}
-
-
-def cmd_walltime(args: argparse.Namespace) -> int:
+def print_walltime(inp, as_json: bool) -> int:
+    """Print the model's table (or JSON) for a checked ``WallInput`` (parsed from the
+    flags by ``fedlm.cli.plan.wall_input``)."""
     from fedlm.plan import walltime
     from fedlm.plan.report import human, jsonable, seconds
 
-    inp = wall_input(args)
     rep = walltime.report(inp)
-    if args.json:
+    if as_json:
         print(json.dumps(jsonable(rep), indent=2))
         return 0
     step = rep["input"]["step_compute"]
