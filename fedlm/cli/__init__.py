@@ -13,6 +13,7 @@
                           [--report-only]                       ... of the runs already finished
     fedlm deploy local --workers N [CONFIG] [--set ...]         SuperLink + SuperNodes on loopback
     fedlm plan --params 1e9 --workers 8 [--plot DIR]            cost model: sync vs async, no run
+    fedlm plan --topology ring|tree --fragments P --scan --walltime   topologies, streaming, sweeps
 
 Bad input ends with one line, ``fedlm: error: FIELD: ...``, and exit status 2.
 ``run``, ``show`` and ``deploy`` exit by how the run ended (``runs.EXIT_STATUS``):

@@ -146,10 +146,21 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     (units, lists per data centre) and names the flag when it cannot."""
     p.add_argument("--params", default="1e9", help="model parameters: 1e9, 7B, 70B, 100T "
                    "(default 1e9)")
-    p.add_argument("--workers", type=int, default=8, help="workers in all (default 8)")
+    p.add_argument("--workers", type=int, default=None, help="workers in all (default: one "
+                   "per data centre, or 8 without --data-centres)")
     p.add_argument("--data-centres", "--data-centers", dest="data_centres", type=int,
                    default=None, help="data centres the workers are spread over, evenly "
                    "(default: one per worker); per-DC values below cycle over them")
+    p.add_argument("--topology", default=None, help="how outer gradients are exchanged: star "
+                   "(a parameter server, the default), ring or tree (an all-reduce among the "
+                   "nodes, sync only), hierarchical (a star of data-parallel pods)")
+    p.add_argument("--fragments", type=int, default=1, help="Streaming DiLoCo: exchange the "
+                   "model in P fragments, one every H/P inner steps (default 1: whole)")
+    p.add_argument("--overlap", type=int, default=0, help="Streaming DiLoCo: inner steps of the "
+                   "next segment a fragment's exchange may hide behind, < H/P (default 0)")
+    p.add_argument("--mode", choices=("both", "sync", "async"), default="both",
+                   help="which strategies to show (default both; ring, tree and streaming "
+                   "are sync only)")
     p.add_argument("--step-time", default="0.5", help="seconds per inner step, or a list per "
                    "data centre: 0.5,1,2 (default 0.5)")
     p.add_argument("--H", "--local-steps", dest="H", type=int, default=100,
@@ -166,20 +177,43 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
                    "transfers each way (0: unlimited, the default)")
     p.add_argument("--server-down", default=None, help="server egress, if not --server-bandwidth")
     p.add_argument("--server-up", default=None, help="server ingress, if not --server-bandwidth")
-    p.add_argument("--compression", default="fp32", help="uploads as fp32, bf16, fp16, int8 or "
-                   "int4 (default fp32)")
+    p.add_argument("--compression", default=None, help="uploads as fp32, bf16, fp16, int8 or "
+                   "int4 (default fp32; --walltime: bf16, the paper's)")
     p.add_argument("--down-compression", default="fp32", help="the global model sent down as "
                    "(default fp32, as the simulator does)")
     p.add_argument("--block-size", type=int, default=256, help="values per int8/int4 scale "
                    "(0: one per tensor; default 256)")
-    p.add_argument("--hierarchical", action="store_true", help="a data centre's workers train "
-                   "as one data-parallel pod; only the pod talks to the server")
-    p.add_argument("--intra-bandwidth", default="100Gbit", help="inside a data centre, for the "
-                   "pod's all-reduce (default 100Gbit)")
+    p.add_argument("--hierarchical", action="store_true", help="the same as --topology "
+                   "hierarchical: a data centre's workers train as one data-parallel pod; only "
+                   "the pod talks to the server")
+    p.add_argument("--intra-bandwidth", default=None, help="inside a data centre, for the "
+                   "pod's all-reduce (default 100Gbit; --walltime: 400Gbit, the paper's)")
     p.add_argument("--jitter", type=float, default=0.05, help="sigma of the lognormal "
                    "compute-time jitter (default 0.05, as fleet.jitter)")
     p.add_argument("--daily-amplitude", type=float, default=0.0, help="bandwidth dips by this "
                    "fraction once a day (default 0: off)")
     p.add_argument("--plot", default=None, metavar="OUT_DIR", help="also write the scaling "
-                   "plots (vs model size, vs data centres) as PNG files there")
+                   "plots (vs model size, vs data centres) as PNG files there (--scan: its "
+                   "two figures, its JSON and a Markdown table)")
     p.add_argument("--json", action="store_true", help="print the predictions as JSON")
+    p.add_argument("--scan", action="store_true", help="tabulate 1B..100T parameters x 2..100 "
+                   "data centres, star / ring / tree / hierarchical, whole and streamed; "
+                   "the step time given at --params scales with the model size")
+    p.add_argument("--walltime", action="store_true", help="the wall-clock model of Charles et "
+                   "al. 2025 (Scaling Laws for DiLoCo, appendix A): data-parallel vs DiLoCo "
+                   "over data centres; see docs/scaling.md")
+    p.add_argument("--tokens", default=None, help="--walltime: training tokens (default 20 x "
+                   "--params, Chinchilla)")
+    p.add_argument("--batch", default="4M", help="--walltime: global batch in tokens "
+                   "(default 4M)")
+    p.add_argument("--replicas", type=int, default=None, help="--walltime: DiLoCo replicas M, "
+                   "one per data centre (default: --data-centres, or 2)")
+    p.add_argument("--chips", default="1e4", help="--walltime: chips R in all (default 1e4)")
+    p.add_argument("--flops-per-chip", default="300e12", help="--walltime: achieved FLOP/s "
+                   "per chip Q (default 300e12, the paper's)")
+    p.add_argument("--inter-bandwidth", default=None, help="--walltime: the network between "
+                   "data centres, W1 (default 10Gbit: the paper's low-bandwidth archetype)")
+    p.add_argument("--inter-latency", type=float, default=None, help="--walltime: its latency "
+                   "e1 in seconds (default 1e-2)")
+    p.add_argument("--intra-latency", type=float, default=1e-4, help="--walltime: latency "
+                   "inside a data centre e0 (default 1e-4)")

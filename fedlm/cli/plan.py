@@ -22,23 +22,51 @@ if TYPE_CHECKING:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    """Print the plan (a table, or JSON) and write its plots if asked."""
+    """Print the plan (a table, or JSON) and write its plots if asked; or the scan
+    (``--scan``), or the scaling-laws paper's wall-clock model (``--walltime``)."""
     import json
 
-    from fedlm import plan
+    if args.walltime:
+        from fedlm.cli.walltime import print_walltime
 
+        return print_walltime(wall_input(args), args.json)
     inp = input_from_args(args)
-    preds = plan.predict(inp)
+    if args.scan:
+        from fedlm.plan import scan
+
+        return scan.run(inp, json_out=args.json, plot=args.plot, command=command_line(args))
+    from fedlm.plan import topology_report
+
+    out = topology_report.predict_topology(inp)
+    modes = ("sync", "async") if args.mode == "both" else (args.mode,)
     if args.json:
-        print(json.dumps(plan.report_dict(inp, preds), indent=2))
+        print(json.dumps(topology_report.report_dict(inp, out), indent=2))
     else:
-        print(plan.table(inp, preds))
+        print(topology_report.table(inp, out, modes))
     if args.plot:
         from fedlm.plan import plots
 
         for path in plots.scaling_plots(inp, Path(args.plot)):
             print(f"wrote {path}")
     return 0
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """``fedlm plan`` and the flags of ``args`` that differ from their defaults (the
+    command a written result names)."""
+    from fedlm.cli.parser import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    words = ["fedlm", "plan"]
+    for action in sub.choices["plan"]._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        value = getattr(args, action.dest, action.default)
+        if value == action.default or value is None:
+            continue
+        flag = action.option_strings[0]
+        words += [flag] if value is True else [flag, str(value)]
+    return " ".join(words)
 
 
 # ---------------------------------------------------------------------------
@@ -85,15 +113,36 @@ def input_from_args(args) -> PlanInput:
     from fedlm.plan import PlanInput
     from fedlm.sim.wire_sizes import BYTES_PER_VALUE
 
-    workers = args.workers
+    from fedlm.sim.collectives import ALLREDUCE, TOPOLOGIES
+
+    if args.data_centres is not None and args.data_centres < 1:
+        raise ConfigError(f"--data-centres: must be >= 1, got {args.data_centres}")
+    # without --workers, one worker per data centre (8 of each if neither is given)
+    workers = args.workers if args.workers is not None else (args.data_centres or 8)
     if workers < 1:
         raise ConfigError(f"--workers: must be >= 1, got {workers}")
     dcs = args.data_centres if args.data_centres is not None else workers
-    if dcs < 1:
-        raise ConfigError(f"--data-centres: must be >= 1, got {dcs}")
     if workers % dcs:
         raise ConfigError(f"--workers: {workers} workers do not spread evenly over {dcs} "
                           f"data centres")
+    topology = args.topology if args.topology is not None else \
+        ("hierarchical" if args.hierarchical else "star")
+    if topology not in TOPOLOGIES:
+        raise ConfigError(f"--topology: must be one of {', '.join(TOPOLOGIES)}, "
+                          f"got {topology!r}")
+    if args.hierarchical and topology != "hierarchical":
+        raise ConfigError(f"--hierarchical: is --topology hierarchical, which contradicts "
+                          f"--topology {topology}")
+    streamed = args.fragments != 1 or args.overlap != 0
+    if args.mode == "async" and (topology in ALLREDUCE or streamed):
+        what, why = (f"--topology {topology}", "an all-reduce needs every site") \
+            if topology in ALLREDUCE else ("streaming", "a synchronous outer step")
+        raise ConfigError(f"--mode: {what} has no async variant ({why}), got 'async'")
+    if topology in ALLREDUCE and (args.server_bandwidth != "0" or args.server_up
+                                  or args.server_down):
+        raise ConfigError(f"--server-bandwidth: --topology {topology} has no server, got "
+                          f"{args.server_up or args.server_down or args.server_bandwidth!r}")
+    args.compression = args.compression or "fp32"
     for flag, value in (("--compression", args.compression),
                         ("--down-compression", args.down_compression)):
         if value not in BYTES_PER_VALUE:
@@ -129,8 +178,9 @@ def input_from_args(args) -> PlanInput:
         down_bw=down, up_bw=up, server_down=server_down, server_up=server_up,
         compression=args.compression, down_compression=args.down_compression,
         block_size=args.block_size, jitter=args.jitter, daily_amplitude=args.daily_amplitude,
-        hierarchical=args.hierarchical,
-        intra_bw=parse_bandwidth(args.intra_bandwidth, "--intra-bandwidth"))
+        hierarchical=topology == "hierarchical", topology=topology,
+        fragments=args.fragments, overlap=args.overlap,
+        intra_bw=parse_bandwidth(args.intra_bandwidth or "100Gbit", "--intra-bandwidth"))
     try:
         return inp.check()
     except ConfigError as exc:  # name the flag, not the field
@@ -142,7 +192,8 @@ _FLAGS = {"step_time": "--step-time", "H": "--H", "latency": "--latency",
           "down_bw": "--down-bandwidth", "up_bw": "--up-bandwidth", "workers": "--workers",
           "block_size": "--block-size", "jitter": "--jitter",
           "daily_amplitude": "--daily-amplitude", "params": "--params",
-          "intra_bw": "--intra-bandwidth"}
+          "intra_bw": "--intra-bandwidth", "topology": "--topology",
+          "fragments": "--fragments", "overlap": "--overlap"}
 
 
 def parse_count(text: str, what: str = "--params") -> float:
@@ -157,3 +208,40 @@ def parse_count(text: str, what: str = "--params") -> float:
         raise ConfigError(f"{what}: expected a number of parameters like 1e9 or 7B, "
                           f"got {text!r}")
     return value
+
+
+def wall_input(args: argparse.Namespace):
+    """A checked ``fedlm.plan.walltime.WallInput`` from ``fedlm plan --walltime``'s flags."""
+    from fedlm.plan.walltime import NETWORKS, WallInput
+    from fedlm.sim.wire_sizes import BYTES_PER_VALUE
+
+    params = parse_count(args.params)
+    compression = args.compression or "bf16"
+    if compression not in BYTES_PER_VALUE:
+        raise ConfigError(f"--compression: must be one of {', '.join(BYTES_PER_VALUE)}, "
+                          f"got {compression!r}")
+    tokens = parse_count(args.tokens, "--tokens") if args.tokens else 20 * params
+    replicas = args.replicas if args.replicas is not None else (args.data_centres or 2)
+    high, low = NETWORKS["high"], NETWORKS["low"]
+    inp = WallInput(
+        params=params, tokens=tokens, batch=parse_count(args.batch, "--batch"),
+        chips=parse_count(args.chips, "--chips"),
+        flops_per_chip=parse_count(args.flops_per_chip, "--flops-per-chip"),
+        replicas=replicas, H=args.H,
+        intra_bw=8 * parse_bandwidth(args.intra_bandwidth, "--intra-bandwidth")
+        if args.intra_bandwidth else high[0],
+        intra_latency=args.intra_latency,
+        inter_bw=8 * parse_bandwidth(args.inter_bandwidth, "--inter-bandwidth")
+        if args.inter_bandwidth else low[0],
+        inter_latency=args.inter_latency if args.inter_latency is not None else low[1],
+        bits=8 * BYTES_PER_VALUE[compression], fragments=args.fragments, overlap=args.overlap)
+    try:
+        return inp.check()
+    except ConfigError as exc:  # name the flag, not the field
+        name, _, rest = str(exc).partition(":")
+        flag = _WALL_FLAGS.get(name, "--" + name.replace("_", "-"))
+        raise ConfigError(f"{flag}:{rest}") from None
+
+
+_WALL_FLAGS = {"intra_bw": "--intra-bandwidth", "inter_bw": "--inter-bandwidth",
+               "bits": "--compression"}

@@ -18,6 +18,10 @@ bandwidth cycle (``fedlm.sim.wire_sizes``). The parts, in the order they build o
     model       one sync round, one async job cycle -> Prediction; predict()
     crossovers  the model size / bandwidth at which communication takes a given share
     report      the text table and the JSON of ``fedlm plan``
+    topology    the outer step over star / ring / tree / hierarchical, streamed in fragments
+    topology_report  its table and JSON
+    scan        model size x data centres x topology x streaming (``--scan``; scan_plots)
+    walltime    the wall-clock model of the DiLoCo scaling-laws paper (``--walltime``)
     plots       the scaling figures (``--plot``; ``python -m fedlm.plan.plots``)
     check       the plan against fedlm's real engine (imports torch; not imported here)
 
@@ -31,6 +35,8 @@ from fedlm.plan.fluid import fluid_finish_times, mean_crowd, water_level
 from fedlm.plan.inputs import Classes, PlanInput, from_config
 from fedlm.plan.model import (Phases, Prediction, async_cycle, expected_max, predict,
                               predict_async, predict_sync, sync_round)
+from fedlm.plan.topology import (TopologyPlan, plan_topology, predict_topology,
+                                 topology_bandwidth, topology_crossovers)
 from fedlm.plan.report import (describe, human, input_dict, jsonable, prediction_dict,
                                report_dict, seconds, table)
 from fedlm.sim.wire_sizes import daily_factors, payload_bytes
@@ -44,4 +50,6 @@ __all__ = [
     "human", "seconds", "describe", "table", "input_dict", "prediction_dict", "jsonable",
     "report_dict",
     "payload_bytes", "daily_factors",
+    "TopologyPlan", "plan_topology", "predict_topology", "topology_bandwidth",
+    "topology_crossovers",
 ]

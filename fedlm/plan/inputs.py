@@ -18,6 +18,7 @@ import numpy as np
 
 from fedlm.sim import fleet
 from fedlm.errors import ConfigError
+from fedlm.sim.collectives import TOPOLOGIES, intra_step
 from fedlm.sim.wire_sizes import BYTES_PER_VALUE, payload_bytes
 
 
@@ -31,6 +32,12 @@ class PlanInput:
     server. ``hierarchical``: the DC's workers train as one data-parallel pod
     (their gradients all-reduced every inner step over ``intra_bw``) and only
     the pod talks to the server — as ``network.hierarchical`` in the simulator.
+
+    ``topology`` says how the outer gradients are exchanged
+    (``fedlm.sim.collectives``): ``star`` (a parameter server), ``ring`` or
+    ``tree`` (an all-reduce among the nodes, no server), ``hierarchical``
+    (``star`` between pods; the same as ``hierarchical=True``). ``fragments``
+    and ``overlap`` are Streaming DiLoCo's P and τ (``fedlm.plan.topology``).
     """
 
     params: float  # P, model parameters
@@ -52,10 +59,18 @@ class PlanInput:
     hierarchical: bool = False  # a DC's workers are one data-parallel pod
     intra_bw: float = 12.5e9  # bytes/s inside a data centre (the pod's all-reduce)
     tensors: int = 1  # tensors the model is split into (int4 rounding, per-tensor scales)
+    topology: str = "star"  # star | ring | tree | hierarchical (fedlm.sim.collectives)
+    fragments: int = 1  # P: the model is exchanged one fragment at a time (Streaming DiLoCo)
+    overlap: int = 0  # τ: inner steps of the next segment a fragment's exchange may hide behind
 
     def __post_init__(self) -> None:
         if isinstance(self.workers_per_dc, int):
             object.__setattr__(self, "workers_per_dc", (self.workers_per_dc,))
+        # one idea, two spellings (the simulator's network.hierarchical flag): keep them agreed
+        if self.hierarchical and self.topology == "star":
+            object.__setattr__(self, "topology", "hierarchical")
+        if self.topology == "hierarchical":
+            object.__setattr__(self, "hierarchical", True)
 
     def members(self) -> np.ndarray:
         """Workers in each data centre."""
@@ -105,6 +120,17 @@ class PlanInput:
         need(math.isfinite(self.intra_bw) and self.intra_bw > 0, "intra_bw", self.intra_bw,
              "must be > 0")
         need(self.tensors >= 1, "tensors", self.tensors, "must be >= 1")
+        need(self.topology in TOPOLOGIES, "topology", self.topology,
+             f"must be one of {', '.join(TOPOLOGIES)}")
+        need(not (self.hierarchical and self.topology in ("ring", "tree")), "topology",
+             self.topology, "cannot be hierarchical as well (hierarchical is a star of pods)")
+        need(1 <= self.fragments <= self.H, "fragments", self.fragments,
+             f"must be between 1 and H = {self.H}")
+        need(self.H % self.fragments == 0, "fragments", self.fragments,
+             f"must divide H = {self.H} (segments of H/P inner steps)")
+        need(0 <= self.overlap < self.H // self.fragments, "overlap", self.overlap,
+             f"must be >= 0 and < H/P = {self.H // self.fragments} inner steps (an exchange "
+             f"must end within the segment after it)")
         return self
 
     # -- derived quantities -----------------------------------------------------
@@ -132,7 +158,8 @@ class PlanInput:
         if self.hierarchical:
             # one node per DC; a ring all-reduce moves 2(k-1)/k of the (fp32) model
             # through each member's link every inner step
-            allreduce = 2 * (members - 1) / members * 4.0 * self.params / self.intra_bw
+            allreduce = np.array([intra_step(4.0 * self.params, int(k), self.intra_bw)
+                                  for k in members])
             count = dcs
         else:
             allreduce = np.zeros(len(keys))
