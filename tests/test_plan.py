@@ -37,6 +37,17 @@ def test_plan_matches_the_simulated_virtual_time(case, strategy):
     assert r["idle_predicted"] == pytest.approx(r["idle_simulated"], abs=0.05), r
 
 
+@pytest.mark.parametrize("case", check.TOPOLOGY_CASES, ids=[c[0] for c in check.TOPOLOGY_CASES])
+def test_plan_matches_the_simulator_on_all_reduce_and_streaming_rounds(case):
+    """The same for a ring or tree all-reduce and Streaming DiLoCo's rounds (a version
+    per fragment's round: the planner's outer step / P), synchronous only."""
+    name, overrides, params = case
+    r = check.validate_case(name, overrides, params, "fedavg", check.updates_for("fedavg", case))
+    assert abs(r["error_pct"]) < 10, r
+    assert r["comm_predicted"] == pytest.approx(r["comm_simulated"], abs=0.05), r
+    assert r["idle_predicted"] == pytest.approx(r["idle_simulated"], abs=0.05), r
+
+
 def test_the_cases_span_light_to_heavy_communication():
     sims = [plan.predict(plan.from_config(check.case_config(o, "fedavg", 1), p))["sync"]
             for _, o, p in check.CASES]

@@ -23,7 +23,10 @@ from fedlm import config_load
 from fedlm.engine import Engine, JobResult
 from fedlm.plan.inputs import from_config
 from fedlm.plan.model import predict
+from fedlm.plan.topology import is_plain, plan_topology
+from fedlm.store.schema import EXPOSED_COMM_KINDS
 from fedlm.strategies import registry
+from fedlm.strategies.fragments import Streaming, fragment_names
 
 
 class InstantTransport:
@@ -33,11 +36,16 @@ class InstantTransport:
     def __init__(self, params, cfg) -> None:
         zeros = OrderedDict((k, torch.zeros_like(v)) for k, v in params.items())
         self.payload, _ = compression.encode(zeros, {}, cfg.network)
+        stream = Streaming.from_outer(cfg.outer)  # a streaming job reports one fragment
+        self.fragments = [] if stream is None else [
+            compression.encode(OrderedDict((k, zeros[k]) for k in names), {}, cfg.network)[0]
+            for names in fragment_names(list(zeros), stream.fragments)]
         self.ready: list = []
 
     def submit(self, job, params_) -> None:
-        self.ready.append(JobResult(job.job_id, self.payload, steps=job.local_steps, tokens=1,
-                                train_loss=0.0))
+        payload = self.payload if job.fragment < 0 else self.fragments[job.fragment]
+        self.ready.append(JobResult(job.job_id, payload, steps=job.local_steps, tokens=1,
+                                    train_loss=0.0))
 
     def collect(self, timeout: float) -> list:
         out, self.ready = self.ready, []
@@ -51,7 +59,12 @@ def simulate(cfg, params: int) -> dict[str, float]:
     plan predicts: virtual seconds per new global model, and the shares of all
     workers' time spent computing, communicating (link waits included) and idle.
     """
-    zeros = OrderedDict(w=torch.zeros(int(params)))
+    stream = Streaming.from_outer(cfg.outer)
+    if stream is None:
+        zeros = OrderedDict(w=torch.zeros(int(params)))
+    else:  # one tensor per fragment, as blocks of layers (fedlm.strategies.fragments)
+        p = stream.fragments
+        zeros = OrderedDict((f"blocks.{i}.w", torch.zeros(int(params) // p)) for i in range(p))
 
     class Spans:  # a run writer that keeps only the worker intervals
         def __init__(self) -> None:
@@ -78,7 +91,7 @@ def simulate(cfg, params: int) -> dict[str, float]:
         torch.set_num_threads(threads)
     total = engine.now * len(nodes)
     sec = spans.seconds
-    comm = sec.get("download", 0.0) + sec.get("upload", 0.0) + sec.get("link wait", 0.0)
+    comm = sum(sec.get(k, 0.0) for k in EXPOSED_COMM_KINDS)
     return {"time_per_update": engine.now / engine.version, "virtual_time": engine.now,
             "updates": engine.version, "compute_utilisation": sec.get("compute", 0.0) / total,
             "comm_fraction": comm / total, "idle_fraction": sec.get("idle", 0.0) / total}
@@ -132,6 +145,40 @@ CASES: list[tuple[str, list[str], int]] = [
      [HET, THREE, "network.server_up=5e3", "network.server_down=1e4",
       "network.compression=bf16"], 5_000),
 ]
+# Collective topologies and Streaming DiLoCo (synchronous only: fedavg). The planner's
+# streaming segments are H/P steps of params/P values: H divisible by P here, and the
+# model one tensor per fragment, as ``simulate`` builds it.
+TOPOLOGY_CASES: list[tuple[str, list[str], int]] = [
+    ("ring, 4 alike, 1 region", [HOM, ONE, "network.topology=ring"], 2_500),
+    ("ring, step times 1-3 s, 3 regions", [HET, THREE, "network.topology=ring"], 2_500),
+    ("ring, 8 workers, 3 regions, comm-heavy",
+     ["workers=8", "fleet.preset=moderate", "network.topology=ring",
+      "fleet.regions=['near','mid','far','near','mid','far','near','mid']"], 10_000),
+    ("ring, jitter 0.2, 3 regions, int8",
+     [HET, THREE, "network.topology=ring", "fleet.jitter=0.2", "network.compression=int8"],
+     5_000),
+    ("tree, 4 alike, 1 region", [HOM, ONE, "network.topology=tree"], 2_500),
+    ("tree, 6 workers, 3 regions", ["workers=6", "fleet.step_times=[1.0, 1.2, 1.4, 1.7, 2.0, 3.0]",
+                                    "fleet.regions=['near','mid','far','near','mid','far']",
+                                    "network.topology=tree"], 2_500),
+    ("streaming star, P 2, overlap 1, comm-heavy",
+     [HOM, ONE, "model=small", "inner.steps=6", "outer.fragments=2", "outer.overlap=1"],
+     10_000),
+    ("streaming star, P 4, overlap 2, 3 regions",
+     [HET, THREE, "model=small", "inner.steps=12", "outer.fragments=4", "outer.overlap=2"],
+     5_000),
+    ("streaming ring, P 2, overlap 2, 3 regions",
+     [HET, THREE, "model=small", "inner.steps=6", "outer.fragments=2", "outer.overlap=2",
+      "network.topology=ring"], 10_000),
+    ("streaming ring, P 4, overlap 1, int4",
+     [HOM, THREE, "model=small", "inner.steps=8", "outer.fragments=4", "outer.overlap=1",
+      "network.topology=ring", "network.compression=int4"], 10_000),
+    ("streaming tree, P 2, overlap 2", [HOM, ONE, "model=small", "inner.steps=6",
+                                        "outer.fragments=2", "outer.overlap=2",
+                                        "network.topology=tree"], 10_000),
+    ("streaming star, P 2, no overlap", [HET, ONE, "model=small", "inner.steps=6",
+                                         "outer.fragments=2"], 5_000),
+]
 # one virtual day under a daily bandwidth cycle: slower, so not in the test suite
 DAILY = ("daily bandwidth cycle 50%, step times 1-3 s, 3 regions, shared uplink",
          [HET, THREE, "inner.steps=60", "network.server_up=1e4", "network.daily_amplitude=0.5"],
@@ -152,11 +199,17 @@ def validate_case(name: str, overrides: list[str], params: int, strategy: str,
     cfg = case_config(overrides, strategy, updates)
     sim = simulate(cfg, params)
     mode = "sync" if strategy in ("fedavg", "diloco") else "async"
-    pred = predict(from_config(cfg, params))[mode]
+    inp = from_config(cfg, params)
+    if is_plain(inp):
+        pred = predict(inp)[mode]
+        per_update = pred.time_per_update
+    else:  # an all-reduce or streaming rounds: a version per fragment's round
+        pred = plan_topology(inp)
+        per_update = pred.time_per_outer_step / inp.fragments
     return {"case": name, "strategy": strategy, "mode": mode, "params": params,
             "updates": sim["updates"],
-            "predicted": pred.time_per_update, "simulated": sim["time_per_update"],
-            "error_pct": 100 * (pred.time_per_update / sim["time_per_update"] - 1),
+            "predicted": per_update, "simulated": sim["time_per_update"],
+            "error_pct": 100 * (per_update / sim["time_per_update"] - 1),
             "comm_predicted": pred.comm_fraction, "comm_simulated": sim["comm_fraction"],
             "util_predicted": pred.compute_utilisation,
             "util_simulated": sim["compute_utilisation"],
@@ -170,16 +223,19 @@ def updates_for(strategy: str, case: tuple) -> int:
     name, overrides = case[0], case[1]
     if name.startswith("daily"):
         return 280 if strategy == "fedavg" else 1900
-    nodes = len(from_config(case_config(overrides, strategy, 1), 1).workers_per_dc)
+    inp = from_config(case_config(overrides, strategy, 1), 1)
+    nodes = len(inp.workers_per_dc)
     k = 4 if any(o.startswith("fleet.jitter=") and o != "fleet.jitter=0" for o in overrides) \
         else 1
-    return k * (20 if strategy == "fedavg" else 50 * nodes)
+    # streaming: updates count outer steps of P versions, so 20 // P outer steps
+    return k * (max(2, 20 // inp.fragments) if strategy == "fedavg" else 50 * nodes)
 
 
 def validation_rows(cases=None) -> list[dict]:
     rows = []
-    for case in cases or [*CASES, DAILY]:
-        for strategy in ("fedavg", "async-sgd"):
+    for case in cases or [*CASES, DAILY, *TOPOLOGY_CASES]:
+        # an all-reduce and streaming rounds are synchronous only
+        for strategy in ("fedavg",) if case in TOPOLOGY_CASES else ("fedavg", "async-sgd"):
             rows.append(validate_case(case[0], case[1], case[2], strategy,
                                       updates_for(strategy, case)))
     return rows

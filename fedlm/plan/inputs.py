@@ -190,8 +190,11 @@ def from_config(cfg, params: float, tensors: int = 1) -> PlanInput:
     """The plan of a fedlm run config (fleet, H, network), for a model of
     ``params`` fp32 values spread over ``tensors`` tensors: one data centre per
     node the engine schedules (a worker, or a hierarchical region's pod)."""
+    from fedlm.strategies.fragments import Streaming
+
     net = cfg.network
     nodes = fleet.node_profiles(cfg)
+    stream = Streaming.from_outer(cfg.outer)
     return PlanInput(
         params=float(params), data_centres=len(nodes),
         workers_per_dc=tuple(p.members for p in nodes),
@@ -202,4 +205,6 @@ def from_config(cfg, params: float, tensors: int = 1) -> PlanInput:
         server_down=net.server_down, server_up=net.server_up, compression=net.compression,
         block_size=net.block_size, jitter=cfg.fleet.jitter,
         daily_amplitude=net.daily_amplitude, peak_hour=net.peak_hour,
-        hierarchical=net.hierarchical, intra_bw=net.intra_bw, tensors=tensors)
+        hierarchical=net.hierarchical, intra_bw=net.intra_bw, tensors=tensors,
+        topology=net.topology, fragments=stream.fragments if stream else 1,
+        overlap=stream.overlap if stream else 0)

@@ -37,7 +37,8 @@ import numpy as np
 
 from fedlm.plan.crossovers import _solve_log, bandwidth_needed, crossover_params
 from fedlm.plan.inputs import PlanInput
-from fedlm.plan.model import _factors, expected_max, predict_async, predict_sync
+from fedlm.plan.model import (_factors, expected_max, predict_async, predict_sync,
+                              sync_round)
 from fedlm.sim.collectives import (ALLREDUCE, allreduce_seconds, ring_bytes_per_site,
                                    tree_bytes_per_site)
 
@@ -134,21 +135,40 @@ class _Segment:
 
 
 def _star(inp: PlanInput) -> _Segment:
-    """A star segment: the sync round of one fragment over H/P steps, less what the
-    overlap hides of its download + upload."""
+    """A star segment: the sync round of one fragment over H/P steps. With overlap,
+    each node's exchange (its fragment's upload and the new one's download) runs
+    behind its own first τ steps, so a node of class c takes its compute plus
+    max(0, exchange_c − τ·step_c), and the segment is the expected slowest of
+    those (as the simulator times each job: ``JobTimer.streaming_timing``)."""
     seg = segment_input(inp)
     pred = predict_sync(seg)
     c = seg.classes()
     step = float(np.max(c.compute(seg.H, seg.jitter)[0])) / seg.H  # the slowest node's
     exchange = pred.download + pred.upload
-    hidden = min(exchange, inp.overlap * step)
-    t0 = pred.time_per_update
-    t = t0 - hidden
-    util = pred.compute_utilisation * t0 / t
-    comm = (pred.comm_fraction * t0 - hidden) / t
-    idle = pred.idle_fraction * t0 / t
-    return _Segment(t, pred.compute, exchange - hidden, hidden, util, comm, idle, exchange,
-                    step)
+    if inp.overlap == 0:  # today's round, exactly
+        return _Segment(pred.time_per_update, pred.compute, exchange, 0.0,
+                        pred.compute_utilisation, pred.comm_fraction, pred.idle_fraction,
+                        exchange, step)
+    mean, _ = c.compute(seg.H, seg.jitter)
+    rates, util, comm, idle, exposed_h, hidden_h, exch_h = [], [], [], [], [], [], []
+    for f in _factors(inp):
+        ph = sync_round(seg, f)
+        per_class = ph.download + ph.upload  # each class's exchange at this hour
+        ahead = inp.overlap * c.step_time  # τ steps of each class's (median) compute
+        exposed = np.maximum(0.0, per_class - ahead)
+        span = expected_max(exposed + seg.H * c.allreduce, seg.H * c.step_time, c.count,
+                            seg.jitter)
+        k = c.count
+        rates.append(1 / span)
+        util.append(float(np.average(mean, weights=k)) / span)
+        comm.append(float(np.average(exposed, weights=k)) / span)
+        idle.append(max(0.0, 1 - util[-1] - comm[-1]))
+        exposed_h.append(float(np.average(exposed, weights=k)))
+        hidden_h.append(float(np.average(np.minimum(per_class, ahead), weights=k)))
+        exch_h.append(float(np.average(per_class, weights=k)))
+    return _Segment(len(rates) / sum(rates), float(np.average(mean, weights=c.count)),
+                    float(np.mean(exposed_h)), float(np.mean(hidden_h)), float(np.mean(util)),
+                    float(np.mean(comm)), float(np.mean(idle)), float(np.mean(exch_h)), step)
 
 
 def _allreduce(inp: PlanInput) -> _Segment:
@@ -158,25 +178,28 @@ def _allreduce(inp: PlanInput) -> _Segment:
     Averaged over the daily cycle's hours as ``fedlm.plan.model`` does."""
     seg = segment_input(inp)
     c = seg.classes()
+    k = c.count
     mean, _ = c.compute(seg.H, seg.jitter)
-    span = expected_max(seg.H * c.allreduce, seg.H * c.step_time, c.count, seg.jitter)
-    step = span / seg.H
+    step = expected_max(seg.H * c.allreduce, seg.H * c.step_time, k, seg.jitter) / seg.H
     nbytes = seg.up_bytes()
     bw = min(min(inp.down_bw), min(inp.up_bw))
     lat = max(inp.latency)
     rates, util, comm, idle, exch, exposed_h, hidden_h = [], [], [], [], [], [], []
     for f in _factors(inp):
         cost = allreduce_seconds(inp.topology, nbytes, inp.nodes, bw * f, lat)
-        hidden = min(cost, inp.overlap * step)
-        t = span + cost - hidden
-        u = float(np.average(mean, weights=c.count)) / t
+        # each node hides what its own first τ steps cover (the simulator's rule)
+        hidden = np.minimum(cost, inp.overlap * c.step_time)
+        t = expected_max(cost - hidden + seg.H * c.allreduce, seg.H * c.step_time, k,
+                         seg.jitter)
+        u = float(np.average(mean, weights=k)) / t
+        exposed = float(np.average(cost - hidden, weights=k))
         rates.append(1 / t)
         util.append(u)
-        comm.append((cost - hidden) / t)
-        idle.append(max(0.0, 1 - u - (cost - hidden) / t))
+        comm.append(exposed / t)
+        idle.append(max(0.0, 1 - u - exposed / t))
         exch.append(cost)
-        exposed_h.append(cost - hidden)
-        hidden_h.append(hidden)
+        exposed_h.append(exposed)
+        hidden_h.append(float(np.average(hidden, weights=k)))
     return _Segment(len(rates) / sum(rates), float(np.average(mean, weights=c.count)),
                     float(np.mean(exposed_h)), float(np.mean(hidden_h)), float(np.mean(util)),
                     float(np.mean(comm)), float(np.mean(idle)), float(np.mean(exch)), step)
