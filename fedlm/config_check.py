@@ -111,6 +111,8 @@ def _check_outer_types(cls: type, outer: dict[str, Any]) -> None:
     for key, value in outer.items():
         if not key.isprintable():
             raise ConfigError(f"outer.{shown_key(key)}: not a setting of {cls.__name__}")
+        if value is None:  # TOML has no null: a config with one could not be written back
+            raise ConfigError(f"outer.{shown_key(key)}: must be given a value, got None")
         if hints.get(key) in (bool, int, float, str):
             coerce(f"outer.{shown_key(key)}", value, hints[key])
 

@@ -18,9 +18,9 @@ the round closes with the replies that arrived — if there are at least
 Streaming (``outer.fragments``, ``outer.overlap``, ``outer.mix``; see
 ``fedlm.strategies.fragments``): the model is split into fragments, a round's
 jobs report one fragment's outer gradient, and the outer optimizer steps that
-fragment only, with a state of its own per fragment. Any of the three keys
-switches it on; ``fragments = 1, overlap = 0, mix = 1`` is the plain round, bit
-for bit.
+fragment only, with a state of its own per fragment. ``fragments >= 1``,
+``overlap > 0`` or ``mix < 1`` switches it on; ``fragments = 1, overlap = 0,
+mix = 1`` is the plain round, bit for bit.
 """
 
 from __future__ import annotations
@@ -50,17 +50,17 @@ class FedAvg(Strategy):
     min_replies : int
         Fewest replies a round may close with after workers dropped out of it.
     fragments, overlap, mix : int, int, float
-        Streaming DiLoCo (``fedlm.strategies.fragments``): P fragments, the
-        inner steps τ an exchange overlaps, the weight α of the global fragment
-        mixed in. Unset: whole-model rounds.
+        Streaming DiLoCo (``fedlm.strategies.fragments``): P fragments (0: whole-model
+        rounds), the inner steps τ an exchange overlaps, the weight α of the global
+        fragment mixed in. Any of them set (P >= 1, τ > 0 or α < 1) turns it on.
     """
 
     name = "fedavg"
     synchronous = True
 
     def __init__(self, *, lr: float = 1.0, momentum: float = 0.0, nesterov: bool = False,
-                 weighting: str = "tokens", min_replies: int = 1, fragments: int | None = None,
-                 overlap: int | None = None, mix: float | None = None) -> None:
+                 weighting: str = "tokens", min_replies: int = 1, fragments: int = 0,
+                 overlap: int = 0, mix: float = 1.0) -> None:
         check_outer_sgd(lr, momentum)
         self.streaming = F.Streaming.of(fragments, overlap, mix)
         if weighting not in ("tokens", "uniform"):

@@ -29,8 +29,6 @@ from __future__ import annotations
 import re
 
 _BLOCK = re.compile(r"^blocks\.(\d+)\.")
-# outer.* keys that switch a synchronous strategy to streaming rounds
-KEYS = ("fragments", "overlap", "mix")
 
 
 def block_of(name: str) -> int | None:
@@ -99,23 +97,21 @@ class Streaming:
         self.fragments, self.overlap, self.mix = fragments, overlap, mix
 
     @classmethod
-    def of(cls, fragments, overlap, mix) -> "Streaming | None":
-        """From the ``outer.*`` values (None where not given); None if none is given."""
-        if fragments is None and overlap is None and mix is None:
-            return None
-        fragments = 1 if fragments is None else fragments
-        overlap = 0 if overlap is None else overlap
-        mix = 1.0 if mix is None else mix
+    def of(cls, fragments=0, overlap=0, mix=1.0) -> "Streaming | None":
+        """From the ``outer.*`` values; None (whole-model rounds) when they are the
+        defaults: fragments 0, overlap 0, mix 1."""
         if not (isinstance(fragments, int) and not isinstance(fragments, bool)
-                and fragments >= 1):
-            raise ValueError(f"outer.fragments: must be an int >= 1, got {fragments!r}")
+                and fragments >= 0):
+            raise ValueError(f"outer.fragments: must be an int >= 1 (0: off), got {fragments!r}")
         if not (isinstance(overlap, int) and not isinstance(overlap, bool) and overlap >= 0):
             raise ValueError(f"outer.overlap: must be an int >= 0 (inner steps), got {overlap!r}")
         if isinstance(mix, bool) or not isinstance(mix, (int, float)) or not 0 < mix <= 1:
             raise ValueError(f"outer.mix: must be in (0, 1], got {mix!r}")
-        return cls(fragments, overlap, float(mix))
+        if fragments == 0 and overlap == 0 and mix == 1:
+            return None
+        return cls(max(1, fragments), overlap, float(mix))
 
     @classmethod
     def from_outer(cls, outer: dict) -> "Streaming | None":
         """From a config's ``outer`` table (the worker's and the engine's view)."""
-        return cls.of(*(outer.get(k) for k in KEYS))
+        return cls.of(outer.get("fragments", 0), outer.get("overlap", 0), outer.get("mix", 1.0))

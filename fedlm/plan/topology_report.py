@@ -91,8 +91,9 @@ def table(inp: PlanInput, out: dict | None = None, modes=MODES) -> str:
         if mode not in modes:
             continue
         if c is None:
-            lines.append(f"{mode:>5}: n/a ({inp.topology}"
-                         f"{', streamed' if not is_plain(inp) else ''} is synchronous only)")
+            why = ([f"a {inp.topology} all-reduce"] if inp.topology in ("ring", "tree") else []) \
+                + (["streaming"] if inp.fragments > 1 or inp.overlap > 0 else [])
+            lines.append(f"{mode:>5}: n/a ({' and '.join(why)}: synchronous only)")
             continue
         bw = c["bandwidth_10pct"]
         need = ("no bandwidth is enough" if bw == math.inf else
