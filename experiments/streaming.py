@@ -33,12 +33,15 @@ BASE = ["profile=geo"]
 STREAM = ["outer.fragments=4", "outer.overlap=5"]
 
 
-def arms(mixes: list[float]) -> dict[str, list[str]]:
+def arms(mixes: list[float], ablation: bool = True) -> dict[str, list[str]]:
+    """DiLoCo; streaming with each mix; and (ablation) the fragments without overlap."""
     out = {"DiLoCo": []}
+    p, tau = (kv.split("=")[1] for kv in STREAM)
     for mix in mixes:
-        p, tau = (kv.split("=")[1] for kv in STREAM)
         out[f"Streaming DiLoCo, P {p}, overlap {tau}, mix {mix:g}"] = [*STREAM,
                                                                      f"outer.mix={mix}"]
+    if ablation:
+        out[f"ablation: P {p}, no overlap"] = [STREAM[0]]
     return out
 
 
@@ -110,7 +113,7 @@ def main() -> None:
         global STREAM
         STREAM = ["outer.fragments=2", "outer.overlap=1"]
     Path(args.db).parent.mkdir(parents=True, exist_ok=True)
-    table = arms(args.mix)
+    table = arms(args.mix, ablation=not args.smoke)
     todo = [(f"{label} · seed {s}", [*base, *sets, f"seed={s}"], args.db)
             for label, sets in table.items() for s in args.seeds]
     # one run creates the store first: parallel first writers would race on the schema

@@ -37,7 +37,7 @@ from fedlm.sim import fleet
 from fedlm import start
 from fedlm.config_load import from_json
 from fedlm.engine.global_model import GlobalModel
-from fedlm.engine.streaming import seen_versions, what_to_send
+from fedlm.engine.streaming import flushing, seen_versions, what_to_send
 from fedlm.errors import ConfigError
 from fedlm.params import params_hash
 from fedlm.strategies.fragments import Streaming, fragment_names
@@ -148,7 +148,8 @@ def replay(db: str | Path, run_id: int,
             payload, reference = versions[base], versions[base]
             if stream is not None:  # what the engine sent: the fragments the worker lacked
                 sent, fields = what_to_send(stream, groups, list(payload),
-                                            seen_versions(jobs, jobs[job.job_id]), base)
+                                            seen_versions(jobs, jobs[job.job_id]), base,
+                                            flushing(cfg, stream, base))
                 job = replace(job, **fields)
                 payload = OrderedDict((n, payload[n]) for n in sent)
                 reference = OrderedDict((n, reference[n]) for n in groups[job.fragment])

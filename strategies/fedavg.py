@@ -116,6 +116,8 @@ class FedAvg(Strategy):
     def _aggregate(self, params):
         ordered = [self.results[w] for w in sorted(self.results)]
         weights = [float(u.tokens) if self.weighting == "tokens" else 1.0 for u in ordered]
+        if not sum(weights):  # a streaming run's last rounds train no token
+            weights = [1.0] * len(ordered)
         mean = T.weighted_mean([u.outer_grad for u in ordered], weights)
         self.round += 1
         self.dispatched.clear()

@@ -129,7 +129,8 @@ def _model_names() -> list[str]:
 
 def test_a_two_fragment_overlap_one_schedule_step_by_step(tmp_path):
     """P = 2, τ = 1, H = 4, FedAvg (lr 1): four rounds of 2 steps on two identical
-    workers with slow links, every payload, version and time pinned by hand."""
+    workers with slow links, then one flushing round (no step: fragment 0 brought
+    in once more), every payload, version and time pinned by hand."""
     from fedlm import model as M
     from fedlm.model import snapshot
 
@@ -148,14 +149,18 @@ def test_a_two_fragment_overlap_one_schedule_step_by_step(tmp_path):
     names = list(theta)
     frag_bytes = [num_bytes(OrderedDict((n, theta[n]) for n in g)) for g in groups]
     expected_jobs, t, times = [], 0.0, []
-    for v in range(4):
+    for v in range(5):
         sent = names if v == 0 else groups[(v - 1) % 2]
+        flush = v == 4  # no step; the new fragment mixed in at once
         for w in (0, 1):
-            expected_jobs.append((v, w, v % 2, -1 if v == 0 else 1, 2, sent))
+            expected_jobs.append((v, w, v % 2, -1 if v == 0 else 0 if flush else 1,
+                                  0 if flush else 2, sent))
+        exchange = 2 * latency + frag_bytes[(v - 1) % 2] / bw + frag_bytes[(v - 1) % 2] / bw
         if v == 0:  # the whole model down, exposed; then 2 steps of 1 s
             t += latency + num_bytes(theta) / bw + 2.0
+        elif flush:  # nothing to hide it behind
+            t += exchange
         else:  # last round's fragment up and the new one down, behind 1 s of compute
-            exchange = 2 * latency + frag_bytes[(v - 1) % 2] / bw + frag_bytes[(v - 1) % 2] / bw
             t += 2.0 + max(0.0, exchange - 1.0)
         times.append(t)
     assert transport.jobs == expected_jobs
@@ -168,11 +173,11 @@ def test_a_two_fragment_overlap_one_schedule_step_by_step(tmp_path):
     assert kinds["hidden exchange"] == pytest.approx(3 * 1.0)  # 1 s hidden in rounds 1-3
     assert kinds["compute"] == pytest.approx(8.0)
     # global: each round moves its fragment by the mean of (w + 1)(v + 1)/10, w = 0, 1
-    for p, rounds in ((0, (0, 2)), (1, (1, 3))):
+    for p, rounds in ((0, (0, 2, 4)), (1, (1, 3))):  # equal tokens: the plain mean
         shift = sum((1 + 2) / 2 * (v + 1) / 10 for v in rounds)
         for n in groups[p]:
             assert torch.allclose(final[n], theta[n] - shift, atol=1e-6)
-    assert engine.version == 4  # updates = 2 outer steps of 2 fragment rounds
+    assert engine.version == 5  # updates = 2 outer steps of 2 fragment rounds, one flush
 
 
 def test_one_fragment_without_overlap_is_diloco_bit_for_bit(tmp_path):
@@ -198,7 +203,7 @@ def test_a_streaming_run_replays_and_resumes_bit_for_bit(tmp_path):
     run_inprocess(tiny_config(*STREAMED), str(ref_db))
     (ref,) = store.list_runs(ref_db)
     result = replay(ref_db, ref["id"])
-    assert result.identical and result.versions == 8  # 4 outer steps of 2 fragments
+    assert result.identical and result.versions == 9  # 4 outer steps of 2 fragments, a flush
     stop = []  # asked to stop once version 5 exists, then resumed from its checkpoint
     with pytest.raises(Interrupted):
         run_inprocess(tiny_config(*STREAMED), str(db), should_stop=lambda: bool(stop),

@@ -82,7 +82,8 @@ class Engine:
         self.stream = StreamRounds.of(cfg)  # Streaming DiLoCo's rounds, or None
         # updates and eval.every count outer steps: P streaming rounds each
         self.per_update = self.stream.streaming.fragments if self.stream is not None else 1
-        self.versions_wanted = cfg.updates * self.per_update
+        # and streaming ends with P - 1 rounds of no steps that bring every fragment in
+        self.versions_wanted = cfg.updates * self.per_update + (self.per_update - 1)
         self.grace = grace_rule(cfg.grace, cfg.grace_span, wants_grace=strategy.wants_grace,
                                 synchronous=strategy.synchronous,
                                 together=local_steps.even_times
@@ -202,7 +203,7 @@ class Engine:
             if w in self.pool.retired or not self.strategy.wants_job(w, version=self.version):
                 continue
             steps = self._steps_for(w)
-            if steps > 0:
+            if steps > 0 or (self.stream is not None and self.stream.flushing(self.version)):
                 self._dispatch(w, now, steps)
 
     def _dispatch(self, w: int, now: float, steps: int) -> None:

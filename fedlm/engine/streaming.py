@@ -31,10 +31,12 @@ from fedlm.strategies.fragments import (Streaming, changed_since, fragment_names
 
 
 def what_to_send(streaming: Streaming, groups: list[list[str]], names: list[str],
-                 seen: int | None, version: int) -> tuple[list[str], dict[str, int]]:
+                 seen: int | None, version: int, flushing: bool = False
+                 ) -> tuple[list[str], dict[str, int]]:
     """The tensor names a job from ``version`` carries, and its spec's streaming
     fields, for a worker whose state was made from version ``seen`` (None: it has
-    none yet, a first job)."""
+    none yet, a first job). A flushing round's job trains no step: it mixes what it
+    is sent in at once and reports its fragment."""
     fragment = round_fragment(version, streaming.fragments)
     if seen is None:
         return list(names), {"fragment": fragment, "mix_step": -1}
@@ -42,7 +44,16 @@ def what_to_send(streaming: Streaming, groups: list[list[str]], names: list[str]
     sent = [n for p in changed for n in groups[p]]
     order = {n: i for i, n in enumerate(names)}
     sent.sort(key=order.__getitem__)
-    return sent, {"fragment": fragment, "mix_step": streaming.overlap if sent else -1}
+    mix_step = (0 if flushing else streaming.overlap) if sent else -1
+    return sent, {"fragment": fragment, "mix_step": mix_step}
+
+
+def flushing(cfg: Config, streaming: Streaming, version: int) -> bool:
+    """Whether the round at ``version`` is one of the last P - 1: after ``updates``
+    outer steps, the fragments synchronised before the last round are brought in
+    once more, with no inner step, so that the final model holds every worker's
+    steps on every fragment (as DiLoCo's last round does)."""
+    return version >= cfg.updates * streaming.fragments
 
 
 class StreamRounds:
@@ -64,13 +75,19 @@ class StreamRounds:
         self.fragment_bytes = [num_bytes(p) for p in parts]  # fp32, as sent down
         self.encoded_bytes = [wire_sizes.encoded_bytes(p, self.cfg.network) for p in parts]
 
+    def flushing(self, version: int) -> bool:
+        return flushing(self.cfg, self.streaming, version)
+
     def steps(self, version: int) -> int:
+        if self.flushing(version):
+            return 0
         return segment_steps(self.cfg.inner.steps, self.streaming.fragments, version)
 
     def plan(self, worker: int, version: int, params):
         """(payload, spec fields, bytes down, bytes of the previous round's upload)."""
         seen = self.seen.get(worker)
-        sent, fields = what_to_send(self.streaming, self.groups, self.names, seen, version)
+        sent, fields = what_to_send(self.streaming, self.groups, self.names, seen, version,
+                                    self.flushing(version))
         payload = OrderedDict((n, params[n]) for n in sent)
         # the exchange it waits for starts with the upload of its worker's last report
         prev_up = (self.encoded_bytes[round_fragment(seen, self.streaming.fragments)]

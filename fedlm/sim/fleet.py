@@ -209,7 +209,7 @@ class JobTimer:
             exchange = ((p.region.latency + up_bytes / p.region.up_bw if up_bytes else 0.0)
                         + (p.region.latency + down_bytes / p.region.down_bw
                            if down_bytes else 0.0))
-        ahead = compute * overlap / steps if overlap > 0 else 0.0  # τ steps of compute
+        ahead = compute * overlap / steps if overlap > 0 and steps else 0.0  # τ steps
         hidden = min(exchange, ahead)
         return JobTiming(0.0, compute, 0.0, exchange=exchange - hidden,
                          before_exchange=ahead, hidden=hidden)

@@ -56,7 +56,7 @@ class WorkerStream:
             self.start = precision.to_device(OrderedDict((n, local[n]) for n in names), device)
             self.ref = precision.to_device(OrderedDict((n, ref[n]) for n in names), device)
             self.incoming = sent  # the global fragments to mix in at mix_step
-            if sent and not 0 <= self.mix_step < job.local_steps:
+            if sent and not 0 <= self.mix_step < max(1, job.local_steps):
                 raise ValueError(f"job {job.job_id}: mix step {self.mix_step} is not one of "
                                  f"its {job.local_steps} inner steps")
 

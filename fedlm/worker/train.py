@@ -215,10 +215,13 @@ def run_job(params, opt_state: dict, job: JobSpec, cfg: Config,
     batch_size = cfg.inner.batch_size * pod_size(cfg, job.worker)
     batches = data.job_batches(job_data(cfg, job), job.local_steps, batch_size, job.data_seed)
     t0 = time.perf_counter()
+    if stream.on and not job.local_steps:  # a flushing round: mix in, report, no step
+        stream.mix_hook(net)(job.mix_step)
     losses = train_steps(net, opt, batches, lambda s: inner_lr(start + s, cfg.inner, horizon),
                          cfg, forward=model_forward(net, cfg, device),
                          before_step=stream.mix_hook(net) if stream.on else None)
-    train_loss = mean_loss(losses)  # the job's one read of the losses (waits for the device)
+    # the job's one read of the losses (waits for the device); a job of no steps has none
+    train_loss = mean_loss(losses) if job.local_steps else 0.0
     seconds = time.perf_counter() - t0
 
     new_state = _export_opt_state(opt, names, on_device=state_on_device)
