@@ -149,6 +149,22 @@ def test_geo_run_with_compression_shows_bytes_and_link_waits(monkeypatch, tmp_pa
     assert "link wait" in " ".join(str(c) for t in at.table for c in t.value.columns)
 
 
+def test_a_streaming_run_shows_its_hidden_and_exposed_communication(monkeypatch, tmp_path):
+    """Streaming DiLoCo: the per-worker table splits communication into exposed and
+    hidden, and the timeline draws the hidden exchange beside the compute."""
+    from fedlm.runner import run_inprocess
+
+    db = tmp_path / "stream.db"
+    run_inprocess(tiny_config("workers=2", "updates=2", "inner.steps=4", "fleet.preset=geo",
+                              "outer.fragments=2", "outer.overlap=1"), str(db))
+    at = app(monkeypatch, db)
+    (table,) = [t.value for t in at.table if "hidden comm s" in t.value.columns]
+    assert all(float(v) > 0 for v in table["hidden comm s"])
+    assert "exposed comm s" in table.columns
+    kinds = {k for (k,) in sqlite3.connect(db).execute("SELECT DISTINCT kind FROM intervals")}
+    assert {"hidden exchange", "exchange", "compute"} <= kinds
+
+
 def test_runs_of_two_seeds_compare_as_one_arm_with_a_band(monkeypatch, tmp_path):
     import json
 
