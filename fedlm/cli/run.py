@@ -43,9 +43,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from fedlm import runner
+    from fedlm.strategies.fragments import Streaming
 
     stop = f"{cfg.updates} updates" + (f" or {cfg.local_step_budget} local steps"
                                        if by_steps else "")
+    stream = Streaming.from_outer(cfg.outer)
+    if stream is not None:  # each update is P rounds, and P - 1 flushing rounds end it
+        stop += (f" (streaming: {stream.fragments} fragment(s), overlap {stream.overlap}, "
+                 f"mix {stream.mix:g}; {cfg.updates * stream.fragments + stream.fragments - 1}"
+                 f" versions)")
     print(f"fedlm: {cfg.workers} workers, {cfg.fleet.preset} profile, {cfg.model} model, "
           f"{cfg.strategy} ({cfg.local_steps} local steps, H={cfg.inner.steps}), "
           f"{stop} -> {db}", flush=True)
@@ -58,6 +64,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     def on_progress(p: Progress) -> None:
         if bar is None:
             return
+        if not by_steps:  # streaming rounds: a version per fragment's round
+            bar.total = p.target
         bar.n = min(p.local_steps, p.budget) if by_steps else p.version
         ppl = f"{p.perplexity:.2f}" if p.perplexity is not None else "-"
         bar.set_postfix_str(f"v{p.version}, virtual {p.virtual_time:.0f}s, jobs {p.jobs}, "
