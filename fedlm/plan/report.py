@@ -96,18 +96,24 @@ def table(inp: PlanInput, preds: dict[str, Prediction] | None = None) -> str:
         lines.append(f"{label:<{width}}  {fmt(preds['sync']):>14}  {fmt(preds['async']):>14}")
     lines.append("")
 
+    for mode, c in crossovers(inp).items():
+        lines.append(crossover_line(mode, c))
+    return "\n".join(lines)
+
+
+def crossover_line(mode: str, c: dict) -> str:
+    """The line under the table: where communication equals compute, where it is 10%
+    of the busy time, and the bandwidth this model needs for 10%."""
     def size(x: float) -> str:
         return ("never (below 1e16)" if x == math.inf else "any size (above 1e3)" if x == 0
                 else f"{human(x)} parameters")
 
-    for mode, c in crossovers(inp).items():
-        bw = c["bandwidth_10pct"]
-        need = ("no bandwidth is enough" if bw == math.inf else
-                f"needs >= {human(8 * bw, 'bit/s')} on its slowest link")
-        lines.append(f"{mode:>5}: communication = compute at {size(c['params_equal'])}; "
-                     f"<= 10% of busy time up to {size(c['params_10pct'])}; this model "
-                     f"{need} for <= 10%")
-    return "\n".join(lines)
+    bw = c["bandwidth_10pct"]
+    need = ("no bandwidth is enough" if bw == math.inf else
+            f"needs >= {human(8 * bw, 'bit/s')} on its slowest link")
+    return (f"{mode:>5}: communication = compute at {size(c['params_equal'])}; "
+            f"<= 10% of busy time up to {size(c['params_10pct'])}; this model "
+            f"{need} for <= 10%")
 
 
 # ---------------------------------------------------------------------------

@@ -53,18 +53,9 @@ def figures(inp: PlanInput, rows: list[dict], out: Path) -> list[Path]:
         if top == "star":
             ax.plot([r["data_centres"] for r in sel], [r["bytes_total"] for r in sel], "o--",
                     color=COLORS[top], label="star: the server (all sites)")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("data centres D")
-    ax.set_ylabel("bytes per outer step")
-    ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title(f"Bytes per site per outer step, {human(size)} parameters\n{title}",
-                 fontsize=7.5)
-    fig.tight_layout()
-    paths = [out / "scaling_topologies_bytes.png"]
-    fig.savefig(paths[0], dpi=100)
-    plt.close(fig)
+    paths = [_save(fig, ax, "data centres D", "bytes per outer step",
+                   f"Bytes per site per outer step, {human(size)} parameters\n{title}",
+                   out / "scaling_topologies_bytes.png", legend=8)]
 
     fig, ax = plt.subplots(figsize=(8, 5.5))
     for top in COLORS:
@@ -77,16 +68,25 @@ def figures(inp: PlanInput, rows: list[dict], out: Path) -> list[Path]:
                    else "whole")
             ax.plot([r["params"] for r in sel], [8 * r["bandwidth_10pct"] for r in sel],
                     "o" + style, color=COLORS[top], label=f"{top}, {tag}")
+    paths.append(_save(fig, ax, "model parameters P (step time ∝ P)",
+                       "bandwidth on the slowest link for <= 10% communication (bit/s)",
+                       f"Bandwidth for <= 10% communication, {d_at} data centres\n{title}",
+                       out / "scaling_topologies_bandwidth.png", legend=7.5))
+    return paths
+
+
+def _save(fig, ax, xlabel: str, ylabel: str, title: str, path: Path, legend: float) -> Path:
+    """Log-log axes, labels, grid, legend and title; written to ``path`` and closed."""
+    import matplotlib.pyplot as plt
+
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("model parameters P (step time ∝ P)")
-    ax.set_ylabel("bandwidth on the slowest link for <= 10% communication (bit/s)")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=7.5)
-    ax.set_title(f"Bandwidth for <= 10% communication, {d_at} data centres\n{title}",
-                 fontsize=7.5)
+    ax.legend(fontsize=legend)
+    ax.set_title(title, fontsize=7.5)
     fig.tight_layout()
-    paths.append(out / "scaling_topologies_bandwidth.png")
-    fig.savefig(paths[1], dpi=100)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
-    return paths
+    return path

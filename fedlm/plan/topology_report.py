@@ -8,10 +8,10 @@ prints the rows a ``TopologyPlan`` has, sync beside async, the async column
 
 from __future__ import annotations
 
-import math
 
 from fedlm.plan.inputs import PlanInput
-from fedlm.plan.report import describe, human, prediction_dict, jsonable, input_dict, seconds
+from fedlm.plan.report import (crossover_line, describe, human, input_dict, jsonable,
+                               prediction_dict, seconds)
 from fedlm.plan.report import table as star_table
 from fedlm.plan.topology import (TopologyPlan, has_async, is_plain, plan_dict,
                                  predict_topology, topology_crossovers)
@@ -83,10 +83,6 @@ def table(inp: PlanInput, out: dict | None = None, modes=MODES) -> str:
               + (f"the {inp.overlap} inner step(s) it may hide behind" if inp.overlap
                  else "the time it takes (no overlap: the link's own rate)"), ""]
 
-    def size(x: float) -> str:
-        return ("never (below 1e16)" if x == math.inf else "any size (above 1e3)" if x == 0
-                else f"{human(x)} parameters")
-
     for mode, c in topology_crossovers(inp).items():
         if mode not in modes:
             continue
@@ -95,12 +91,7 @@ def table(inp: PlanInput, out: dict | None = None, modes=MODES) -> str:
                 + (["streaming"] if inp.fragments > 1 or inp.overlap > 0 else [])
             lines.append(f"{mode:>5}: n/a ({' and '.join(why)}: synchronous only)")
             continue
-        bw = c["bandwidth_10pct"]
-        need = ("no bandwidth is enough" if bw == math.inf else
-                f"needs >= {human(8 * bw, 'bit/s')} on its slowest link")
-        lines.append(f"{mode:>5}: communication = compute at {size(c['params_equal'])}; "
-                     f"<= 10% of busy time up to {size(c['params_10pct'])}; this model "
-                     f"{need} for <= 10%")
+        lines.append(crossover_line(mode, c))
     return "\n".join(lines)
 
 
