@@ -118,9 +118,15 @@ def _create(path: Path) -> None:
     its store first, that one is used."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{time.monotonic_ns()}.creating")
     try:
-        with closing(writer_connection(tmp)) as conn:
-            conn.execute("PRAGMA journal_mode=WAL")  # kept in the file's header
-            transaction(conn, lambda c: _create_or_migrate(c, tmp))
+        try:
+            with closing(writer_connection(tmp)) as conn:
+                conn.execute("PRAGMA journal_mode=WAL")  # kept in the file's header
+                transaction(conn, lambda c: _create_or_migrate(c, tmp))
+                _fold_log(conn)
+        except (sqlite3.Error, OSError) as exc:
+            raise StoreError(f"db: cannot create {_where(path)}: the disk is full or the file "
+                             f"cannot grow ({(str(exc).splitlines() or ['?'])[0]}); nothing "
+                             f"was made") from None
         try:
             os.link(tmp, path)  # never replaces an existing file
         except FileExistsError:
@@ -130,6 +136,17 @@ def _create(path: Path) -> None:
     finally:
         for leftover in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
             leftover.unlink(missing_ok=True)
+
+
+def _fold_log(conn: sqlite3.Connection) -> None:
+    """Copy the new store's write-ahead log into its file, and say so, before the file
+    is linked into place: the log is deleted with the temporary name, and SQLite's
+    close folds it in silently, so a close that cannot (the disk full) would leave
+    a file of half its pages, malformed, under ``path``."""
+    busy, log_frames, folded = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+    if busy or log_frames != folded:
+        raise sqlite3.OperationalError(f"write-ahead log not folded into the file "
+                                       f"({folded} of {log_frames} pages)")
 
 
 def _create_or_migrate(conn: sqlite3.Connection, path: Path) -> None:
