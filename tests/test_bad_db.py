@@ -280,3 +280,42 @@ def test_a_full_disk_while_a_store_is_made_leaves_no_damaged_file(tmp_path):
     assert list(tmp_path.iterdir()) == []  # neither the half-made file nor its leftovers
     store.check_writable(str(db))  # room again: it is made whole
     assert store.list_runs(str(db)) == []
+
+
+def _readonly_folder(monkeypatch, folder) -> None:
+    """``folder`` reads as not writable (as on a read-only file system), whoever we are."""
+    import os
+
+    from fedlm.store import connection
+    real = os.access
+    monkeypatch.setattr(connection.os, "access", lambda p, mode, **kw: False if (
+        mode & os.W_OK and os.path.realpath(p) == os.path.realpath(folder)) else real(p, mode, **kw))
+
+
+def test_a_store_in_a_folder_that_cannot_be_written_is_read_immutable(no_work, good_db,
+                                                                       monkeypatch):
+    """A reader of a WAL store makes its -shm file beside it, which it cannot where the
+    folder is read-only ("unable to open database file"): it reads the file immutable."""
+    assert sorted(p.name for p in good_db.parent.iterdir()) == ["good.db"]
+    _readonly_folder(monkeypatch, good_db.parent)
+    rc, out, err = run_cli(["runs", "--db", str(good_db)])
+    assert (rc, err) == (0, ""), err
+    assert "finished" in out
+    rc, out, err = run_cli(["show", "1", "--db", str(good_db)])
+    assert (rc, err) == (0, ""), err
+    # immutable=1 really: nothing was made beside it (mode=ro alone makes good.db-shm)
+    assert sorted(p.name for p in good_db.parent.iterdir()) == ["good.db"]
+
+
+def test_a_store_in_a_read_only_folder_can_be_listed(no_work, good_db):
+    import os
+
+    if os.geteuid() == 0:
+        pytest.skip("root writes into a folder of mode 0555 (the test above covers it)")
+    good_db.parent.chmod(0o555)
+    try:
+        rc, out, err = run_cli(["runs", "--db", str(good_db)])
+    finally:
+        good_db.parent.chmod(0o755)
+    assert (rc, err) == (0, ""), err
+    assert "finished" in out

@@ -168,8 +168,8 @@ def connect_readonly(path: str | Path) -> sqlite3.Connection:
     if p.is_dir():
         raise StoreError(f"db: {_where(path)} is a directory, not a run database")
     for attempt in (1, 2):
-        conn = sqlite3.connect(f"{p.resolve().as_uri()}?mode=ro", uri=True,
-                               timeout=db_timeout(), check_same_thread=False)
+        conn = sqlite3.connect(_reader_uri(p), uri=True, timeout=db_timeout(),
+                               check_same_thread=False)
         conn.row_factory = sqlite3.Row
         try:
             version = schema.schema_version(conn)
@@ -193,6 +193,17 @@ def connect_readonly(path: str | Path) -> sqlite3.Connection:
     raise StoreError(f"db: {_where(path)} holds schema version {version}, this fedlm reads "
                      f"version {schema.SCHEMA_VERSION} (another fedlm wrote it); use that fedlm "
                      f"or another --db")
+
+
+def _reader_uri(path: Path) -> str:
+    """The URI a reader opens ``path`` by: read-only; and immutable where its folder
+    cannot be written (a read-only file system or mount). A reader of a WAL file
+    makes the ``-shm`` file beside it, which it cannot there ("unable to open
+    database file"); and no writer can be at work there either (it could not make
+    its ``-wal``), so the file is read as it stands."""
+    path = path.resolve()
+    uri = f"{path.as_uri()}?mode=ro"
+    return uri if os.access(path.parent, os.W_OK) else f"{uri}&immutable=1"
 
 
 def check_writable(db: str) -> None:
