@@ -49,6 +49,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"fedlm: {cfg.workers} workers, {cfg.fleet.preset} profile, {cfg.model} model, "
           f"{cfg.strategy} ({cfg.local_steps} local steps, H={cfg.inner.steps}), "
           f"{stop} -> {db}", flush=True)
+    if args.resume is not None and runner.resume_checkpoint(db, args.resume) is None:
+        print(f"fedlm: no checkpoint of run {args.resume} next to {db}; starting over from "
+              f"version 0", file=sys.stderr, flush=True)
     runner.prepare_data(cfg)
     started: dict[str, int] = {}
     bar = None if args.quiet else tqdm(
