@@ -316,3 +316,40 @@ def test_a_server_deaf_to_sigterm_is_killed_even_when_stopped_twice():
                     pass
         proc.wait(timeout=30)
         proc.stdout.close()
+
+
+def _crashed_run(db: Path) -> None:
+    """Run 1 of ``db``: reached version 27 (updates and evaluations written), then its
+    writer died without recording its end (runs.updates NULL)."""
+    from tests.test_bad_db import make_db
+
+    make_db(db)  # a finished run 1, turned into a crashed one below
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait(timeout=60)  # its pid is free now: the writer is gone
+    with closing(sqlite3.connect(db)) as conn, conn:
+        conn.execute("UPDATE runs SET status='running', updates=NULL, finished_at=NULL,"
+                     " final_hash=NULL, owner_pid=? WHERE id=1", (dead.pid,))
+        conn.execute("INSERT INTO updates VALUES (1, 0, 5, 0, 0, 26, 26, 27, 0, 3, 0, 64, 4.0,"
+                     " 0, 1, 0, 0, 'h')")
+        conn.execute("INSERT INTO metrics (run_id, version, virtual_time, wall_time, tokens,"
+                     " jobs, loss, perplexity, bits_per_byte) VALUES (1, 25, 1, 1, 1, 1, 4, 50,"
+                     " 1)")
+
+
+def test_runs_shows_the_versions_a_crashed_run_reached(no_work):
+    db = no_work / "c.db"
+    _crashed_run(db)
+    rc, out, err = run_cli(["runs", "--db", str(db)])
+    assert (rc, err) == (0, ""), err
+    fields = out.splitlines()[1].split()
+    assert fields[1] == "crashed" and fields[6] == "27", out  # not "updates 0"
+
+
+def test_replay_of_a_crashed_run_is_refused_before_anything_loads(no_work):
+    """Refused before the libraries load (the no_work stand-in: "started") and so
+    before any progress bar shows."""
+    db = no_work / "c.db"
+    _crashed_run(db)
+    rc, out, err = run_cli(["replay", "1", "--db", str(db)])
+    assert_refused(rc, out, err, "run 1 is crashed; only finished runs replay")
+    assert out == ""

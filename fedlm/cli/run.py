@@ -107,13 +107,16 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    from fedlm import store
+
+    # bad db, unknown run, a run that did not finish: refused here, before any library
+    # loads or any progress shows
+    store.replayable_row(args.db or Config().db, args.run_id)
     from tqdm import tqdm
 
     from fedlm.flower import simulation
-    from fedlm import store
     from fedlm.replay import describe, replay
 
-    store.config_of(args.db or Config().db, args.run_id)  # bad db, unknown run: fail here
     simulation.quiet_libraries()
     # One bar per phase, made as the phase starts, so that each ETA counts only its own
     # work: recomputing the start (init.pretrain_steps) can take longer than the log.
