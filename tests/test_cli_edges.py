@@ -353,3 +353,44 @@ def test_replay_of_a_crashed_run_is_refused_before_anything_loads(no_work):
     rc, out, err = run_cli(["replay", "1", "--db", str(db)])
     assert_refused(rc, out, err, "run 1 is crashed; only finished runs replay")
     assert out == ""
+
+
+def test_a_killed_dashboard_leaves_no_server_holding_its_port(small_db):
+    """SIGKILL of `fedlm dashboard` runs none of its clean-up: its Streamlit server
+    dies with it all the same (the kernel's parent-death signal) and frees the port."""
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "fedlm", "dashboard", "--db", str(small_db),
+                             "--port", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, cwd=ROOT, start_new_session=True)
+    server_group = None
+    try:
+        deadline = time.monotonic() + 90
+        while True:  # bounded: until Streamlit answers on the port
+            assert proc.poll() is None, "the dashboard ended"
+            assert time.monotonic() < deadline, "the dashboard did not start in 90 s"
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.2)
+        (server,) = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+                     .read_text().split()]
+        server_group = os.getpgid(server)
+        proc.kill()
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 5
+        while True:  # bounded: until the port no longer answers
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            except OSError:
+                break
+            assert time.monotonic() < deadline, "the server still holds the port 5 s on"
+            time.sleep(0.1)
+    finally:
+        for group in (proc.pid, server_group):
+            if group is not None:
+                try:
+                    os.killpg(group, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        proc.wait(timeout=30)
