@@ -37,6 +37,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         cfg = config_load.load(args.config, args.overrides)
         db = args.db or cfg.db
     by_steps = cfg.local_step_budget > 0
+    from fedlm.plan import memory
+
+    memory.check_fits(cfg, args.backend)  # what cannot fit is refused before it starts
     check_writable(db)
     flower = args.backend != "inprocess"
     simulation.quiet_libraries(flower)  # before the libraries below read the environment
