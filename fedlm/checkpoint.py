@@ -17,7 +17,9 @@ A checkpoint names the run it belongs to (``identity``: the store's id and
 path, the run id and when the run was made), and ``latest`` refuses one that
 names another: a resume never continues from another run's weights. The
 folder is derived from the store's full path, so two stores side by side
-(``x.db`` and ``x.sqlite``) never share one.
+(``x.db`` and ``x.sqlite``) never share one; a store moved with its
+``checkpoints/`` folder finds its run's folder by what its checkpoints name
+(``locate``).
 """
 
 from __future__ import annotations
@@ -48,6 +50,34 @@ def folder_for(db: str | Path, run_id: int) -> Path:
     db = Path(db).resolve()
     tag = hashlib.sha256(str(db).encode()).hexdigest()[:12]
     return db.parent / "checkpoints" / f"{db.name}-{tag}-run{run_id}"
+
+
+def locate(db: str | Path, run_id: int, expect: dict[str, Any]) -> Path | None:
+    """The folder that holds run ``run_id``'s checkpoints, or None if none does.
+
+    Its own (``folder_for``); or, for a store moved or renamed together with its
+    ``checkpoints/`` folder (the path digest in the folder's name changed), the
+    folder beside it of the same run id whose checkpoints name this store and run
+    (``expect``: ``identity``), renamed to its own name so that the resumed run
+    goes on writing there."""
+    own = folder_for(db, run_id)
+    if any(own.glob("ckpt-v*.pt")):
+        return own
+    for other in sorted(own.parent.glob(f"*-run{run_id}")):
+        if other == own or not other.is_dir():
+            continue
+        try:
+            latest(other, expect)
+        except (NoCheckpoint, ForeignCheckpoint):  # another store's, beside this one
+            continue
+        try:
+            if own.is_dir():
+                own.rmdir()  # empty: it held no checkpoint
+            other.rename(own)
+        except OSError:  # cannot rename it: resume from where it is
+            return other
+        return own
+    return None
 
 
 def identity(store_id: str, db: str | Path, run_id: int, created_at: float) -> dict[str, Any]:

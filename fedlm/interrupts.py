@@ -11,19 +11,23 @@ Three ways, one per kind of work:
   them short;
 - ``serve``: a server in a child process runs until it ends or we are told to
   stop; then it and everything it started are stopped (SIGTERM, SIGKILL after a
-  grace period).
+  grace period); if we are killed outright (SIGKILL), it gets SIGTERM from the
+  kernel (Linux).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
+import sys
 import threading
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 @contextmanager
@@ -75,7 +79,8 @@ def serve(cmd: list[str], grace: float = 10.0) -> int:
     SIGTERM, SIGKILL after ``grace`` seconds), so nothing outlives the command.
     Returns its exit status, or 0 when we stopped it."""
     with interrupt_on_signals() as stopping:
-        proc = subprocess.Popen(cmd, start_new_session=True)  # a group of its own to end
+        proc = subprocess.Popen(cmd, start_new_session=True,  # a group of its own to end
+                                preexec_fn=_dies_with(os.getpid()))
         try:
             return proc.wait()
         except KeyboardInterrupt:
@@ -83,6 +88,26 @@ def serve(cmd: list[str], grace: float = 10.0) -> int:
         finally:
             if proc.poll() is None or stopping.is_set():
                 _stop_group(proc, grace)
+
+
+def _dies_with(parent: int) -> Callable[[], None] | None:
+    """For ``Popen``'s ``preexec_fn``: the child gets SIGTERM when ``parent`` dies, even
+    by SIGKILL, when no ``finally`` of ours runs to stop it (else it would go on holding
+    its port). Linux only (``prctl(PR_SET_PDEATHSIG)``, kept across ``exec``); None
+    elsewhere. libc is looked up here, before the fork: the child only calls it."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def in_child() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # it died before that took hold
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return in_child
 
 
 def _stop_group(proc: subprocess.Popen, grace: float) -> None:

@@ -17,3 +17,15 @@ PRESETS: dict[str, tuple[int, int, int, int]] = {
     "60m": (3, 896, 16, 64),  # paper's 60M shape
     "150m": (12, 896, 16, 64),  # paper's 150M shape
 }
+
+
+def parameter_count(preset: str, block_size: int, vocab_size: int = 256) -> int:
+    """Parameters of ``fedlm.model.GPT`` for ``preset``, counted without building it
+    (tied embeddings: the output layer adds none); a test checks it
+    against the model (``tests/test_reliability_holes.py``)."""
+    n_layer, d_model, n_head, head_dim = PRESETS[preset]
+    inner = n_head * head_dim
+    block = (4 * d_model  # two LayerNorms, weight and bias
+             + 3 * d_model * inner + inner * d_model  # qkv, proj
+             + 2 * 4 * d_model * d_model)  # MLP up, down
+    return vocab_size * d_model + block_size * d_model + n_layer * block + 2 * d_model

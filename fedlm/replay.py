@@ -41,7 +41,7 @@ from fedlm.engine.streaming import flushing, seen_versions, what_to_send
 from fedlm.errors import ConfigError
 from fedlm.params import params_hash
 from fedlm.strategies.fragments import Streaming, fragment_names
-from fedlm.store import operation_log, shown_status
+from fedlm.store import StoreError, operation_log, replayable_row
 from fedlm.sim import compression
 from fedlm.job import JobSpec
 from fedlm.worker.train import job_update
@@ -78,11 +78,10 @@ def replay(db: str | Path, run_id: int,
     (operations)."""
     run, jobs, updates = operation_log(db, run_id)
     cfg = from_json(run["config_json"])
-    if run["status"] == "diverged":  # stopped early, with no final hash to compare with
-        raise ReplayError(f"run {run_id} diverged ({run['error'] or 'no reason recorded'}); "
-                          f"only finished runs replay")
-    if run["status"] != "finished":
-        raise ReplayError(f"run {run_id} is {shown_status(run)}; only finished runs replay")
+    try:
+        replayable_row(db, run_id)
+    except StoreError as exc:
+        raise ReplayError(str(exc)) from None
     if any(j["prev_job"] is None for j in jobs.values()):
         raise ReplayError(f"run {run_id} was recorded by an older fedlm (store schema 2, "
                           f"without worker-state pointers); it cannot be replayed")

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import shutil
 import uuid
+from contextlib import closing
+from pathlib import Path
 from typing import Callable
 
 from fedlm import checkpoint as ckpt_lib, start as start_lib
@@ -21,7 +23,8 @@ from fedlm.engine import Diverged, Engine, Interrupted, Progress, Transport
 from fedlm.evaluate import Evaluator
 from fedlm.inprocess import InProcessTransport
 from fedlm.params import params_hash
-from fedlm.store import RunWriter, StoreError, best_loss
+from fedlm.store import (RunWriter, StoreError, best_loss, connect_readonly, resumable_row,
+                         store_id)
 from fedlm.shards import data_shards, shard_sizes
 from fedlm.worker.states import disk_folder
 from fedlm.strategies import registry
@@ -49,7 +52,7 @@ def execute(cfg: Config, db_path: str, connect: Connect,
     returns the transport and, per worker, the id of the node that holds it.
     """
     strategy = registry.build_strategy(cfg.strategy, cfg.outer)
-    state, notes, origin = None, [], None
+    state, notes, origin, found = None, [], None, None
     if resume is None:
         origin = start_lib.resolve(cfg, db_path)  # a bad init.from: refused before it is stored
         writer = RunWriter(db_path, name=cfg.name or f"{cfg.strategy}-{cfg.fleet.preset}",
@@ -61,11 +64,13 @@ def execute(cfg: Config, db_path: str, connect: Connect,
     else:
         writer = RunWriter.reopen(db_path, resume)  # refuses a run whose writer is alive
         try:
-            state, run_key, notes = _rewind(writer, ckpt_lib.folder_for(db_path, resume))
+            own = ckpt_lib.identity(writer.store_id, db_path, resume, writer.created_at)
+            found = ckpt_lib.locate(db_path, resume, own)
+            state, run_key, notes = _rewind(writer, found or ckpt_lib.folder_for(db_path, resume))
         except BaseException:
             writer.close()
             raise
-    folder = ckpt_lib.folder_for(db_path, writer.run_id)
+    folder = found or ckpt_lib.folder_for(db_path, writer.run_id)
     whose = ckpt_lib.identity(writer.store_id, db_path, writer.run_id, writer.created_at)
     if on_start:
         on_start(writer.run_id)
@@ -181,6 +186,15 @@ def _rewind(writer: RunWriter, folder) -> tuple[dict | None, str, list[tuple[str
     notes.append(("resumed", f"from {path.name}: version {at['version']}, op {at['op']}, "
                              f"{len(at['in_flight'])} jobs in flight re-sent"))
     return st, payload["run_key"], notes
+
+
+def resume_checkpoint(db_path: str, run_id: int) -> Path | None:
+    """Where ``fedlm run --resume`` of run ``run_id`` will find its checkpoints (None:
+    nowhere, it starts over), asked before the run is taken over, to say so first."""
+    row = resumable_row(db_path, run_id)
+    with closing(connect_readonly(db_path)) as conn:
+        whose = ckpt_lib.identity(store_id(conn), db_path, run_id, row["created_at"])
+    return ckpt_lib.locate(db_path, run_id, whose)
 
 
 def run_inprocess(cfg: Config, db_path: str, **kwargs) -> int:

@@ -247,3 +247,75 @@ def test_readers_upgrade_a_db_this_version_migrates(no_work, good_db):
         assert conn.execute("SELECT value FROM meta").fetchone()[0] == str(store.SCHEMA_VERSION)
         columns = {r[1] for r in conn.execute("PRAGMA table_info(runs)")}
         assert "clock" in columns and "mode" not in columns
+
+
+# A full disk while a new store is made, stood in for by RLIMIT_FSIZE (writes past
+# the limit fail with EFBIG, SIGXFSZ ignored), lowered once the schema's transaction
+# is in the write-ahead log: the fold of the log into the file is what fails.
+_FULL_AFTER_LOG = """
+import resource, signal, sys
+from fedlm.store import connection
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+written = connection.transaction
+def then_full(conn, work):
+    result = written(conn, work)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (36864, resource.RLIM_INFINITY))
+    return result
+connection.transaction = then_full
+try:
+    connection.check_writable(sys.argv[1])
+except connection.StoreError as exc:
+    print(exc)
+"""
+
+
+def test_a_full_disk_while_a_store_is_made_leaves_no_damaged_file(tmp_path):
+    db = tmp_path / "new.db"
+    out = subprocess.run([sys.executable, "-c", _FULL_AFTER_LOG, str(db)], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out
+    line = out.stdout.strip()
+    assert line.count("\n") == 0 and line.startswith(f"db: cannot create {db}: the disk is full")
+    assert "damaged" not in line
+    assert list(tmp_path.iterdir()) == []  # neither the half-made file nor its leftovers
+    store.check_writable(str(db))  # room again: it is made whole
+    assert store.list_runs(str(db)) == []
+
+
+def _readonly_folder(monkeypatch, folder) -> None:
+    """``folder`` reads as not writable (as on a read-only file system), whoever we are."""
+    import os
+
+    from fedlm.store import connection
+    real = os.access
+    monkeypatch.setattr(connection.os, "access", lambda p, mode, **kw: False if (
+        mode & os.W_OK and os.path.realpath(p) == os.path.realpath(folder)) else real(p, mode, **kw))
+
+
+def test_a_store_in_a_folder_that_cannot_be_written_is_read_immutable(no_work, good_db,
+                                                                       monkeypatch):
+    """A reader of a WAL store makes its -shm file beside it, which it cannot where the
+    folder is read-only ("unable to open database file"): it reads the file immutable."""
+    assert sorted(p.name for p in good_db.parent.iterdir()) == ["good.db"]
+    _readonly_folder(monkeypatch, good_db.parent)
+    rc, out, err = run_cli(["runs", "--db", str(good_db)])
+    assert (rc, err) == (0, ""), err
+    assert "finished" in out
+    rc, out, err = run_cli(["show", "1", "--db", str(good_db)])
+    assert (rc, err) == (0, ""), err
+    # immutable=1 really: nothing was made beside it (mode=ro alone makes good.db-shm)
+    assert sorted(p.name for p in good_db.parent.iterdir()) == ["good.db"]
+
+
+def test_a_store_in_a_read_only_folder_can_be_listed(no_work, good_db):
+    import os
+
+    if os.geteuid() == 0:
+        pytest.skip("root writes into a folder of mode 0555 (the test above covers it)")
+    good_db.parent.chmod(0o555)
+    try:
+        rc, out, err = run_cli(["runs", "--db", str(good_db)])
+    finally:
+        good_db.parent.chmod(0o755)
+    assert (rc, err) == (0, ""), err
+    assert "finished" in out

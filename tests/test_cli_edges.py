@@ -316,3 +316,81 @@ def test_a_server_deaf_to_sigterm_is_killed_even_when_stopped_twice():
                     pass
         proc.wait(timeout=30)
         proc.stdout.close()
+
+
+def _crashed_run(db: Path) -> None:
+    """Run 1 of ``db``: reached version 27 (updates and evaluations written), then its
+    writer died without recording its end (runs.updates NULL)."""
+    from tests.test_bad_db import make_db
+
+    make_db(db)  # a finished run 1, turned into a crashed one below
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait(timeout=60)  # its pid is free now: the writer is gone
+    with closing(sqlite3.connect(db)) as conn, conn:
+        conn.execute("UPDATE runs SET status='running', updates=NULL, finished_at=NULL,"
+                     " final_hash=NULL, owner_pid=? WHERE id=1", (dead.pid,))
+        conn.execute("INSERT INTO updates VALUES (1, 0, 5, 0, 0, 26, 26, 27, 0, 3, 0, 64, 4.0,"
+                     " 0, 1, 0, 0, 'h')")
+        conn.execute("INSERT INTO metrics (run_id, version, virtual_time, wall_time, tokens,"
+                     " jobs, loss, perplexity, bits_per_byte) VALUES (1, 25, 1, 1, 1, 1, 4, 50,"
+                     " 1)")
+
+
+def test_runs_shows_the_versions_a_crashed_run_reached(no_work):
+    db = no_work / "c.db"
+    _crashed_run(db)
+    rc, out, err = run_cli(["runs", "--db", str(db)])
+    assert (rc, err) == (0, ""), err
+    fields = out.splitlines()[1].split()
+    assert fields[1] == "crashed" and fields[6] == "27", out  # not "updates 0"
+
+
+def test_replay_of_a_crashed_run_is_refused_before_anything_loads(no_work):
+    """Refused before the libraries load (the no_work stand-in: "started") and so
+    before any progress bar shows."""
+    db = no_work / "c.db"
+    _crashed_run(db)
+    rc, out, err = run_cli(["replay", "1", "--db", str(db)])
+    assert_refused(rc, out, err, "run 1 is crashed; only finished runs replay")
+    assert out == ""
+
+
+def test_a_killed_dashboard_leaves_no_server_holding_its_port(small_db):
+    """SIGKILL of `fedlm dashboard` runs none of its clean-up: its Streamlit server
+    dies with it all the same (the kernel's parent-death signal) and frees the port."""
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "fedlm", "dashboard", "--db", str(small_db),
+                             "--port", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, cwd=ROOT, start_new_session=True)
+    server_group = None
+    try:
+        deadline = time.monotonic() + 90
+        while True:  # bounded: until Streamlit answers on the port
+            assert proc.poll() is None, "the dashboard ended"
+            assert time.monotonic() < deadline, "the dashboard did not start in 90 s"
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.2)
+        (server,) = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+                     .read_text().split()]
+        server_group = os.getpgid(server)
+        proc.kill()
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 5
+        while True:  # bounded: until the port no longer answers
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            except OSError:
+                break
+            assert time.monotonic() < deadline, "the server still holds the port 5 s on"
+            time.sleep(0.1)
+    finally:
+        for group in (proc.pid, server_group):
+            if group is not None:
+                try:
+                    os.killpg(group, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        proc.wait(timeout=30)

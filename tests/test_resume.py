@@ -179,3 +179,47 @@ def test_init_from_a_checkpoint_file_starts_from_its_global_weights(tmp_path):
                                        (run,)).fetchone()
         assert start_hash == params_hash(weights) != params_hash(start_lib.initial(
             tiny_config()))
+
+
+def _stopped_at(db, version: int, *sets: str) -> None:
+    """Run ``sets`` into ``db`` and stop it (interrupted) once ``version`` exists."""
+    from fedlm.engine import Interrupted
+
+    stop = []
+    with pytest.raises(Interrupted):
+        run_inprocess(tiny_config(*sets), str(db), should_stop=lambda: bool(stop),
+                      progress=lambda p: stop.append(p.version) if p.version >= version else None)
+
+
+def test_a_moved_store_resumes_from_its_moved_checkpoints(tmp_path):
+    """The checkpoint folder's name holds a digest of the store's path: a store moved
+    (and renamed) with its checkpoints/ folder still resumes from its checkpoint."""
+    sets = ["updates=6", "reliability.checkpoint_every=2", "strategy=async-sgd"]
+    ref_db, here, there = tmp_path / "ref.db", tmp_path / "a", tmp_path / "b"
+    run_inprocess(tiny_config(*sets), str(ref_db))
+    here.mkdir()
+    _stopped_at(here / "x.db", 4, *sets)
+    assert any(checkpoint.folder_for(here / "x.db", 1).glob("ckpt-v*.pt"))
+    here.rename(there)
+    moved = there / "y.db"
+    (there / "x.db").rename(moved)
+    run_inprocess(tiny_config(*sets), str(moved), resume=1)
+    (ref,), (run,) = store.list_runs(ref_db), store.list_runs(moved)
+    assert (run["status"], run["final_hash"]) == ("finished", ref["final_hash"])
+    with sqlite3.connect(moved) as conn:
+        (detail,), = conn.execute("SELECT detail FROM events WHERE kind='resumed'")
+    assert detail.startswith("from ckpt-v"), detail  # not "from the start"
+    assert not (there / "checkpoints").exists() or not any((there / "checkpoints").iterdir())
+
+
+def test_a_resume_without_a_checkpoint_says_so(tmp_path):
+    import shutil
+
+    db = tmp_path / "x.db"
+    _stopped_at(db, 2, "updates=3", "reliability.checkpoint_every=2")
+    shutil.rmtree(tmp_path / "checkpoints")
+    out = subprocess.run(_fedlm("run", "--resume", "1", "--backend", "inprocess", "--quiet",
+                                "--db", str(db)), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (f"fedlm: no checkpoint of run 1 next to {db}; starting over from version 0\n"
+            in out.stderr), out.stderr

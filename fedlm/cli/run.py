@@ -37,6 +37,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         cfg = config_load.load(args.config, args.overrides)
         db = args.db or cfg.db
     by_steps = cfg.local_step_budget > 0
+    from fedlm.plan import memory
+
+    memory.check_fits(cfg, args.backend)  # what cannot fit is refused before it starts
     check_writable(db)
     flower = args.backend != "inprocess"
     simulation.quiet_libraries(flower)  # before the libraries below read the environment
@@ -55,6 +58,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"fedlm: {cfg.workers} workers, {cfg.fleet.preset} profile, {cfg.model} model, "
           f"{cfg.strategy} ({cfg.local_steps} local steps, H={cfg.inner.steps}), "
           f"{stop} -> {db}", flush=True)
+    if args.resume is not None and runner.resume_checkpoint(db, args.resume) is None:
+        print(f"fedlm: no checkpoint of run {args.resume} next to {db}; starting over from "
+              f"version 0", file=sys.stderr, flush=True)
     runner.prepare_data(cfg)
     started: dict[str, int] = {}
     bar = None if args.quiet else tqdm(
@@ -112,13 +118,16 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    from fedlm import store
+
+    # bad db, unknown run, a run that did not finish: refused here, before any library
+    # loads or any progress shows
+    store.replayable_row(args.db or Config().db, args.run_id)
     from tqdm import tqdm
 
     from fedlm.flower import simulation
-    from fedlm import store
     from fedlm.replay import describe, replay
 
-    store.config_of(args.db or Config().db, args.run_id)  # bad db, unknown run: fail here
     simulation.quiet_libraries()
     # One bar per phase, made as the phase starts, so that each ETA counts only its own
     # work: recomputing the start (init.pretrain_steps) can take longer than the log.

@@ -90,7 +90,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
         ppl = f"{r['last_perplexity']:.2f}" if r["last_perplexity"] else "-"
         vt = f"{r['virtual_time']:.1f}" if r["virtual_time"] is not None else "-"
         print(f"{r['id']:>4} {r['status']:>9} {r['strategy']:>16} {r['profile']:>11} "
-              f"{r['model']:>6} {r['workers']:>7} {r['updates'] or 0:>7} {vt:>10} {ppl:>8}  "
+              f"{r['model']:>6} {r['workers']:>7} {r['reached']:>7} {vt:>10} {ppl:>8}  "
               f"{r['name']}")
     return 0
 

@@ -197,6 +197,10 @@ class Engine:
             self.pool.pass_over(self.version, len(self.in_flight))  # at every event)
             return
         for w in self.pool.candidates(self.version, len(self.in_flight)):
+            # asked at every job: handing out a round to thousands of workers takes
+            # long (in one process each job runs as it is handed out), a stop must not wait
+            if self.inbox.should_stop():
+                raise Interrupted("interrupted")
             if cap and len(self.in_flight) >= cap:
                 self.pool.blocked = True
                 break

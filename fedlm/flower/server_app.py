@@ -29,7 +29,7 @@ from fedlm import config_load
 from fedlm.sim import fleet
 from fedlm.flower import messages, patches
 from fedlm.config import Config
-from fedlm.engine import EngineError, Progress, JobResult
+from fedlm.engine import EngineError, Interrupted, Progress, JobResult
 from fedlm.runner import execute
 from fedlm.job import JobSpec
 
@@ -43,8 +43,10 @@ PULLS_PER_SECOND = 20.0  # deployment: pull requests per second, all pending mes
 class FlowerTransport:
     """The engine's transport over a Flower ``Grid``."""
 
-    def __init__(self, grid: Grid, cfg: Config, run_key: str) -> None:
+    def __init__(self, grid: Grid, cfg: Config, run_key: str,
+                 should_stop: Callable[[], bool] = lambda: False) -> None:
         self.grid = grid
+        self.should_stop = should_stop  # asked while connect waits: it can take long
         self.cfg = cfg
         self.cfg_json = cfg.to_json()
         self.run_key = run_key  # names this run's worker-state files on the nodes
@@ -70,11 +72,11 @@ class FlowerTransport:
             if time.monotonic() > deadline:
                 raise EngineError(f"workers: expected {want} SuperNodes, only {len(nodes)} "
                                   f"registered within {NODE_WAIT_SECONDS:.0f} s")
+            self._stop_if_asked()
             time.sleep(0.5)
         msgs = [Message(messages.partition_query(self.cfg_json), dst_node_id=n, message_type=MessageType.QUERY, ttl=self.cfg.sim.ttl)
                 for n in nodes]
-        replies = self.grid.send_and_receive(msgs, timeout=NODE_WAIT_SECONDS)
-        for reply in replies:
+        for reply in self._send_and_receive(msgs, deadline=time.monotonic() + NODE_WAIT_SECONDS):
             if reply.has_error():
                 raise EngineError(f"node {reply.metadata.src_node_id} did not answer the "
                                   f"partition query: {reply.error.reason}")
@@ -87,6 +89,44 @@ class FlowerTransport:
         if missing:
             raise EngineError(f"workers: no node holds partition(s) {missing}")
         return dict(self.node_of)
+
+    def _stop_if_asked(self) -> None:
+        if self.should_stop():
+            raise Interrupted("interrupted before the first job")
+
+    def _send_and_receive(self, msgs: list[Message], deadline: float) -> list[Message]:
+        """``Grid.send_and_receive``, asking ``should_stop`` at every pull: with thousands
+        of nodes Flower takes minutes over one message each, and a stop must not wait."""
+        waiting = set(self.grid.push_messages(msgs))
+        replies: list[Message] = []
+        while waiting and time.monotonic() < deadline:
+            if self.should_stop():
+                self._drop(waiting)
+                raise Interrupted("interrupted before the first job")
+            for reply in self.grid.pull_messages(list(waiting)):
+                waiting.discard(reply.metadata.reply_to_message_id)
+                replies.append(reply)
+            if waiting:
+                time.sleep(POLL_SECONDS)
+        return replies
+
+    def _drop(self, message_ids) -> None:
+        """Forget messages whose replies will not be waited for (simulation only).
+        Flower's simulation hands messages out in sweeps over every node and every
+        stored message, and asks whether to stop only between sweeps: with thousands
+        left behind one sweep takes minutes, and so would the stop. The few a node
+        is working on now still reply, find no message, and Flower logs an error
+        for each: expected once the run has ended, so its log is quieted."""
+        state = getattr(self.grid, "state", None) if isinstance(self.grid, InMemoryGrid) else None
+        if state is None or not message_ids:
+            return
+        logging.getLogger("flwr").setLevel(logging.CRITICAL)
+        state.delete_messages(message_ins_ids=set(message_ids))
+
+    def close(self) -> None:
+        """The run has ended: the jobs still in flight are dropped (``_drop``)."""
+        self._drop(self.pending)
+        self.pending.clear()
 
     def submit(self, job: JobSpec, params) -> None:
         msg = Message(messages.train_request(job, params, self.cfg_json, self.run_key),
@@ -161,7 +201,7 @@ def run_on_grid(grid: Grid, cfg: Config, db_path: str,
     """Run ``cfg`` (or continue run ``resume``) on ``grid``'s nodes; everything lands in
     the run store. Returns the run id."""
     def connect(run_key: str):
-        transport = FlowerTransport(grid, cfg, run_key)
+        transport = FlowerTransport(grid, cfg, run_key, should_stop or (lambda: False))
         return transport, transport.connect()
 
     return execute(cfg, db_path, connect, progress, on_start, should_stop, resume=resume,

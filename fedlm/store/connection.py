@@ -118,9 +118,15 @@ def _create(path: Path) -> None:
     its store first, that one is used."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{time.monotonic_ns()}.creating")
     try:
-        with closing(writer_connection(tmp)) as conn:
-            conn.execute("PRAGMA journal_mode=WAL")  # kept in the file's header
-            transaction(conn, lambda c: _create_or_migrate(c, tmp))
+        try:
+            with closing(writer_connection(tmp)) as conn:
+                conn.execute("PRAGMA journal_mode=WAL")  # kept in the file's header
+                transaction(conn, lambda c: _create_or_migrate(c, tmp))
+                _fold_log(conn)
+        except (sqlite3.Error, OSError) as exc:
+            raise StoreError(f"db: cannot create {_where(path)}: the disk is full or the file "
+                             f"cannot grow ({(str(exc).splitlines() or ['?'])[0]}); nothing "
+                             f"was made") from None
         try:
             os.link(tmp, path)  # never replaces an existing file
         except FileExistsError:
@@ -130,6 +136,17 @@ def _create(path: Path) -> None:
     finally:
         for leftover in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
             leftover.unlink(missing_ok=True)
+
+
+def _fold_log(conn: sqlite3.Connection) -> None:
+    """Copy the new store's write-ahead log into its file, and say so, before the file
+    is linked into place: the log is deleted with the temporary name, and SQLite's
+    close folds it in silently, so a close that cannot (the disk full) would leave
+    a file of half its pages, malformed, under ``path``."""
+    busy, log_frames, folded = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+    if busy or log_frames != folded:
+        raise sqlite3.OperationalError(f"write-ahead log not folded into the file "
+                                       f"({folded} of {log_frames} pages)")
 
 
 def _create_or_migrate(conn: sqlite3.Connection, path: Path) -> None:
@@ -151,8 +168,8 @@ def connect_readonly(path: str | Path) -> sqlite3.Connection:
     if p.is_dir():
         raise StoreError(f"db: {_where(path)} is a directory, not a run database")
     for attempt in (1, 2):
-        conn = sqlite3.connect(f"{p.resolve().as_uri()}?mode=ro", uri=True,
-                               timeout=db_timeout(), check_same_thread=False)
+        conn = sqlite3.connect(_reader_uri(p), uri=True, timeout=db_timeout(),
+                               check_same_thread=False)
         conn.row_factory = sqlite3.Row
         try:
             version = schema.schema_version(conn)
@@ -176,6 +193,17 @@ def connect_readonly(path: str | Path) -> sqlite3.Connection:
     raise StoreError(f"db: {_where(path)} holds schema version {version}, this fedlm reads "
                      f"version {schema.SCHEMA_VERSION} (another fedlm wrote it); use that fedlm "
                      f"or another --db")
+
+
+def _reader_uri(path: Path) -> str:
+    """The URI a reader opens ``path`` by: read-only; and immutable where its folder
+    cannot be written (a read-only file system or mount). A reader of a WAL file
+    makes the ``-shm`` file beside it, which it cannot there ("unable to open
+    database file"); and no writer can be at work there either (it could not make
+    its ``-wal``), so the file is read as it stands."""
+    path = path.resolve()
+    uri = f"{path.as_uri()}?mode=ro"
+    return uri if os.access(path.parent, os.W_OK) else f"{uri}&immutable=1"
 
 
 def check_writable(db: str) -> None:

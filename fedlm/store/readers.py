@@ -6,7 +6,7 @@ show is ``shown_status``: a ``running`` run whose writer is gone reads as
 ``crashed`` (``fedlm.ownership``), without anyone writing that down.
 
 Who reads what: the CLI (``list_runs``, ``summarize``, ``troubles``,
-``run_row``), ``fedlm.replay`` (``operation_log``), ``fedlm.start``
+``run_row``, ``replayable_row``), ``fedlm.replay`` (``operation_log``), ``fedlm.start``
 (``run_row``: a finished run's weights to start from), ``fedlm.runner``
 (``best_loss``: a resumed run's divergence check), ``fedlm.sweep.run``
 (``metric_curve``) and ``experiments/compare.py`` (``uploaded_bytes``). The
@@ -85,14 +85,27 @@ def last_seen(run: sqlite3.Row | dict) -> str:
 
 
 def list_runs(path: str | Path) -> list[dict[str, Any]]:
-    """Every run, oldest first, with ``last_perplexity`` and the status readers show
-    (``shown_status``: ``crashed`` where the writer is gone)."""
+    """Every run, oldest first, with ``last_perplexity``, the status readers show
+    (``shown_status``: ``crashed`` where the writer is gone) and the versions it
+    reached (``reached``)."""
     with closing(connect_readonly(path)) as conn:
         rows = conn.execute(
             "SELECT r.*, (SELECT perplexity FROM metrics m WHERE m.run_id = r.id"
-            " ORDER BY m.id DESC LIMIT 1) AS last_perplexity FROM runs r ORDER BY r.id"
+            " ORDER BY m.id DESC LIMIT 1) AS last_perplexity,"
+            " (SELECT MAX(applied_version) FROM updates u WHERE u.run_id = r.id) AS applied,"
+            " (SELECT MAX(version) FROM metrics m WHERE m.run_id = r.id) AS evaluated"
+            " FROM runs r ORDER BY r.id"
         ).fetchall()
-    return [{**dict(r), "status": shown_status(r)} for r in rows]
+    return [{**dict(r), "status": shown_status(r), "reached": _reached(r)} for r in rows]
+
+
+def _reached(run: sqlite3.Row) -> int:
+    """The versions a run reached: ``updates``, recorded when it ended; for one that
+    has not recorded its end (running, crashed: ``updates`` is NULL), the newest
+    version its updates or evaluations reached."""
+    if run["updates"] is not None:
+        return run["updates"]
+    return max(run["applied"] or 0, run["evaluated"] or 0)
 
 
 def summarize(path: str | Path, run_id: int) -> RunSummary:
@@ -200,6 +213,21 @@ def resumable_row(path: str | Path, run_id: int) -> sqlite3.Row:
         raise StoreError(f"--resume: run {run_id} in {path} is still running (pid "
                          f"{row['owner_pid']} on {row['owner_host']}); two writers would "
                          f"break its log")
+    return row
+
+
+def replayable_row(path: str | Path, run_id: int) -> sqlite3.Row:
+    """Run ``run_id``'s row if it is a run that can be replayed: finished (``KeyError``
+    for an unknown run, ``StoreError`` saying why not): ``fedlm replay`` asks before
+    any library loads or any progress shows."""
+    row = run_row(path, run_id)
+    if row is None:
+        raise KeyError(f"no run {run_id} in {path}")
+    if row["status"] == "diverged":  # stopped early, with no final hash to compare with
+        raise StoreError(f"run {run_id} diverged ({row['error'] or 'no reason recorded'}); "
+                         f"only finished runs replay")
+    if row["status"] != "finished":
+        raise StoreError(f"run {run_id} is {shown_status(row)}; only finished runs replay")
     return row
 
 
