@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sqlite3
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -25,6 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from fedlm import store  # noqa: E402
 from fedlm.config_load import load  # noqa: E402
 from fedlm.runner import run_inprocess  # noqa: E402
 from fedlm.sweep.uncertainty import estimate, paired_estimate  # noqa: E402
@@ -47,51 +47,29 @@ def arms(mixes: list[float], ablation: bool = True) -> dict[str, list[str]]:
 
 def _run(args: tuple) -> str:
     name, sets, db = args
-    with sqlite3.connect(db) if Path(db).exists() else _none() as conn:
-        if conn is not None:
-            try:
-                row = conn.execute("SELECT status FROM runs WHERE name=? AND status='finished'",
-                                   (name,)).fetchone()
-            except sqlite3.OperationalError:
-                row = None
-            if row:
-                return f"{name}: reused"
+    if Path(db).exists() and _finished(db, name) is not None:
+        return f"{name}: reused"
     run_inprocess(load(None, [*sets, f"name={name}"]), db)
     return f"{name}: done"
 
 
-class _none:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
+def _finished(db: str, name: str) -> int | None:
+    """The id of the finished run called ``name`` in ``db``, or None."""
+    ids = [r["id"] for r in store.list_runs(db)
+           if r["name"] == name and r["status"] == "finished"]
+    return ids[-1] if ids else None
 
 
 def measure(db: str, name: str) -> dict:
-    with sqlite3.connect(db) as conn:
-        run_id, vt = conn.execute("SELECT id, virtual_time FROM runs WHERE name=? AND "
-                                  "status='finished'", (name,)).fetchone()
-        ppl = conn.execute("SELECT perplexity FROM metrics WHERE run_id=? ORDER BY id DESC",
-                           (run_id,)).fetchone()[0]
-        down, up, peak_down, peak_up = conn.execute(
-            "SELECT SUM(down_bytes), SUM(up_bytes), MAX(down_bytes), MAX(up_bytes) FROM jobs"
-            " WHERE run_id=? AND dispatch_op > ?", (run_id, -1)).fetchone()
-        # the first job of each worker downloads the whole model: later exchanges are what
-        # streaming changes, so the peak leaves it out
-        later_down = conn.execute(
-            "SELECT MAX(down_bytes) FROM jobs j WHERE run_id=? AND job_id NOT IN"
-            " (SELECT MIN(job_id) FROM jobs WHERE run_id=? GROUP BY worker)",
-            (run_id, run_id)).fetchone()[0] or 0
-        workers = conn.execute("SELECT COUNT(*) FROM workers WHERE run_id=?",
-                               (run_id,)).fetchone()[0]
-        spans = dict(conn.execute("SELECT kind, SUM(t_end - t_start) FROM intervals"
-                                  " WHERE run_id=? GROUP BY kind", (run_id,)))
-    exposed = sum(spans.get(k, 0.0) for k in ("download", "upload", "exchange", "link wait"))
-    return {"perplexity": ppl, "virtual_time": vt, "bytes_total": (down or 0) + (up or 0),
-            "peak_exchange_bytes": max(later_down, peak_up or 0),
-            "exposed_comm_per_worker": exposed / workers,
-            "hidden_comm_per_worker": spans.get("hidden exchange", 0.0) / workers}
+    run_id = _finished(db, name)
+    s = store.summarize(db, run_id)
+    moved = store.traffic(db, run_id)
+    n = len(s.workers)
+    return {"perplexity": s.final_perplexity, "virtual_time": s.virtual_time,
+            "bytes_total": moved["down"] + moved["up"],
+            "peak_exchange_bytes": moved["peak_exchange"],
+            "exposed_comm_per_worker": sum(w.communication for w in s.workers) / n,
+            "hidden_comm_per_worker": sum(w.hidden for w in s.workers) / n}
 
 
 def timing_only(base: list[str], step_times: list[float], seed: int = 0) -> list[str]:
@@ -199,7 +177,18 @@ def main() -> None:
         return
     Path(args.out + ".json").write_text(json.dumps({"seeds": args.seeds, "runs": rows},
                                                    indent=2))
-    Path(args.out + ".md").write_text("\n".join(lines) + "\n")
+    head = [f"# Streaming DiLoCo against DiLoCo on `geo`, at equal inner steps", "",
+            f"`python experiments/streaming.py --seeds {' '.join(map(str, args.seeds))} "
+            f"--mix {' '.join(f'{m:g}' for m in args.mix)}` (runs kept in runs/streaming.db "
+            f"and reused by name). The default run with `profile = geo`: `small` model, 4 "
+            f"workers (us, eu, asia, us), H = 30, 10 outer steps (300 inner steps a worker); "
+            f"streaming `{' '.join(STREAM)}`. Seeds {', '.join(map(str, args.seeds))}; "
+            f"the mix was chosen on seed 100 (streaming_tuning.md). Reading: "
+            f"docs/streaming.md, \"Measured\".", ""]
+    timing_head = ["", "Timing only, seed 0 (the engine with the real model's tensors and an "
+                   "instant transport: a synchronous run's weights do not depend on its "
+                   "timing), at faster compute (`fleet.base_step_time`):", ""]
+    Path(args.out + ".md").write_text("\n".join(head + lines + timing_head + timing) + "\n")
     print(f"wrote {args.out}.md, {args.out}.json")
 
 

@@ -19,6 +19,6 @@ class DiLoCo(FedAvg):
 
     def __init__(self, *, lr: float = 0.7, momentum: float = 0.9, nesterov: bool = True,
                  weighting: str = "tokens", min_replies: int = 1, fragments: int = 0,
-                 overlap: int = 0, mix: float = 1.0) -> None:
+                 overlap: int = 0, mix: float | str = "auto") -> None:
         super().__init__(lr=lr, momentum=momentum, nesterov=nesterov, weighting=weighting,
                          min_replies=min_replies, fragments=fragments, overlap=overlap, mix=mix)

@@ -52,7 +52,8 @@ class FedAvg(Strategy):
     fragments, overlap, mix : int, int, float
         Streaming DiLoCo (``fedlm.strategies.fragments``): P fragments (0: whole-model
         rounds), the inner steps τ an exchange overlaps, the weight α of the global
-        fragment mixed in. Any of them set (P >= 1, τ > 0 or α < 1) turns it on.
+        fragment mixed in ("auto": 0.5 with overlap, else 1). P >= 1, τ > 0 or α < 1
+        turns it on.
     """
 
     name = "fedavg"
@@ -60,7 +61,7 @@ class FedAvg(Strategy):
 
     def __init__(self, *, lr: float = 1.0, momentum: float = 0.0, nesterov: bool = False,
                  weighting: str = "tokens", min_replies: int = 1, fragments: int = 0,
-                 overlap: int = 0, mix: float = 1.0) -> None:
+                 overlap: int = 0, mix: float | str = "auto") -> None:
         check_outer_sgd(lr, momentum)
         self.streaming = F.Streaming.of(fragments, overlap, mix)
         if weighting not in ("tokens", "uniform"):

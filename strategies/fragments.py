@@ -20,7 +20,9 @@ per H inner steps, as in DiLoCo, but only 1/P of the model travels at a time.
 ``outer.overlap = τ``: the exchange of round r's fragment overlaps the first
 τ inner steps of round r + 1; the worker mixes the new global fragment in at
 inner step τ: θ_p ← α·θ_p^global + (1 − α)·θ_p^local, ``outer.mix = α``
-(α = 1: take the global fragment, as DiLoCo does). P = 1, τ = 0, α = 1 is
+(α = 1: take the global fragment, as DiLoCo does). ``mix = "auto"`` (the default)
+is the paper's 0.5 with overlap and 1 without: chosen on a tuning seed,
+experiments/results/streaming.md has the held-out seeds. P = 1, τ = 0, α = 1 is
 DiLoCo, bit for bit.
 """
 
@@ -97,21 +99,25 @@ class Streaming:
         self.fragments, self.overlap, self.mix = fragments, overlap, mix
 
     @classmethod
-    def of(cls, fragments=0, overlap=0, mix=1.0) -> "Streaming | None":
+    def of(cls, fragments=0, overlap=0, mix="auto") -> "Streaming | None":
         """From the ``outer.*`` values; None (whole-model rounds) when they are the
-        defaults: fragments 0, overlap 0, mix 1."""
+        defaults: fragments 0, overlap 0, mix "auto" (or 1)."""
         if not (isinstance(fragments, int) and not isinstance(fragments, bool)
                 and fragments >= 0):
             raise ValueError(f"outer.fragments: must be an int >= 1 (0: off), got {fragments!r}")
         if not (isinstance(overlap, int) and not isinstance(overlap, bool) and overlap >= 0):
             raise ValueError(f"outer.overlap: must be an int >= 0 (inner steps), got {overlap!r}")
-        if isinstance(mix, bool) or not isinstance(mix, (int, float)) or not 0 < mix <= 1:
-            raise ValueError(f"outer.mix: must be in (0, 1], got {mix!r}")
-        if fragments == 0 and overlap == 0 and mix == 1:
+        if mix != "auto" and (isinstance(mix, bool) or not isinstance(mix, (int, float))
+                              or not 0 < mix <= 1):
+            raise ValueError(f"outer.mix: must be in (0, 1] or 'auto', got {mix!r}")
+        if fragments == 0 and overlap == 0 and mix in ("auto", 1):
             return None
+        if mix == "auto":  # the paper's 0.5 keeps half of the overlapped steps' progress
+            mix = 0.5 if overlap > 0 else 1.0
         return cls(max(1, fragments), overlap, float(mix))
 
     @classmethod
     def from_outer(cls, outer: dict) -> "Streaming | None":
         """From a config's ``outer`` table (the worker's and the engine's view)."""
-        return cls.of(outer.get("fragments", 0), outer.get("overlap", 0), outer.get("mix", 1.0))
+        return cls.of(outer.get("fragments", 0), outer.get("overlap", 0),
+                      outer.get("mix", "auto"))

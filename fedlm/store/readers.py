@@ -282,3 +282,19 @@ def uploaded_bytes(path: str | Path, run_id: int) -> float:
         row = conn.execute("SELECT COALESCE(SUM(up_bytes), 0) FROM jobs WHERE run_id=?"
                            " AND status='done'", (run_id,)).fetchone()
     return float(row[0])
+
+
+def traffic(path: str | Path, run_id: int) -> dict[str, float]:
+    """What run ``run_id``'s jobs moved: bytes down and up in all, and the most one
+    exchange moved either way, leaving out each worker's first download (the whole
+    model, whatever the strategy: what streaming changes is every later exchange)."""
+    with closing(connect_readonly(path)) as conn:
+        down, up, peak_up = conn.execute(
+            "SELECT COALESCE(SUM(down_bytes), 0), COALESCE(SUM(up_bytes), 0),"
+            " COALESCE(MAX(up_bytes), 0) FROM jobs WHERE run_id=?", (run_id,)).fetchone()
+        peak_down = conn.execute(
+            "SELECT COALESCE(MAX(down_bytes), 0) FROM jobs WHERE run_id=? AND job_id NOT IN"
+            " (SELECT MIN(job_id) FROM jobs WHERE run_id=? GROUP BY worker)",
+            (run_id, run_id)).fetchone()[0]
+    return {"down": float(down), "up": float(up),
+            "peak_exchange": float(max(peak_down, peak_up))}
