@@ -288,8 +288,12 @@ def _readonly_folder(monkeypatch, folder) -> None:
 
     from fedlm.store import connection
     real = os.access
-    monkeypatch.setattr(connection.os, "access", lambda p, mode, **kw: False if (
-        mode & os.W_OK and os.path.realpath(p) == os.path.realpath(folder)) else real(p, mode, **kw))
+    def access(p, mode, **kw) -> bool:
+        if mode & os.W_OK and os.path.realpath(p) == os.path.realpath(folder):
+            return False
+        return real(p, mode, **kw)
+
+    monkeypatch.setattr(connection.os, "access", access)
 
 
 def test_a_store_in_a_folder_that_cannot_be_written_is_read_immutable(no_work, good_db,
