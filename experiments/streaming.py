@@ -82,23 +82,9 @@ def timing_only(base: list[str], step_times: list[float], seed: int = 0) -> list
     import torch
 
     from fedlm import model as M
-    from fedlm.engine import Engine
-    from fedlm.plan.check import InstantTransport
+    from fedlm.plan.check import run_clock
     from fedlm.sim import fleet
     from fedlm.store.schema import EXPOSED_COMM_KINDS
-    from fedlm.strategies import registry
-
-    class Spans:  # a run writer that keeps only the intervals' seconds
-        def __init__(self) -> None:
-            self.seconds: dict[str, float] = {}
-
-        def add_intervals(self, rows) -> None:
-            for _, kind, t0, t1, *_ in rows:
-                key = getattr(kind, "value", kind)
-                self.seconds[key] = self.seconds.get(key, 0.0) + (t1 - t0)
-
-        def __getattr__(self, name):
-            return lambda *a, **k: None
 
     lines = ["| s per inner step | arm | virtual time (s) | exposed comm / worker (s) | "
              "hidden comm / worker (s) |", "|---|---|---|---|---|"]
@@ -109,12 +95,8 @@ def timing_only(base: list[str], step_times: list[float], seed: int = 0) -> list
             net = M.build(cfg.model, cfg.data.seq_len, seed=0)
             zeros = OrderedDict((n, torch.zeros_like(p.detach())) for n, p in
                                 net.named_parameters())
-            spans, nodes = Spans(), fleet.node_profiles(cfg)
-            engine = Engine(cfg, strategy=registry.build_strategy(cfg.strategy, cfg.outer),
-                            local_steps=registry.build_local_steps(cfg.local_steps),
-                            transport=InstantTransport(zeros, cfg), fleet=nodes, writer=spans)
-            engine.run(zeros)
-            sec, n = spans.seconds, len(nodes)
+            engine, sec = run_clock(cfg, zeros)
+            n = len(fleet.node_profiles(cfg))
             exposed = sum(sec.get(k, 0.0) for k in EXPOSED_COMM_KINDS) / n
             lines.append(f"| {step:g} | {label} | {engine.now:.1f} | {exposed:.2f} | "
                          f"{sec.get('hidden exchange', 0.0) / n:.2f} |")
@@ -177,7 +159,7 @@ def main() -> None:
         return
     Path(args.out + ".json").write_text(json.dumps({"seeds": args.seeds, "runs": rows},
                                                    indent=2))
-    head = [f"# Streaming DiLoCo against DiLoCo on `geo`, at equal inner steps", "",
+    head = ["# Streaming DiLoCo against DiLoCo on `geo`, at equal inner steps", "",
             f"`python experiments/streaming.py --seeds {' '.join(map(str, args.seeds))} "
             f"--mix {' '.join(f'{m:g}' for m in args.mix)}` (runs kept in runs/streaming.db "
             f"and reused by name). The default run with `profile = geo`: `small` model, 4 "

@@ -52,12 +52,45 @@ class InstantTransport:
         return out
 
 
+class _Spans:
+    """A run writer that keeps only the seconds of each kind of worker interval."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def add_intervals(self, rows) -> None:
+        for _, kind, t0, t1, *_ in rows:
+            key = getattr(kind, "value", kind)
+            self.seconds[key] = self.seconds.get(key, 0.0) + (t1 - t0)
+
+    def __getattr__(self, name):  # every other call of the engine's writer
+        return lambda *a, **k: None
+
+
+def run_clock(cfg, zeros) -> tuple[Engine, dict[str, float]]:
+    """Run fedlm's real engine on ``cfg`` from the tensors ``zeros`` with a transport
+    that answers every job at once with a zero outer gradient, so that only the
+    virtual clock matters; returns the engine (its ``now`` and ``version``) and the
+    seconds of each kind of interval, summed over the workers."""
+    spans = _Spans()
+    engine = Engine(cfg, strategy=registry.build_strategy(cfg.strategy, cfg.outer),
+                    local_steps=registry.build_local_steps(cfg.local_steps),
+                    transport=InstantTransport(zeros, cfg), fleet=fleet.node_profiles(cfg),
+                    writer=spans)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # small tensors: threads only get in each other's way
+    try:
+        engine.run(zeros)
+    finally:
+        torch.set_num_threads(threads)
+    return engine, spans.seconds
+
+
 def simulate(cfg, params: int) -> dict[str, float]:
-    """Run fedlm's real engine on ``cfg`` with a model of ``params`` fp32 values
-    (one tensor) and a transport that answers every job at once with a zero
-    outer gradient, so that only the virtual clock matters. Returns what the
-    plan predicts: virtual seconds per new global model, and the shares of all
-    workers' time spent computing, communicating (link waits included) and idle.
+    """``run_clock`` with a model of ``params`` fp32 values (one tensor, or one per
+    fragment when streaming). Returns what the plan predicts: virtual seconds per new
+    global model, and the shares of all workers' time spent computing, communicating
+    (link waits included) and idle.
     """
     stream = Streaming.from_outer(cfg.outer)
     if stream is None:
@@ -65,32 +98,8 @@ def simulate(cfg, params: int) -> dict[str, float]:
     else:  # one tensor per fragment, as blocks of layers (fedlm.strategies.fragments)
         p = stream.fragments
         zeros = OrderedDict((f"blocks.{i}.w", torch.zeros(int(params) // p)) for i in range(p))
-
-    class Spans:  # a run writer that keeps only the worker intervals
-        def __init__(self) -> None:
-            self.seconds: dict[str, float] = {}
-
-        def add_intervals(self, rows) -> None:
-            for _, kind, t0, t1, *_ in rows:
-                key = getattr(kind, "value", kind)
-                self.seconds[key] = self.seconds.get(key, 0.0) + (t1 - t0)
-
-        def __getattr__(self, name):  # every other call of the engine's writer
-            return lambda *a, **k: None
-
-    spans = Spans()
-    nodes = fleet.node_profiles(cfg)
-    engine = Engine(cfg, strategy=registry.build_strategy(cfg.strategy, cfg.outer),
-                    local_steps=registry.build_local_steps(cfg.local_steps),
-                    transport=InstantTransport(zeros, cfg), fleet=nodes, writer=spans)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # small tensors: threads only get in each other's way
-    try:
-        engine.run(zeros)
-    finally:
-        torch.set_num_threads(threads)
-    total = engine.now * len(nodes)
-    sec = spans.seconds
+    engine, sec = run_clock(cfg, zeros)
+    total = engine.now * len(fleet.node_profiles(cfg))
     comm = sum(sec.get(k, 0.0) for k in EXPOSED_COMM_KINDS)
     return {"time_per_update": engine.now / engine.version, "virtual_time": engine.now,
             "updates": engine.version, "compute_utilisation": sec.get("compute", 0.0) / total,
