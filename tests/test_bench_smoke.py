@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -19,10 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_dashboard_browser import require_browser
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "experiments" / "bench"
 RESULTS = ROOT / "experiments" / "results"
-CHROMIUM = "/usr/bin/chromium"
 
 # script -> (seconds it may take, lines its smoke output must contain). The limits are
 # a few times what each took on 2 busy cores; a smoke that passes its limit is
@@ -53,16 +53,6 @@ def _tree(path: Path) -> dict[str, tuple[int, int, str]]:
     return {str(p.relative_to(path)): (p.stat().st_size, p.stat().st_mtime_ns,
                                        hashlib.sha256(p.read_bytes()).hexdigest())
             for p in sorted(path.rglob("*")) if p.is_file()}
-
-
-def _require_browser() -> None:
-    missing = [what for what, ok in [("Debian chromium", Path(CHROMIUM).exists()),
-                                     ("playwright", shutil.which("playwright") is not None)]
-               if not ok]
-    if missing:
-        if os.environ.get("CI"):
-            pytest.fail(f"missing in CI: {', '.join(missing)} (make install should add them)")
-        pytest.skip(f"missing: {', '.join(missing)}")
 
 
 def _run_smoke(script: str, timeout: float) -> tuple[int, str, float]:
@@ -102,7 +92,7 @@ def _stop(proc: subprocess.Popen) -> str:
     pytest.param(s, marks=pytest.mark.flower) if s in FLOWER else s for s in SMOKES])
 def test_bench_smoke(script):
     if script == "dashboard_render.py":
-        _require_browser()
+        require_browser()
     timeout, expected = SMOKES[script]
     before = _tree(RESULTS)
     rc, out, seconds = _run_smoke(script, timeout)

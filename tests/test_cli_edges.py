@@ -221,6 +221,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _kill_groups(proc: subprocess.Popen, *groups: int | None) -> None:
+    """Clean-up whatever a test left: SIGKILL ``proc``'s process group and ``groups``
+    (those still there), then reap ``proc``."""
+    for group in (proc.pid, *groups):
+        if group is not None:
+            try:
+                os.killpg(group, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    proc.wait(timeout=30)
+
+
 def _group_alive(pgid: int) -> list[int]:
     alive = []
     for entry in Path("/proc").iterdir():
@@ -267,13 +279,7 @@ def test_a_stopped_dashboard_leaves_no_server_behind(small_db, sig):
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
     finally:
-        for group in (proc.pid, server_group):
-            if group is not None:
-                try:
-                    os.killpg(group, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        proc.wait(timeout=30)
+        _kill_groups(proc, server_group)
 
 
 _STUBBORN = ("import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
@@ -308,13 +314,7 @@ def test_a_server_deaf_to_sigterm_is_killed_even_when_stopped_twice():
             assert time.monotonic() < deadline, _group_alive(group)
             time.sleep(0.1)
     finally:
-        for g in (proc.pid, group):
-            if g is not None:
-                try:
-                    os.killpg(g, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        proc.wait(timeout=30)
+        _kill_groups(proc, group)
         proc.stdout.close()
 
 
@@ -387,10 +387,4 @@ def test_a_killed_dashboard_leaves_no_server_holding_its_port(small_db):
             assert time.monotonic() < deadline, "the server still holds the port 5 s on"
             time.sleep(0.1)
     finally:
-        for group in (proc.pid, server_group):
-            if group is not None:
-                try:
-                    os.killpg(group, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        proc.wait(timeout=30)
+        _kill_groups(proc, server_group)

@@ -19,7 +19,8 @@ CHROMIUM = "/usr/bin/chromium"
 SCREENSHOT_DIR = Path(os.environ.get("FEDLM_ARTIFACTS", ROOT / "runs" / "artifacts"))
 
 
-def _require_browser():
+def require_browser() -> None:
+    """Skip without Debian's chromium and playwright (fail in CI, where make installs them)."""
     missing = [what for what, ok in [("Debian chromium", Path(CHROMIUM).exists()),
                                      ("playwright", shutil.which("playwright") is not None)]
                if not ok]
@@ -37,7 +38,7 @@ def _free_port() -> int:
 
 @pytest.fixture
 def served_dashboard(tmp_path):
-    _require_browser()
+    require_browser()
     db = tmp_path / "runs.db"
     hetero = "fleet.step_times=[1.0, 2.0, 4.0]"
     run_engine(tiny_config("strategy=diloco", hetero, "name=sync-diloco"), db)
