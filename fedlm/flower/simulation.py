@@ -66,7 +66,7 @@ def run_flower(cfg: Config, db_path: str, **kwargs) -> None:
     the call."""
     from flwr.simulation import run_simulation
 
-    from fedlm.flower import patches
+    from fedlm.flower import leftovers, patches
 
     # ray.init (in run_simulation) replaces the SIGTERM handler with one that
     # exits at once, leaving the run marked "running". Keep ours: it stops
@@ -75,42 +75,7 @@ def run_flower(cfg: Config, db_path: str, **kwargs) -> None:
     from fedlm.flower.client_app import app as client_app
     from fedlm.flower.server_app import make_server_app
 
-    try:
+    with leftovers.none_left_behind():
         run_simulation(server_app=make_server_app(cfg, db_path, **kwargs),
                        client_app=client_app, num_supernodes=fleet.node_count(cfg),
                        backend_config=backend_config(cfg))
-    finally:
-        _wait_for_descendants()
-
-
-def _wait_for_descendants(timeout: float = 15.0) -> None:
-    """Ray's processes (its GCS, raylet and the ClientApp actors) descend from this one,
-    and Ray's shutdown signals them and returns before they have exited: after an
-    interrupted run, some were still there when the command had ended. Wait for them
-    (bounded), so that none outlives the command."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while _descendants() and time.monotonic() < deadline:
-        time.sleep(0.05)  # polling /proc: exiting processes that are not our children
-
-
-def _descendants() -> list[int]:
-    """This process's live (not zombie) descendants, from /proc."""
-    parent: dict[int, int] = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                with open(f"/proc/{entry.name}/stat") as f:
-                    stat = f.read()
-            except OSError:
-                continue
-            fields = stat[stat.rindex(")") + 2:].split()
-            if fields[0] != "Z":
-                parent[int(entry.name)] = int(fields[1])
-    mine, grew = {os.getpid()}, True
-    while grew:
-        found = {pid for pid, ppid in parent.items() if ppid in mine} - mine
-        grew = bool(found)
-        mine |= found
-    return sorted(mine - {os.getpid()})
