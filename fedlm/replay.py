@@ -8,6 +8,8 @@ jobs reached the strategy. Replay walks it:
     dispatch op  -> strategy.on_dispatch(worker, version)
     lost op      -> strategy.on_job_lost(worker, job, reason); a version if it
                     returns one (a sync round closing with what it had)
+    transfer op  -> a two-level strategy's transfer arrives (strategy.on_transfer);
+                    a version if the global model changed
     update op    -> run the job again (worker.run_job) from the model version it
                     started from, with the worker state it started from (the
                     job records which: ``prev_job``), on the data shard and at
@@ -37,6 +39,7 @@ from fedlm.sim import fleet
 from fedlm import start
 from fedlm.config_load import from_json
 from fedlm.engine.global_model import GlobalModel
+from fedlm.engine.transfers import regions_of
 from fedlm.engine.streaming import flushing, seen_versions, what_to_send
 from fedlm.errors import ConfigError
 from fedlm.params import params_hash
@@ -76,7 +79,7 @@ def replay(db: str | Path, run_id: int,
     ``pretrain_progress`` while the start is recomputed (only for a run with
     ``init.pretrain_steps``: steps), then ``progress`` while the log is replayed
     (operations)."""
-    run, jobs, updates = operation_log(db, run_id)
+    run, jobs, updates, transfers = operation_log(db, run_id)
     cfg = from_json(run["config_json"])
     try:
         replayable_row(db, run_id)
@@ -92,6 +95,7 @@ def replay(db: str | Path, run_id: int,
         if j["status"] == "lost":
             ops.append((j["end_op"], "lost", j))
     ops += [(u["op"], "update", u) for u in updates]
+    ops += [(t["op"], "transfer", t) for t in transfers]
     ops.sort(key=lambda o: o[0])
 
     # The last op that needs each version as a job's starting point.
@@ -114,7 +118,10 @@ def replay(db: str | Path, run_id: int,
         raise ReplayError("the start of the federated phase differs from the recorded one "
                           "(init.from's weights changed, or the pretraining code did)")
     model = GlobalModel(registry.build_strategy(cfg.strategy, cfg.outer))
-    model.start(params, num_workers=fleet.node_count(cfg))
+    model.start(params, num_workers=fleet.node_count(cfg),
+                regions=regions_of(fleet.node_profiles(cfg)))
+    two_level = model.strategy.two_level
+    starts: dict[int, object] = {}  # a two-level strategy's jobs: the model each started from
     versions = {0: params}
     stream = Streaming.from_outer(cfg.outer)
     groups = fragment_names(list(params), stream.fragments) if stream is not None else []
@@ -130,7 +137,17 @@ def replay(db: str | Path, run_id: int,
     for n, (op, kind, row) in enumerate(ops):
         if kind == "dispatch":
             model.dispatched(row["worker"], row["base_version"])
+            if two_level:
+                starts[row["job_id"]] = model.start_params(row["worker"])
+        elif kind == "transfer":
+            new, staleness = model.deliver(row["key"])
+            if staleness != row["staleness"]:
+                raise ReplayError(f"transfer {row['key']}: staleness {staleness}, "
+                                  f"log says {row['staleness']}")
+            if new is not None:
+                new_version(new)
         elif kind == "lost":
+            starts.pop(row["job_id"], None)
             new = model.lose(row["worker"], job_id=row["job_id"], reason=row["reason"] or "error")
             if new is not None:
                 new_version(new)
@@ -144,7 +161,8 @@ def replay(db: str | Path, run_id: int,
                           row["data_seed"], prev_job=job["prev_job"],
                           **{k: job[k] for k in ("shard", "cursor", "schedule_step")
                              if job[k] is not None})  # schema 4 and older: none
-            payload, reference = versions[base], versions[base]
+            payload = starts.pop(job.job_id) if two_level else versions[base]
+            reference = payload
             if stream is not None:  # what the engine sent: the fragments the worker lacked
                 sent, fields = what_to_send(stream, groups, list(payload),
                                             seen_versions(jobs, jobs[job.job_id]), base,
@@ -168,6 +186,7 @@ def replay(db: str | Path, run_id: int,
             new = model.apply(update)
             if new is not None:
                 new_version(new)
+        model.strategy.take_transfers()  # timed by the run; here only their arrivals count
         # forget versions no later job starts from (always keep the current one)
         for v in [v for v in versions if v != model.version and last_use.get(v, -1) <= op]:
             del versions[v]

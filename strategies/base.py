@@ -79,6 +79,32 @@ class Strategy(ABC):
         replies it has), else None."""
         return None
 
+    # -- two-level strategies (``fedlm.strategies.halos``): servers of their own ----------
+    # The engine then places the workers in regions, asks where each job starts, times
+    # the server-to-server transfers the strategy queues and hands each back on arrival
+    # (an operation of the run log, so replay and resume stay exact).
+    two_level: ClassVar[bool] = False
+
+    def place(self, regions: list[list[int]]) -> None:
+        """The workers of each region of the fleet (``fedlm.sim.fleet.groups``), before
+        ``start``."""
+
+    def start_params(self, worker: int, params) -> Any:
+        """The model a job of ``worker`` starts from: the global one, by default."""
+        return params
+
+    def staleness(self, worker: int, base_version: int, version: int) -> int:
+        """An arriving update's staleness: global versions since its job started."""
+        return version - base_version
+
+    def take_transfers(self) -> list:
+        """Transfers queued since the last call (``fedlm.strategies.halos.Transfer``)."""
+        return []
+
+    def on_transfer(self, key: int, params) -> tuple[Any | None, int]:
+        """Transfer ``key`` arrived: (new global params or None, its staleness)."""
+        raise NotImplementedError(f"{self.name} queues no transfers")
+
     @abstractmethod
     def on_update(self, update: Update, params) -> Any | None:
         """Take one finished job. Return the new global params, or None to hold

@@ -23,11 +23,13 @@ from fedlm.strategies.delayed_nesterov import DelayedNesterov
 from fedlm.strategies.diloco import DiLoCo
 from fedlm.strategies.fedavg import FedAvg
 from fedlm.strategies.fedbuff import FedBuff
+from fedlm.strategies.halos import Halos
 from fedlm.strategies.local_steps import DyLU, DyLUFloor, DyLUOnline, Fixed, LocalSteps
 from fedlm.strategies.poly import Poly, PolyThres
 
 STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (
-    FedAvg, DiLoCo, AsyncSGD, AsyncNesterov, DelayedNesterov, Poly, PolyThres, FedBuff)}
+    FedAvg, DiLoCo, AsyncSGD, AsyncNesterov, DelayedNesterov, Poly, PolyThres, FedBuff,
+    Halos)}
 LOCAL_STEPS: dict[str, type[LocalSteps]] = {cls.name: cls for cls in (Fixed, DyLU, DyLUFloor,
                                                                        DyLUOnline)}
 ENTRY_POINT_GROUP = "fedlm.strategies"

@@ -17,6 +17,7 @@ compute and upload (``spans``).
 
 from __future__ import annotations
 
+import heapq
 import time
 from dataclasses import dataclass
 from fedlm.config import Config
@@ -27,7 +28,8 @@ from fedlm.store import IntervalKind
 
 from fedlm.engine.in_flight import InFlightJobs
 from fedlm.engine.inbox import Inbox
-from fedlm.engine.types import BackOnline, Event, InFlight, JobDone, missed_deadline
+from fedlm.engine.types import (BackOnline, Delivery, Event, InFlight, JobDone,
+                                missed_deadline)
 from fedlm.engine.workers import WorkerPool
 
 Span = tuple[IntervalKind, float, float]
@@ -121,6 +123,10 @@ class VirtualEvents:
     def went_offline(self, w: int, until: float) -> None:
         self.clock.schedule(until, BackOnline(w))
 
+    def deliver_at(self, at: float, key: int) -> None:
+        """A two-level strategy's transfer ``key`` arrives at ``at``."""
+        self.clock.schedule(at, Delivery(key))
+
     def next_event(self, until: float | None = None, advance: bool = True) -> Event | None:
         """The next event; with ``until``, None if nothing happens by then (the clock
         then moves on to ``until``, unless ``advance`` is False)."""
@@ -131,7 +137,7 @@ class VirtualEvents:
                     self.clock.advance(until)
                 return None
             _, event = self.clock.pop()
-            if isinstance(event, BackOnline):
+            if isinstance(event, (BackOnline, Delivery)):
                 return event
             if isinstance(event, _JobEnds):
                 reply = self.inbox.wait_for(event.job_id, now=self.now)
@@ -238,6 +244,7 @@ class WallEvents:
     def __init__(self, flights: InFlightJobs, inbox: Inbox, pool: WorkerPool) -> None:
         self.flights, self.inbox, self.pool = flights, inbox, pool
         self._start = time.monotonic()
+        self.deliveries: list[tuple[float, int]] = []  # (when, key): transfers on their way
 
     @property
     def now(self) -> float:
@@ -265,6 +272,10 @@ class WallEvents:
     def went_offline(self, w: int, until: float) -> None:
         pass  # noticed when ``until`` has passed
 
+    def deliver_at(self, at: float, key: int) -> None:
+        """A transfer's simulated link time runs on the wall clock: it arrives at ``at``."""
+        heapq.heappush(self.deliveries, (at, key))
+
     def next_event(self, until: float | None = None, advance: bool = True) -> Event | None:
         """The first of: a worker back online, a missed deadline, an arrival; with
         ``until``, None if none has happened by then."""
@@ -276,6 +287,8 @@ class WallEvents:
             back = self.pool.due_online(now)
             if back:
                 return BackOnline(min(back))
+            if self.deliveries and self.deliveries[0][0] <= now:
+                return Delivery(heapq.heappop(self.deliveries)[1])
             j = self.flights.first_overdue(now)
             if j is not None:
                 return JobDone(j, missed_deadline(j, self.flights[j], time.time()))
@@ -284,6 +297,7 @@ class WallEvents:
             deadline = self.flights.next_deadline()
             soonest = min(([] if deadline is None else [deadline])
                           + [u for _, u in self.pool.offline.values()]
+                          + [at for at, _ in self.deliveries[:1]]
                           + ([until] if until is not None else []), default=now + 1.0)
             self.inbox.receive(min(max(soonest - now, 0.0), 1.0), now=now)
 
@@ -294,7 +308,8 @@ class WallEvents:
                 (IntervalKind.UPLOAD, end, end)]
 
     def state_dict(self) -> dict:
-        return {"now": self.now}
+        return {"now": self.now, "deliveries": list(self.deliveries)}
 
     def load_state_dict(self, st: dict) -> None:
         self._start = time.monotonic() - st["now"]  # go on from there
+        self.deliveries = list(st.get("deliveries", []))

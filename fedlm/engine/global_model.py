@@ -7,6 +7,9 @@ and replay.
                           the replies it has)
     new_version(params)   the params become global version v + 1; returns the
                           updates (by seq) that went into it
+    start_params(w)       what a job of w starts from (a two-level strategy's region)
+    deliver(key)    ->    a two-level strategy's server-to-server transfer arrived:
+                          (new params or None, its staleness)
 
 ``GlobalModel`` owns the global params, their version, the strategy, and the
 numbering of the updates handed to the strategy (``seq``) with those it still
@@ -33,7 +36,9 @@ class GlobalModel:
         self.seq = 0  # updates handed to the strategy so far
         self.held: list[int] = []  # their seqs not yet in a version
 
-    def start(self, params, num_workers: int) -> None:
+    def start(self, params, num_workers: int, regions: list[list[int]] | None = None) -> None:
+        if regions is not None and self.strategy.two_level:
+            self.strategy.place(regions)
         self.strategy.start(params, num_workers=num_workers)
         self.params = params
 
@@ -45,12 +50,20 @@ class GlobalModel:
         """The strategy's view of a finished job, with its staleness now."""
         return Update(worker=worker, job_id=job_id, base_version=base_version,
                       outer_grad=outer_grad, tokens=tokens, local_steps=local_steps,
-                      staleness=self.version - base_version)
+                      staleness=self.strategy.staleness(worker, base_version, self.version))
 
     def apply(self, update: Update):
         self.held.append(self.seq)
         self.seq += 1
         return self.strategy.on_update(update, self.params)
+
+    def start_params(self, worker: int):
+        """What a job of ``worker`` starts from (the global params, or its region's)."""
+        return self.strategy.start_params(worker, self.params)
+
+    def deliver(self, key: int) -> tuple:
+        """A two-level strategy's transfer arrived: (new params or None, staleness)."""
+        return self.strategy.on_transfer(key, self.params)
 
     def lose(self, worker: int, *, job_id: int, reason: str):
         return self.strategy.on_job_lost(worker, job_id=job_id, reason=reason,

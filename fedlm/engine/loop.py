@@ -1,29 +1,29 @@
 """The engine: one loop for synchronous and asynchronous training.
 
     until the run is done:
-        offer every free worker a job (the strategy says whether it gets one,
-            the local-steps policy how many inner steps; the job's data shard,
-            schedule position, fault and deadline are drawn here)
+        offer every free worker a job (the strategy says whether it gets one and
+            from which model, the local-steps policy how many inner steps; the job's
+            data shard, schedule position, fault and deadline are drawn here)
         take the next event: a finished job (its result, its error or its missed
-            deadline), or a worker back online
+            deadline), a worker back online, or a two-level strategy's transfer in
         a result is checked at the boundary (shapes, dtypes, NaN) and handed to the
             strategy; a new global version may follow (evaluated every eval.every
             versions, checkpointed every reliability.checkpoint_every)
 
-Who owns what: the ``GlobalModel`` the global params, their version and the
-strategy (replay drives it too); the ``WorkerPool`` the workers' lifecycle; the
-event source (``VirtualEvents`` or ``WallEvents``) the order of events and the
-time; the ``Inbox`` the replies not yet handed on; ``InFlightJobs`` the jobs in
-flight; the ``RunLog`` every store write; the ``JobMaker`` what each new job is;
-``StreamRounds`` what a Streaming DiLoCo round's job carries. The loop owns the
-run's totals, and knows nothing of the algorithm.
+Who owns what: the ``GlobalModel`` the global params, their version and the strategy
+(replay drives it too); the ``WorkerPool`` the workers' lifecycle; the event source
+(``VirtualEvents`` or ``WallEvents``) the order of events and the time; the ``Inbox``
+the replies not yet handed on; ``InFlightJobs`` the jobs in flight; the ``RunLog``
+every store write; the ``JobMaker`` what each new job is; ``StreamRounds`` what a
+Streaming DiLoCo round's job carries; ``ServerTransfers`` a two-level strategy's
+server-to-server transfers. The loop owns the run's totals, and knows nothing of
+the algorithm.
 
 A dispatched job goes to a ``Transport`` (Flower's Grid in ``server_app``; an
-in-process trainer in tests, sweeps and replay) and computes while the loop goes
-on. Each job names the worker state it starts from (the worker's last *accepted*
-job), so a lost job leaves no trace on the worker either. Checkpoints are taken
-at the top of the loop (``state_dict``); ``run(..., resume=state)`` re-sends the
-jobs that were in flight.
+in-process trainer in tests, sweeps and replay) and computes while the loop goes on.
+Each job names the worker state it starts from (the worker's last *accepted* job),
+so a lost job leaves no trace on the worker either. Checkpoints are taken at the top
+of the loop (``state_dict``); ``run(..., resume=state)`` re-sends the jobs in flight.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from fedlm.store import IntervalKind, RunWriter
 from fedlm.strategies.base import Strategy
 from fedlm.strategies.local_steps import LocalSteps
 
-from fedlm.engine import state
+from fedlm.engine import budget, state
 from fedlm.engine.divergence import DivergenceWatch, hint
 from fedlm.engine.global_model import GlobalModel
 from fedlm.engine.events import VirtualEvents, WallEvents
@@ -50,8 +50,9 @@ from fedlm.engine.inbox import Inbox
 from fedlm.engine.jobs import JobMaker
 from fedlm.engine.runlog import RunLog
 from fedlm.engine.streaming import StreamRounds
-from fedlm.engine.types import (BackOnline, Diverged, EngineError, Event, InFlight, Interrupted,
-                                Progress, JobResult, Transport)
+from fedlm.engine.transfers import ServerTransfers, local_links, regions_of
+from fedlm.engine.types import (BackOnline, Delivery, Diverged, EngineError, Event, InFlight,
+                                Interrupted, Progress, JobResult, Transport)
 from fedlm.engine.workers import WorkerPool
 
 
@@ -63,6 +64,9 @@ class Engine:
                  should_stop: Callable[[], bool] | None = None,
                  checkpoint: Callable[[dict], None] | None = None,
                  shard_sizes: list[int] | None = None) -> None:
+        # a two-level strategy's workers talk to their region's server (transfers.py)
+        servers_fleet, fleet = fleet, (local_links(fleet, cfg.network.intra_bw)
+                                       if strategy.two_level else fleet)
         self.cfg, self.fleet, self.policy, self.strategy = cfg, fleet, local_steps, strategy
         self.evaluate, self.progress = evaluate, progress
         self.checkpoint = checkpoint  # called with state_dict() every checkpoint_every versions
@@ -79,6 +83,8 @@ class Engine:
         self.events = (VirtualEvents(cfg, fleet, self.in_flight, self.inbox)
                        if cfg.clock == "virtual" else WallEvents(self.in_flight, self.inbox, self.pool))
         self.jobs = JobMaker(cfg, fleet, shard_sizes)
+        self.transfers = (ServerTransfers(cfg, servers_fleet, self.events, self.log)
+                          if strategy.two_level else None)
         self.stream = StreamRounds.of(cfg)  # Streaming DiLoCo's rounds, or None
         # updates and eval.every count outer steps: P streaming rounds each
         self.per_update = self.stream.streaming.fragments if self.stream is not None else 1
@@ -124,27 +130,6 @@ class Engine:
                 or (budget > 0 and self.steps_done >= budget and not self.in_flight)
                 or (limit > 0 and self.now >= limit))
 
-    def _steps_for(self, w: int) -> int:
-        """Inner steps of ``w``'s next job: the local-steps policy's, within the local-step
-        budget (0: no job). A synchronous round is handed out whole while the budget
-        is not spent, so the run ends on a whole round; an asynchronous job gets at most
-        the steps not yet spent nor in flight, so the run ends on the budget exactly."""
-        steps = (self.stream.steps(self.version) if self.stream is not None
-                 else self.policy.local_steps(w))
-        budget = self.cfg.local_step_budget
-        if not budget:
-            return steps
-        if self.strategy.synchronous:
-            return steps if self.steps_done < budget else 0
-        return max(0, min(steps, budget - self.steps_done - self.in_flight.steps()))
-
-    def _budget_spent(self) -> bool:
-        """``_steps_for`` gives every worker 0 now: the budget is spent (synchronous), or
-        spent and in flight (asynchronous)."""
-        budget = self.cfg.local_step_budget
-        in_flight = 0 if self.strategy.synchronous else self.in_flight.steps()
-        return budget > 0 and self.steps_done + in_flight >= budget
-
     # -- the loop -------------------------------------------------------------
     def run(self, params, resume: dict | None = None):
         """Train until ``cfg.updates`` global versions exist (or a budget is spent,
@@ -156,7 +141,7 @@ class Engine:
             raise Interrupted(f"interrupted at version {self.version}") from None
 
     def _run(self, params, resume: dict | None):
-        self.model.start(params, num_workers=len(self.fleet))
+        self.model.start(params, num_workers=len(self.fleet), regions=regions_of(self.fleet))
         if self.stream is not None:
             self.stream.start(params)
         self.policy.start(steps=self.cfg.inner.steps,
@@ -193,7 +178,7 @@ class Engine:
 
     def _dispatch_free_workers(self) -> None:
         now, cap = self.now, self.cfg.max_in_flight
-        if self._budget_spent():  # nobody gets a job: none is asked (not the whole fleet
+        if budget.spent(self):  # nobody gets a job: none is asked (not the whole fleet
             self.pool.pass_over(self.version, len(self.in_flight))  # at every event)
             return
         for w in self.pool.candidates(self.version, len(self.in_flight)):
@@ -206,7 +191,7 @@ class Engine:
                 break
             if w in self.pool.retired or not self.strategy.wants_job(w, version=self.version):
                 continue
-            steps = self._steps_for(w)
+            steps = budget.steps_for(self, w)
             if steps > 0 or (self.stream is not None and self.stream.flushing(self.version)):
                 self._dispatch(w, now, steps)
 
@@ -215,13 +200,14 @@ class Engine:
         job = self.jobs.make(w, version=self.version, steps=steps, index=index,
                              prev_job=self.pool.state_job[w], keep_from=self.pool.keep_from(w))
         if self.stream is None:
-            payload, down, up = self.params, self.model_bytes, self.up_bytes
+            payload, down, up = self.model.start_params(w), self.model_bytes, self.up_bytes
             timing = self.events.timing(w, steps)
         else:  # the fragments the worker lacks, mixed in τ steps into the job
             job, payload, down, up, timing = self.stream.dispatch(job, self.params, self.events)
         limit = now + self.jobs.time_allowed(job, timing)
         expires = timing is not None and self.events.will_expire(timing, job.fault, limit)
-        flight = InFlight(job, now, timing, index, limit, expires)
+        flight = InFlight(job, now, timing, index, limit, expires,
+                          payload if self.transfers is not None else None)
         self.log.intervals([(w, IntervalKind.IDLE, free_since, now, self.version, None)])
         self.model.dispatched(w, self.version)
         self.in_flight.add(flight)
@@ -237,6 +223,9 @@ class Engine:
         if isinstance(event, BackOnline):
             since = self.pool.back_online(event.worker, self.now)
             self.log.online(event.worker, self.now, since, self.version)
+            return None
+        if isinstance(event, Delivery):
+            self.transfers.arrived(event.key, self.model, self.now, self._new_version)
             return None
         return self._finished(event.job_id, event.reply)
 
@@ -287,6 +276,8 @@ class Engine:
         new_params = self.model.apply(update)
         if new_params is not None:
             self._new_version(new_params)
+        if self.transfers is not None:
+            self.transfers.send(self.model, now)
         self.log.commit(force=False)
         self._report()
         return flight

@@ -1,7 +1,8 @@
 """The run log: every row the engine writes to the run store goes through here.
 
 It also numbers the operations (``op``): each dispatch, each update handed to
-the strategy and each lost job gets the next number, which is the order
+the strategy, each lost job and each arrival of a two-level strategy's transfer
+gets the next number, which is the order
 ``fedlm replay`` walks. With no writer (tests, benchmarks) it only counts.
 """
 
@@ -74,6 +75,13 @@ class RunLog:
         """A reply for a job no longer waited for (``late_reply``, ``duplicate_reply``)."""
         self._event(kind, now, job_id=reply.job_id,
                     detail="ignored" + (f" ({reply.error})" if reply.error else ""))
+
+    def transferred(self, row: dict) -> None:
+        """A two-level strategy's transfer arrived (the transfers table's columns but
+        ``op``): an operation, replayed in this order."""
+        op = self._next_op()
+        if self.writer:
+            self.writer.add_transfer({**row, "op": op})
 
     # -- versions -------------------------------------------------------------
     def round_closed(self, now: float, version: int, updates: int) -> None:

@@ -11,7 +11,9 @@ the whole state is in it; ``Engine.load_state_dict`` is ``restore``. The keys:
                    written before the grace rule kept state)
     in_flight      job id -> InFlight, in dispatch order
     base_params    the global versions that jobs in flight started from (resume
-                   sends them again)
+                   sends them again; a two-level strategy's jobs carry their own start)
+    transfers      a two-level strategy's transfers on their way (their arrivals are
+                   on the event clock)
     model_bytes, up_bytes, tokens, steps_done, jobs_done, last_perplexity,
     last_eval_version   the loop's payload sizes and totals
     position       where the run stands, for the store to be cut back to it
@@ -31,6 +33,8 @@ def capture(engine: Any) -> dict:
     st.update({name: getattr(engine, name) for name in TOTALS})
     if engine.stream is not None:
         st["stream"] = engine.stream.state_dict()
+    if engine.transfers is not None:
+        st["transfers"] = engine.transfers.state_dict()
     return {**st, "base_params": dict(engine.base_params),
             "last_eval_version": engine._last_eval_version, "position": position(engine)}
 
@@ -48,6 +52,8 @@ def restore(engine: Any, st: dict) -> None:
         setattr(engine, name, st[name])
     if engine.stream is not None:
         engine.stream.load_state_dict(st["stream"])
+    if engine.transfers is not None:
+        engine.transfers.load_state_dict(st["transfers"])
     engine.base_params = dict(st["base_params"])
     engine._last_eval_version = st["last_eval_version"]
     engine.events.set_payload(engine.model_bytes, engine.up_bytes)
@@ -63,6 +69,9 @@ def position(engine: Any) -> dict:
 def resubmit(engine: Any) -> None:
     """Send the jobs in flight at the checkpoint again, each with what it carried."""
     for f in engine.in_flight.flights():
+        if f.start is not None:  # a two-level strategy's job: its region's model then
+            engine.transport.submit(f.job, f.start)
+            continue
         base = engine.base_params[f.job.base_version]
         if engine.stream is not None:
             base = engine.stream.plan(f.job.worker, f.job.base_version, base)[0]

@@ -1,8 +1,8 @@
 """What flows through the engine: replies, events, jobs in flight, progress.
 
 Events are typed: the loop handles a ``JobDone`` (a job to hand on: its result,
-its error, or the deadline it missed) or a ``BackOnline`` (an offline worker may
-work again). Whatever produces them (``fedlm.engine.events``) decides the order.
+its error, or the deadline it missed), a ``BackOnline`` (an offline worker may
+work again) or a ``Delivery`` (a two-level strategy's transfer arrived). Whatever produces them (``fedlm.engine.events``) decides the order.
 """
 
 from __future__ import annotations
@@ -51,6 +51,8 @@ class InFlight:
     index: int  # the worker's how-many-th job (seeds its data and faults)
     deadline: float  # the job is lost if it has not finished by then
     expires: bool = False  # virtual clock: it will miss its deadline (its event is the deadline)
+    # a two-level strategy's job: the region model it started from (resume sends it again)
+    start: object = None
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,14 @@ class BackOnline:
     worker: int
 
 
-Event = JobDone | BackOnline
+@dataclass(frozen=True)
+class Delivery:
+    """A two-level strategy's server-to-server transfer ``key`` has arrived."""
+
+    key: int
+
+
+Event = JobDone | BackOnline | Delivery
 
 
 @dataclass(frozen=True)

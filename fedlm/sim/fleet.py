@@ -32,6 +32,7 @@ class Region:
     latency: float  # one-way latency to the server, seconds
     down_bw: float  # server -> worker bandwidth, bytes per second
     up_bw: float  # worker -> server bandwidth, bytes per second
+    intra_bw: float = 0.0  # inside the region, bytes per second (0: network.intra_bw)
 
 
 _GBIT = 1e9 / 8  # bytes per second in one Gbit/s

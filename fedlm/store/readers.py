@@ -239,15 +239,18 @@ def diverged_refusal(path: str | Path, run_id: int, why: str | None) -> str:
 
 class OperationLog(NamedTuple):
     """What ``fedlm.replay`` re-executes: a run's row, its jobs by id, and its
-    updates in the order the engine handed them to the strategy (by op)."""
+    updates in the order the engine handed them to the strategy (by op), and a two-level
+    strategy's transfers in the order they arrived (by op)."""
 
     run: sqlite3.Row
     jobs: dict[int, sqlite3.Row]
     updates: list[sqlite3.Row]
+    transfers: list[sqlite3.Row]
 
 
 def operation_log(path: str | Path, run_id: int) -> OperationLog:
-    """Run ``run_id``'s row, jobs and updates (``KeyError`` if there is no such run)."""
+    """Run ``run_id``'s row, jobs, updates and transfers (``KeyError`` if there is no
+    such run)."""
     with closing(connect_readonly(path)) as conn:
         run = conn.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
         if run is None:
@@ -256,7 +259,9 @@ def operation_log(path: str | Path, run_id: int) -> OperationLog:
             "SELECT * FROM jobs WHERE run_id=? ORDER BY job_id", (run_id,))}
         updates = conn.execute("SELECT * FROM updates WHERE run_id=? ORDER BY op",
                                (run_id,)).fetchall()
-    return OperationLog(run, jobs, updates)
+        transfers = conn.execute("SELECT * FROM transfers WHERE run_id=? ORDER BY op",
+                                 (run_id,)).fetchall()
+    return OperationLog(run, jobs, updates, transfers)
 
 
 def metric_curve(path: str | Path, run_id: int) -> list[tuple[float, int, float]]:

@@ -15,6 +15,9 @@ One SQLite file holds many runs. Tables:
                log: enough to replay the run exactly (fedlm.replay)
     metrics    validation evaluations of the global model
     events     anything else worth seeing (rejected updates, lost messages)
+    transfers  a two-level strategy's (halos) transfers between its region servers
+               and its global server, each with its arrival's op: part of the
+               operation log
 
 An older schema is upgraded in place, a version at a time (``MIGRATIONS``),
 inside the transaction that opens the file (``fedlm.store.connection.connect``).
@@ -26,7 +29,7 @@ import sqlite3
 import uuid
 from enum import Enum
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 # Older schemas this version upgrades in place, a version at a time:
 # version -> the statements that make it the next one.
 MIGRATIONS = {
@@ -45,6 +48,18 @@ MIGRATIONS = {
         "ALTER TABLE jobs ADD COLUMN schedule_step INTEGER"],
     # the config's name for the order results are applied in (was ``mode``)
     5: ["ALTER TABLE runs RENAME COLUMN mode TO clock"],
+    # a two-level strategy's server-to-server transfers (strategy = "halos")
+    6: ["""CREATE TABLE IF NOT EXISTS transfers (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id INTEGER NOT NULL, op INTEGER NOT NULL,  -- its arrival's place in the operation log
+    key INTEGER NOT NULL,               -- the strategy's number for it
+    kind TEXT NOT NULL,                 -- push (region -> global server) | model (back)
+    region INTEGER NOT NULL, bytes INTEGER NOT NULL,
+    t_sent REAL NOT NULL, t_arrived REAL NOT NULL,
+    staleness INTEGER NOT NULL,         -- push: global versions since its region merged,
+                                        -- model: region versions since the region pushed
+    version INTEGER NOT NULL            -- the global version once it arrived
+)"""],
 }
 
 SCHEMA = """
@@ -114,6 +129,17 @@ CREATE TABLE IF NOT EXISTS metrics (
     loss REAL NOT NULL, perplexity REAL NOT NULL, bits_per_byte REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS metrics_run ON metrics (run_id, version);
+CREATE TABLE IF NOT EXISTS transfers (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id INTEGER NOT NULL, op INTEGER NOT NULL,  -- its arrival's place in the operation log
+    key INTEGER NOT NULL,               -- the strategy's number for it
+    kind TEXT NOT NULL,                 -- push (region -> global server) | model (back)
+    region INTEGER NOT NULL, bytes INTEGER NOT NULL,
+    t_sent REAL NOT NULL, t_arrived REAL NOT NULL,
+    staleness INTEGER NOT NULL,         -- push: global versions since its region merged,
+                                        -- model: region versions since the region pushed
+    version INTEGER NOT NULL            -- the global version once it arrived
+);
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     run_id INTEGER NOT NULL, virtual_time REAL NOT NULL, wall_time REAL NOT NULL,
@@ -122,7 +148,7 @@ CREATE TABLE IF NOT EXISTS events (
 """
 
 # Every table that holds rows of a run, in the order ``export`` writes them.
-TABLES = ("runs", "workers", "jobs", "intervals", "updates", "metrics", "events")
+TABLES = ("runs", "workers", "jobs", "intervals", "updates", "metrics", "events", "transfers")
 
 
 class IntervalKind(str, Enum):

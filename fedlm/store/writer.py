@@ -167,7 +167,7 @@ class RunWriter:
         self._flush()
         q = "SELECT COALESCE(MAX(id), 0) FROM {} WHERE run_id=?"
         return {t: int(self.conn.execute(q.format(t), (self.run_id,)).fetchone()[0])
-                for t in ("intervals", "metrics", "events")}
+                for t in ("intervals", "metrics", "events", "transfers")}
 
     def rewind(self, positions: dict[str, int], *, next_job_id: int, seq: int,
                version: int, in_flight: list[int]) -> None:
@@ -258,6 +258,13 @@ class RunWriter:
             " perplexity, bits_per_byte) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (self.run_id, version, virtual_time, wall_time, tokens, jobs, loss, perplexity,
              bits_per_byte))
+
+    def add_transfer(self, row: dict[str, Any]) -> None:
+        """A two-level strategy's transfer that arrived (the ``transfers`` columns)."""
+        self._queue(
+            "INSERT INTO transfers (run_id, op, key, kind, region, bytes, t_sent, t_arrived,"
+            " staleness, version) VALUES (:run_id, :op, :key, :kind, :region, :bytes, :t_sent,"
+            " :t_arrived, :staleness, :version)", {"run_id": self.run_id, **row})
 
     def add_event(self, *, kind: str, virtual_time: float, worker: int | None = None,
                   job_id: int | None = None, detail: str = "") -> None:
