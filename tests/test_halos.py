@@ -1,0 +1,155 @@
+"""strategy = halos: region servers and a global server, both asynchronous
+(``fedlm.strategies.halos``; the engine's side in ``fedlm/engine/transfers.py``)."""
+
+import sqlite3
+from collections import OrderedDict
+
+import pytest
+import torch
+
+from fedlm import store
+from fedlm.replay import replay
+from fedlm.runner import run_inprocess
+from fedlm.strategies.base import Update
+from fedlm.strategies.halos import Halos
+from tests.conftest import tiny_config
+
+
+def _p(x: float) -> OrderedDict:
+    return OrderedDict(w=torch.tensor([float(x)], dtype=torch.float64))
+
+
+def _v(params) -> float:
+    return float(params["w"][0])
+
+
+def _update(worker: int, g: float) -> Update:
+    return Update(worker=worker, job_id=0, base_version=0, outer_grad=_p(g), tokens=1,
+                  local_steps=1, staleness=0)
+
+
+def test_two_regions_two_workers_step_by_step():
+    # Region servers: plain SGD at lr 1 (delayed Nesterov with N = 1, no momentum), so
+    # an update g moves the region model by -g; global server the same; merge 0.5; push
+    # after every region update. Worker 0 is region 0, worker 1 region 1.
+    s = Halos(lr=1.0, momentum=0.0, buffer_size=1, global_lr=1.0, global_momentum=0.0,
+              global_buffer_size=1, merge=0.5, push_every=1)
+    s.place([[0], [1]])
+    g = _p(0.0)
+    s.start(g, num_workers=2)
+    assert s.on_update(_update(0, 1.0), g) is g  # the global model does not move
+    assert _v(s.start_params(0, g)) == -1.0 and _v(s.start_params(1, g)) == 0.0
+    (push0,) = s.take_transfers()
+    assert (push0.kind, push0.region, push0.nbytes) == ("push", 0, 8)
+    s.on_update(_update(1, 2.0), g)
+    (push1,) = s.take_transfers()
+
+    g, staleness = s.on_transfer(push0.key, g)  # Δ0 = 0 - (-1) = 1 at the global server
+    assert (_v(g), staleness) == (-1.0, 0)
+    (model0,) = s.take_transfers()
+    assert (model0.kind, model0.region) == ("model", 0)
+    s.dispatched_at[0] = s.region_version[0]
+    s.on_update(_update(0, 1.0), g)  # region 0 goes on while the global model travels
+    assert _v(s.start_params(0, g)) == -2.0 and s.take_transfers() == []  # one push at a time
+
+    g, staleness = s.on_transfer(push1.key, g)  # Δ1 = 2, one global version after r1 merged
+    assert (_v(g), staleness) == (-3.0, 1)
+    (model1,) = s.take_transfers()
+
+    new, staleness = s.on_transfer(model0.key, g)  # global -1 merged into region 0's -2
+    assert new is None and staleness == 1  # region 0 moved once since it pushed
+    assert _v(s.start_params(0, g)) == -1.5
+    new, staleness = s.on_transfer(model1.key, g)  # global -3 into region 1's -2
+    assert new is None and staleness == 0
+    assert _v(s.start_params(1, g)) == -2.5
+
+    s.on_update(_update(1, 1.0), g)  # region 1: -3.5, pushes Δ = -2.5 - (-3.5) = 1
+    (push2,) = s.take_transfers()
+    g, staleness = s.on_transfer(push2.key, g)
+    assert (_v(g), staleness) == (-4.0, 0)  # it had merged the latest global version
+    assert s.pushes == [1, 2]
+
+
+def test_with_k1_alpha1_and_no_global_momentum_the_global_model_follows_the_region():
+    s = Halos(lr=0.5, momentum=0.9, buffer_size=2, global_lr=1.0, global_momentum=0.0,
+              global_buffer_size=1, merge=1.0, push_every=1)
+    s.place([[0, 1]])
+    g = _p(0.0)
+    s.start(g, num_workers=2)
+    for i, grad in enumerate([1.0, -0.5, 2.0, 0.25, 1.5]):
+        s.on_update(_update(i % 2, grad), g)
+        region_now = _v(s.start_params(0, g))
+        (push,) = s.take_transfers()
+        g, _ = s.on_transfer(push.key, g)
+        assert _v(g) == pytest.approx(region_now, abs=1e-12)
+        (model,) = s.take_transfers()
+        s.on_transfer(model.key, g)
+        assert _v(s.start_params(1, g)) == pytest.approx(_v(g), abs=1e-12)
+
+
+def test_settings_out_of_range_are_refused():
+    for bad in ({"merge": 0.0}, {"merge": 1.5}, {"push_every": 0}, {"global_lr": 0.0},
+                {"global_momentum": 1.0}, {"global_buffer_size": 0}):
+        with pytest.raises(ValueError, match="outer."):
+            Halos(**bad)
+
+
+HALOS = ["strategy=halos", "workers=4", "fleet.topology={us = 2, eu = 2}", "updates=24",
+         "outer.push_every=2", "outer.buffer_size=2", "outer.lr=0.7"]
+
+
+def _rows(db, sql):
+    with sqlite3.connect(db) as conn:
+        return conn.execute(sql).fetchall()
+
+
+def test_one_region_without_pushes_computes_flat_delayed_nesterov_with_dylu(tmp_path):
+    # One region whose server never pushes (K beyond the run) is flat DN + DyLU: every
+    # job starts from the same model and sends the same outer gradient, in the same order.
+    # (The region server's link is the 10 Gbit/s one the flat server has here; no grace
+    # window: HALoS has none.)
+    common = ["workers=3", "local_steps=dylu", "fleet.preset=moderate", "updates=9",
+              "outer.lr=0.7", "outer.momentum=0.9", "outer.buffer_size=3", "grace=off",
+              "network.intra_bw=1.25e9"]
+    run_inprocess(tiny_config(*common, "strategy=delayed-nesterov"), str(tmp_path / "dn.db"))
+    run_inprocess(tiny_config(*common, "strategy=halos", "outer.push_every=1000"),
+                  str(tmp_path / "h.db"))
+    q = "SELECT worker, base_version, staleness, local_steps, update_hash FROM updates ORDER BY op"
+    flat, halos = _rows(tmp_path / "dn.db", q), _rows(tmp_path / "h.db", q)
+    assert len(flat) == 9 and flat == halos
+    assert _rows(tmp_path / "h.db", "SELECT count(*) FROM transfers") == [(0,)]
+
+
+def test_a_halos_run_replays_and_resumes_bit_identically(tmp_path):
+    from fedlm.engine import Interrupted
+
+    sets = [*HALOS, "reliability.checkpoint_every=3"]
+    ref = tmp_path / "ref.db"
+    run_inprocess(tiny_config(*sets), str(ref))
+    kinds = _rows(ref, "SELECT kind, count(*) FROM transfers GROUP BY kind")
+    assert dict(kinds)["push"] >= 3 and dict(kinds)["model"] >= 3  # both levels at work
+    result = replay(ref, 1)
+    assert result.identical, result
+
+    db, stop = tmp_path / "stopped.db", []
+    with pytest.raises(Interrupted):  # stopped mid-run with transfers on their way
+        run_inprocess(tiny_config(*sets), str(db), should_stop=lambda: bool(stop),
+                      progress=lambda p: stop.append(1) if p.version >= 11 else None)
+    run_inprocess(tiny_config(*sets), str(db), resume=1)
+    (a,), (b,) = store.list_runs(ref), store.list_runs(db)
+    assert b["status"] == "finished" and a["final_hash"] == b["final_hash"]
+    q = "SELECT op, key, kind, region, t_arrived, staleness, version FROM transfers ORDER BY op"
+    assert _rows(db, q) == _rows(ref, q)
+
+
+def test_transfers_are_timed_by_each_regions_link_and_workers_talk_to_their_region(tmp_path):
+    db = tmp_path / "h.db"
+    run_inprocess(tiny_config(*HALOS), str(db))
+    nbytes, = _rows(db, "SELECT DISTINCT bytes FROM transfers")[0]
+    # eu's link to the server: 40 ms, 0.5 Gbit/s up, 1 Gbit/s down (fedlm.sim.fleet.REGIONS)
+    for kind, bw in (("push", 0.5e9 / 8), ("model", 1e9 / 8)):
+        took = _rows(db, f"SELECT t_arrived - t_sent FROM transfers WHERE region=1 AND kind='{kind}'")
+        assert took and all(t == pytest.approx(0.040 + nbytes / bw) for (t,) in took)
+    # a worker's download is over its region's own link (100 Gbit/s), not the WAN
+    down = _rows(db, "SELECT max(t_end - t_start) FROM intervals WHERE kind='download'")[0][0]
+    assert down < 0.001 + nbytes / 12.5e9
