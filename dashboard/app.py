@@ -26,6 +26,7 @@ import streamlit as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `streamlit run` from a checkout
 from fedlm.dashboard import queries as q  # noqa: E402
+from fedlm.dashboard.regions import region_section  # noqa: E402
 from fedlm.store import StoreError  # noqa: E402
 from fedlm.sweep.uncertainty import band  # noqa: E402
 
@@ -330,6 +331,8 @@ def live(db: str, smoothing: float, log_scale: bool, window: float) -> None:
             "idle s": wt["idle"].map("{:,.1f}".format),
             "idle %": (100 * wt["idle_fraction"]).map("{:.1f}%".format)})
         st.table(table.set_index("worker"))
+
+    region_section(cached("regions", db, marker, focus))
 
     sh = cached("shards", db, marker, focus)
     if not sh.empty:

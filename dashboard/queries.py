@@ -183,3 +183,49 @@ def failures(db: str | Path, run_id: int) -> pd.DataFrame:
 
 def events(db: str | Path, run_id: int, limit: int = 200) -> pd.DataFrame:
     return reads.recent_events(db, run_id, limit)
+
+
+def regions(db: str | Path, run_id: int) -> dict[str, pd.DataFrame] | None:
+    """A two-level (halos) run by region, or None for other runs:
+
+    ``table``     per region: workers, updates, idle %, mean staleness of its workers'
+                  updates (region versions), pushes and their mean staleness (global
+                  versions), bytes it sent to and got from the global server
+    ``versions``  each region server's version and the global version over virtual time
+    ``traffic``   bytes between the region servers and the global server, per kind,
+                  in bins of virtual time (by when a transfer left)"""
+    moved = reads.transfers(db, run_id)
+    if moved.empty:
+        return None
+    prof = reads.worker_profiles(db, run_id).sort_values("worker")
+    names = list(dict.fromkeys(prof["region"]))  # regions in order of their first worker
+    region_of = dict(zip(prof["worker"], prof["region"]))
+    ups = reads.update_arrivals(db, run_id)
+    ups["region"] = ups["worker"].map(region_of)
+    moved["region"] = moved["region"].map(lambda r: names[r])
+    wt = worker_totals(db, run_id)
+    wt["region"] = wt["worker"].map(region_of)
+    busy = wt[["download", "compute", "upload", "exchange", "link wait", "idle"]].sum(axis=1)
+    rows = []
+    for name in names:
+        mine, sent = wt[wt["region"] == name], moved[moved["region"] == name]
+        pushes = sent[sent["kind"] == "push"]
+        rows.append({"region": name, "workers": len(mine),
+                     "updates": int((ups["region"] == name).sum()),
+                     "idle %": 100 * mine["idle"].sum() / max(busy[mine.index].sum(), 1e-9),
+                     "update staleness": ups.loc[ups["region"] == name, "staleness"].mean(),
+                     "pushes": len(pushes), "push staleness": pushes["staleness"].mean(),
+                     "bytes up": int(pushes["bytes"].sum()),
+                     "bytes down": int(sent.loc[sent["kind"] == "model", "bytes"].sum())})
+    table = pd.DataFrame(rows)
+    ups["version"] = ups.groupby("region").cumcount() + 1
+    versions = pd.concat([ups[["t_done", "region", "version"]].rename(columns={"t_done": "t"}),
+                          moved[moved["kind"] == "push"].assign(
+                              region="global", version=lambda f: range(1, len(f) + 1))[
+                              ["t_arrived", "region", "version"]].rename(
+                              columns={"t_arrived": "t"})], ignore_index=True)
+    span = max(float(moved["t_arrived"].max()), 1e-9)
+    width = span / 40
+    traffic = (moved.assign(t=(moved["t_sent"] // width) * width)
+               .groupby(["t", "kind"], as_index=False)["bytes"].sum())
+    return {"table": table, "versions": versions, "traffic": traffic}

@@ -126,7 +126,7 @@ class EvalConfig:
 class FleetConfig:
     """Hardware and network profile of the simulated workers."""
 
-    preset: str = "moderate"  # homogeneous | slight | moderate | very | paper-toy | geo
+    preset: str = "moderate"  # homogeneous | slight | moderate | very | paper-toy | geo | halos
     base_step_time: float = 1.0  # virtual seconds per inner step of a speed-1 worker
     jitter: float = 0.05  # sigma of the lognormal multiplier on each job's compute time
     step_times: list[float] = field(default_factory=list)  # explicit s/step per worker
@@ -136,6 +136,10 @@ class FleetConfig:
     topology: dict[str, Any] = field(default_factory=dict)
     # Extra regions: name -> {latency = s, down_bw = bytes/s, up_bw = bytes/s}.
     links: dict[str, Any] = field(default_factory=dict)
+    # A measured network (fedlm/sim/geo.py): {regions = [names], gbit = [[Gbit/s from row
+    # to column]], latency = [[s]]}; the server sits in the first region. The halos
+    # preset brings HALoS's.
+    matrix: dict[str, Any] = field(default_factory=dict)
     # Wall clock only: a worker pads each job's compute so that it really takes
     # step_time / (fastest step_time) times as long as on the fastest worker.
     emulate_speed: bool = False

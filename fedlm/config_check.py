@@ -17,7 +17,7 @@ from fedlm.config import (CLOCKS, COMPRESSIONS, DEVICES, FAULT_KINDS, GRACE_RULE
                           Config)
 from fedlm.data import shakespeare_play_count
 from fedlm.errors import ConfigError, first_line, shown, shown_key
-from fedlm.sim import fleet
+from fedlm.sim import fleet, geo
 from fedlm.strategies import registry
 
 
@@ -206,7 +206,10 @@ def validate(cfg: Config) -> None:
         _require(ok, f"fleet.links.{name}", link,
                  "must be a table {latency = s, down_bw = bytes/s, up_bw = bytes/s}, "
                  "bandwidths > 0")
-    known = [*fleet.REGIONS, *f.links]
+    problem = geo.matrix_problem(f.matrix)
+    if problem is not None:
+        raise ConfigError(f"fleet.matrix: {problem}")
+    known = list(fleet.regions_of(f))
     for k, r in enumerate(f.regions):
         _require(r in known, f"fleet.regions[{k}]", r,
                  f"unknown region (known: {', '.join(known)})")
@@ -278,6 +281,13 @@ def _check_exchange(cfg: Config) -> None:
                  f"(diloco, fedavg), not {cfg.strategy!r}")
         _require(not shared, "network.topology", n.topology,
                  "has no server: drop network.server_down, server_up and daily_amplitude")
+    if strategy_class(cfg.strategy).two_level:  # halos: a server in every region
+        _require(n.topology == "star" and not n.hierarchical, "network.topology", n.topology,
+                 f"{cfg.strategy!r} has its own servers (one per region and a global one): "
+                 f"use the star topology without network.hierarchical")
+        _require(not (n.server_down or n.server_up), "network.server_up",
+                 n.server_up or n.server_down, f"{cfg.strategy!r}'s workers talk to their "
+                 f"region's server, not a shared one: drop network.server_down and server_up")
     stream = fragments.Streaming.from_outer(cfg.outer)
     if stream is None:
         return

@@ -37,7 +37,9 @@ Settings, with HALoS's names (their run_halos.sh for Pythia-70M, 4 x 4):
                                global DN: HALoS GLR·N, β = 0.5, N = 2 (lr 0.3)
     merge                      α = 0.25 (HALoS's model_merge_weight)
     push_every                 K = 32 (local_updates_accumulation)
-    global_region              where the global server is: 0, the first region
+
+The global server sits where the fleet's server is (HALoS: in the first region);
+each region's server is reached over the region's link to it (``fleet.matrix``).
 
 Learning rates: HALoS's scripts pass lr = (their LR) × N to an optimizer that
 divides each gradient by N, which is what fedlm's delayed Nesterov does with
@@ -73,8 +75,7 @@ class Halos(Strategy):
 
     def __init__(self, *, lr: float = 3.2, momentum: float = 0.9, buffer_size: int = 16,
                  c: float = 0.0, global_lr: float = 0.3, global_momentum: float = 0.5,
-                 global_buffer_size: int = 2, merge: float = 0.25, push_every: int = 32,
-                 global_region: int = 0) -> None:
+                 global_buffer_size: int = 2, merge: float = 0.25, push_every: int = 32) -> None:
         check_outer_sgd(lr, momentum)
         if global_lr <= 0:
             raise ValueError(f"outer.global_lr: must be > 0, got {global_lr!r}")
@@ -87,12 +88,10 @@ class Halos(Strategy):
                            ("push_every", push_every)):
             if value < 1:
                 raise ValueError(f"outer.{key}: must be >= 1, got {value!r}")
-        if global_region < 0:
-            raise ValueError(f"outer.global_region: must be >= 0, got {global_region!r}")
         self.lr, self.momentum, self.buffer_size, self.c = lr, momentum, buffer_size, c
         self.global_lr, self.global_momentum = global_lr, global_momentum
         self.global_buffer_size, self.merge = global_buffer_size, merge
-        self.push_every, self.global_region = push_every, global_region
+        self.push_every = push_every
         self.region_chain = T.chain(T.delayed_nesterov(momentum, buffer_size, c), T.scale(lr))
         self.global_chain = T.chain(T.delayed_nesterov(global_momentum, global_buffer_size),
                                     T.scale(global_lr))
@@ -101,9 +100,6 @@ class Halos(Strategy):
 
     # -- setup ---------------------------------------------------------------------
     def place(self, regions: list[list[int]]) -> None:
-        if self.global_region >= len(regions):
-            raise ValueError(f"outer.global_region: {self.global_region} but the fleet has "
-                             f"{len(regions)} regions")
         self.regions = [list(r) for r in regions]
         self.region_of = {w: r for r, ws in enumerate(regions) for w in ws}
 

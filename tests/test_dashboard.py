@@ -1,5 +1,6 @@
 """The dashboard against real run databases written by fedlm's own store (AppTest)."""
 
+import json
 import sqlite3
 import time
 from pathlib import Path
@@ -212,3 +213,22 @@ def test_a_diverged_run_says_so_and_why(monkeypatch, tmp_path):
     at = app(monkeypatch, db)
     assert "#1 hot (diverged)" in at.subheader[0].value
     assert [e.value for e in at.error] == [f"Diverged: {why}"]
+
+
+def test_a_halos_run_shows_both_levels(monkeypatch, tmp_path):
+    """strategy = halos: a table per region (idle, staleness at both levels, traffic),
+    the region servers' versions beside the global one, and the traffic over time."""
+    from fedlm.runner import run_inprocess
+
+    db = tmp_path / "halos.db"
+    run_inprocess(tiny_config("strategy=halos", "workers=4", "fleet.topology={us = 2, eu = 2}",
+                              "updates=16", "outer.push_every=2"), str(db))
+    at = app(monkeypatch, db)
+    (table,) = [t.value for t in at.table if "push staleness" in t.value.columns]
+    assert list(table.index) == ["us", "eu"]
+    assert all(int(n) >= 1 for n in table["pushes"])
+    pushes = sqlite3.connect(db).execute("SELECT count(*) FROM transfers WHERE kind='push'"
+                                         ).fetchone()[0]
+    assert sum(int(n) for n in table["pushes"]) == pushes
+    titles = " ".join(json.dumps(_spec(c).get("title", "")) for c in at.get("vega_lite_chart"))
+    assert "region servers" in titles and "traffic between regions" in titles

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedlm.config import Config, FleetConfig
-from fedlm.sim import collectives
+from fedlm.sim import collectives, geo
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ class JobTiming:
 _SPREAD = {"homogeneous": 1.0, "slight": 1.5, "moderate": 3.0, "very": 10.0}
 # The authors' public toy example: seconds per step of four workers.
 _PAPER_TOY = [0.58, 0.75, 1.51, 3.33]
-PRESETS = ("homogeneous", "slight", "moderate", "very", "paper-toy", "geo")
+PRESETS = ("homogeneous", "slight", "moderate", "very", "paper-toy", "geo", "halos")
 
 
 def _preset_step_times(cfg: FleetConfig, n: int) -> list[float]:
@@ -96,15 +96,19 @@ def _preset_step_times(cfg: FleetConfig, n: int) -> list[float]:
 
 
 def _preset_regions(cfg: FleetConfig, n: int) -> list[str]:
+    if cfg.preset == "halos":
+        return geo.halos_placement(n)
     if cfg.preset == "geo":
         return [("us", "eu", "asia")[w % 3] for w in range(n)]
     return ["local"] * n
 
 
 def regions_of(cfg: FleetConfig) -> dict[str, Region]:
-    """The built-in regions plus the config's own (``fleet.links``)."""
+    """The built-in regions plus the config's own (``fleet.links``, ``fleet.matrix``)."""
+    matrix = geo.matrix_regions(geo.matrix_of(cfg.preset, cfg.matrix))
     return {**REGIONS, **{name: Region(name, float(v["latency"]), float(v["down_bw"]),
-                                       float(v["up_bw"])) for name, v in cfg.links.items()}}
+                                       float(v["up_bw"])) for name, v in cfg.links.items()},
+            **{name: Region(name, *link) for name, link in matrix.items()}}
 
 
 def profiles(cfg: FleetConfig, num_workers: int) -> list[WorkerProfile]:
@@ -118,6 +122,10 @@ def profiles(cfg: FleetConfig, num_workers: int) -> list[WorkerProfile]:
         regions[w] = cfg.regions[w]
     if cfg.topology:
         regions = [name for name, count in cfg.topology.items() for _ in range(count)]
+    if cfg.preset == "halos":  # each region's workers at HALoS's speeds for it
+        step_times = geo.halos_step_times(regions, cfg.base_step_time)
+        for w in range(min(num_workers, len(cfg.step_times))):
+            step_times[w] = cfg.step_times[w]
     known = regions_of(cfg)
     return [WorkerProfile(w, step_times[w], cfg.jitter, known[regions[w]])
             for w in range(num_workers)]

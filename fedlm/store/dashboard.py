@@ -180,3 +180,16 @@ def recent_events(db: str | Path, run_id: int, limit: int) -> pd.DataFrame:
     """The run's latest ``limit`` events, newest first."""
     return _frame(db, "SELECT virtual_time, kind, worker, job_id, detail FROM events"
                       " WHERE run_id=? ORDER BY id DESC LIMIT ?", (run_id, limit))
+
+
+def transfers(db: str | Path, run_id: int) -> pd.DataFrame:
+    """A two-level strategy's transfers that arrived (kind, region, bytes, t_sent,
+    t_arrived, staleness, version), in order of arrival; empty for other strategies."""
+    return _frame(db, "SELECT kind, region, bytes, t_sent, t_arrived, staleness, version"
+                      " FROM transfers WHERE run_id=? ORDER BY op", (run_id,))
+
+
+def update_arrivals(db: str | Path, run_id: int) -> pd.DataFrame:
+    """Every update handed to the strategy: (worker, t_done, staleness), in order."""
+    return _frame(db, "SELECT worker, t_done, staleness FROM updates WHERE run_id=?"
+                      " ORDER BY op", (run_id,))
