@@ -199,3 +199,28 @@ def test_the_model_follows_the_vocabulary_and_bits_per_byte_counts_bytes(tmp_pat
     assert ev.bits_per_byte == ev.loss / math.log(2)
     assert ev.bits_per_byte == pytest.approx(math.log2(ev.perplexity), rel=1e-12)
 
+
+def test_a_bpe_run_finishes_and_stores_bits_per_byte(tmp_path, fresh_cache):
+    from fedlm import store
+
+    source = write_plays(tmp_path / "plays", n=4, size=12_000)
+    db = tmp_path / "r.db"
+    cmd = [sys.executable, "-m", "fedlm", "run", "--backend", "inprocess", "--db", str(db)]
+    for kv in ["model=tiny", "updates=2", "data.tokenizer=bpe:512", f"data.source={source}",
+               "data.partition=iid", "workers=2", "inner.steps=2", "inner.batch_size=4",
+               "data.seq_len=32", "eval.every=1", "eval.batches=1", "eval.batch_size=8",
+               "reliability.checkpoint_every=0"]:
+        cmd += ["--set", kv]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "bpe:512 tokenizer" in out.stdout and "validation bits per byte" in out.stdout
+    s = store.summarize(db, 1)
+    assert (s.status, s.tokenizer, s.updates) == ("finished", "bpe:512", 2)
+    assert 0 < s.final_bits_per_byte < s.first_bits_per_byte
+    # per token and per byte differ: a token is more than one byte
+    assert s.final_bits_per_byte < math.log2(s.final_perplexity) / 1.5
+    assert store.run_row(db, 1)["num_parameters"] == presets.parameter_count("tiny", 32, 512)
+    (row,) = store.list_runs(db)
+    assert row["tokenizer"] == "bpe:512" and row["last_bits_per_byte"] == s.final_bits_per_byte
