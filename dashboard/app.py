@@ -8,7 +8,8 @@ fragment with ``run_every``), redrawing only when the database changed. Shows,
 for the run in focus: headline numbers, a per-worker timeline of download /
 compute / upload / idle (offline spans and lost jobs marked), the straggler
 effect per worker, injected faults and failures, staleness; and for
-any set of runs: validation perplexity against virtual time, updates and tokens.
+any set of runs: validation perplexity (per token) or bits per byte (which compares
+runs of different tokenizers) against virtual time, updates and tokens.
 Runs that differ only in their seed (a sweep's ``--seeds``) can be compared as
 one arm: their mean curve with a band from the lowest to the highest seed.
 """
@@ -27,8 +28,9 @@ import streamlit as st
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `streamlit run` from a checkout
 from fedlm.dashboard import queries as q  # noqa: E402
 from fedlm.dashboard.regions import region_section  # noqa: E402
+from fedlm.dashboard.curves import (MEASURES, group_label,  # noqa: E402
+                                    perplexity_charts)
 from fedlm.store import StoreError  # noqa: E402
-from fedlm.sweep.uncertainty import band  # noqa: E402
 
 REFRESH_SECONDS = 2
 KIND_COLORS = {"compute": "#2ca02c", "download": "#1f77b4", "upload": "#9467bd",
@@ -54,10 +56,6 @@ def cached(name: str, db: str, marker: tuple, *args):
     return getattr(q, name)(db, *args)
 
 
-def ema(values: pd.Series, alpha: float) -> pd.Series:
-    return values if alpha <= 0 else values.ewm(alpha=1 - alpha, adjust=False).mean()
-
-
 def run_label(row) -> str:
     state = " (running)" if row["status"] == "running" else \
         "" if row["status"] == "finished" else f" ({row['status']})"
@@ -73,14 +71,13 @@ def chart_options():
     smoothing = st.sidebar.slider("smoothing", 0.0, 0.95, 0.0, 0.05, key="smoothing",
                                   help="exponential moving average of perplexity")
     log_scale = st.sidebar.checkbox("log-scale perplexity", value=True, key="log")
+    measure = st.sidebar.radio("validation measure", list(MEASURES), key="measure",
+                               format_func=MEASURES.get,
+                               help="perplexity is per token: it compares runs of one "
+                                    "tokenizer; bits per byte compares any")
     window = st.sidebar.number_input("timeline window (virtual s, 0 = whole run)",
                                      min_value=0.0, value=0.0, step=100.0, key="window")
-    return smoothing, log_scale, window
-
-
-BAND_NOTE = ("seed groups: the mean over seeds (each seed interpolated onto a common grid; "
-             "past its end a seed keeps its final perplexity), with a band from the lowest "
-             "to the highest seed")
+    return smoothing, log_scale, window, measure
 
 
 def run_pickers(runs: pd.DataFrame, groups: list[dict]):
@@ -106,10 +103,6 @@ def run_pickers(runs: pd.DataFrame, groups: list[dict]):
     return focus, compare, labels, chosen
 
 
-def group_label(group: dict) -> str:
-    return f"{group['label']} (mean of {len(group['seeds'])}, band min–max)"
-
-
 def _short(n: float, units: tuple[tuple[str, float], ...], below: str) -> str:
     """Three significant digits and a unit ("591 MB", "2.46 M"): fits a metric tile."""
     for unit, size in units:
@@ -127,24 +120,30 @@ def _count(n: int) -> str:
     return _short(n, ((" G", 1e9), (" M", 1e6)), f"{n:,}")
 
 
+def _value(x, digits: int) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
 def headline_row(h: dict) -> None:
-    # two rows of five: seven or more to a row cut the numbers off ("2,457…")
-    # at common window widths
-    cols = st.columns(5)
+    # three rows of four (progress, quality, cost): seven or more to a row cut the
+    # numbers off ("2,457…") at common window widths
+    cols = st.columns(4)
     cols[0].metric("updates applied", f"{h['updates']:,}")
     cols[1].metric("virtual time", f"{h['virtual_time']:,.0f} s")
     cols[2].metric("tokens", _count(h["tokens"]), help=f"{h['tokens']:,} tokens trained on")
-    cols[3].metric("latest perplexity", "-" if h["perplexity"] is None
-                   else f"{h['perplexity']:.2f}")
-    cols[4].metric("best perplexity", "-" if h["best_perplexity"] is None
-                   else f"{h['best_perplexity']:.2f}")
-    cols = st.columns(5)
-    cols[0].metric("straggler idle time", f"{h['idle']:,.0f} s")
-    cols[1].metric("idle fraction", f"{100 * h['idle_fraction']:.1f}%")
-    cols[2].metric("sent up", _bytes(h["bytes_up"]),
+    cols[3].metric("straggler idle time", f"{h['idle']:,.0f} s")
+    cols = st.columns(4)
+    cols[0].metric("latest perplexity", _value(h["perplexity"], 2), help="per token")
+    cols[1].metric("best perplexity", _value(h["best_perplexity"], 2), help="per token")
+    per_byte = "per UTF-8 byte of the validation text: compares runs of different tokenizers"
+    cols[2].metric("latest bits per byte", _value(h["bits_per_byte"], 3), help=per_byte)
+    cols[3].metric("best bits per byte", _value(h["best_bits_per_byte"], 3), help=per_byte)
+    cols = st.columns(4)
+    cols[0].metric("idle fraction", f"{100 * h['idle_fraction']:.1f}%")
+    cols[1].metric("sent up", _bytes(h["bytes_up"]),
                    help="bytes of the workers' updates on the wire (as encoded)")
-    cols[3].metric("sent down", _bytes(h["bytes_down"]), help="bytes of the model sent out")
-    cols[4].metric("waiting for the link", f"{h['link_wait']:,.1f} s",
+    cols[2].metric("sent down", _bytes(h["bytes_down"]), help="bytes of the model sent out")
+    cols[3].metric("waiting for the link", f"{h['link_wait']:,.1f} s",
                    help="transfer time beyond each worker's own link: the shared server link")
 
 
@@ -200,67 +199,9 @@ def worker_charts(wt: pd.DataFrame) -> None:
         tooltip=["label", "updates", "step_time", "region"]), width="stretch")
 
 
-def group_band(gm: pd.DataFrame, group: dict, col: str, smoothing: float) -> pd.DataFrame:
-    """One seed group's curve against ``col``: the mean of its seeds' (smoothed)
-    perplexity on a common grid, and the lowest and highest seed there."""
-    curves = []
-    for run_id in group["run_ids"]:
-        one = gm[gm["run_id"] == run_id]
-        if not one.empty:
-            curves.append((one[col].to_numpy(float),
-                           ema(one["perplexity"], smoothing).to_numpy(float)))
-    if not curves:
-        return pd.DataFrame()
-    b = band(curves)
-    return pd.DataFrame({"run": group_label(group), col: b.x, "perplexity (smoothed)": b.mean,
-                         "lowest seed": b.low, "highest seed": b.high})
-
-
-def perplexity_charts(m: pd.DataFrame, labels: dict, smoothing: float, log_scale: bool,
-                      groups: list[dict] = (), gm: pd.DataFrame | None = None):
-    if m.empty and not groups:
-        st.info("No evaluations yet.")
-        return
-    if not m.empty:
-        m = m.assign(run=m["run_id"].map(labels))
-        m["perplexity (smoothed)"] = m.groupby("run_id")["perplexity"].transform(
-            lambda s: ema(s, smoothing))
-    scale = alt.Scale(type="log") if log_scale else alt.Scale(zero=False)
-    tabs = st.tabs(["vs virtual time", "vs updates", "vs tokens"])
-    for tab, (col, title) in zip(tabs, [("virtual_time", "virtual time (s)"),
-                                        ("updates", "updates applied"), ("tokens", "tokens")]):
-        bands = pd.concat([group_band(gm, g, col, smoothing) for g in groups],
-                          ignore_index=True) if groups else pd.DataFrame()
-        x = alt.X(f"{col}:Q", title=title)
-        color = alt.Color("run:N", scale=alt.Scale(scheme="category10"),
-                          legend=alt.Legend(orient="bottom", title=None, columns=2,
-                                            labelLimit=400))
-        y = alt.Y("perplexity (smoothed):Q", title="validation perplexity", scale=scale)
-        layers = []
-        if not m.empty:
-            layers.append(alt.Chart(m).mark_line(point=True).encode(
-                x=x, y=y, color=color,
-                tooltip=["run", col, alt.Tooltip("perplexity:Q", format=".3f"),
-                         alt.Tooltip("bits_per_byte:Q", format=".3f")]))
-        if not bands.empty:
-            group_chart = alt.Chart(bands)
-            layers.append(group_chart.mark_area(opacity=0.2).encode(
-                x=x, y=alt.Y("lowest seed:Q", title="validation perplexity", scale=scale),
-                y2="highest seed:Q", color=color))
-            layers.append(group_chart.mark_line(strokeWidth=2.5).encode(
-                x=x, y=y, color=color,
-                tooltip=["run", alt.Tooltip(f"{col}:Q", format=",.1f"),
-                         alt.Tooltip("perplexity (smoothed):Q", title="mean", format=".3f"),
-                         alt.Tooltip("lowest seed:Q", format=".3f"),
-                         alt.Tooltip("highest seed:Q", format=".3f")]))
-        chart = layers[0] if len(layers) == 1 else alt.layer(*layers)
-        tab.altair_chart(chart.properties(height=320), width="stretch")
-        if groups:
-            tab.caption(BAND_NOTE.capitalize() + ".")
-
-
 @st.fragment(run_every=REFRESH_SECONDS)
-def live(db: str, smoothing: float, log_scale: bool, window: float) -> None:
+def live(db: str, smoothing: float, log_scale: bool, window: float,
+         measure: str = "perplexity") -> None:
     if not Path(db).exists():
         st.info(f"No run database at `{db}` yet. Start a run with `fedlm run --db {db}`; "
                 "this page picks it up by itself.")
@@ -282,6 +223,7 @@ def live(db: str, smoothing: float, log_scale: bool, window: float) -> None:
     st.subheader(f"{labels[focus]}")
     st.caption(f"{run['strategy_summary'] or run['strategy']} · profile {run['profile']} · "
                f"model {run['model']} ({(run['num_parameters'] or 0):,} parameters) · "
+               f"tokenizer {run['tokenizer']} · "
                f"{run['workers']} workers · local steps {run['local_steps']} · {live_note}")
     if run["status"] == "failed" and run["error"]:
         st.error(run["error"])
@@ -296,11 +238,16 @@ def live(db: str, smoothing: float, log_scale: bool, window: float) -> None:
 
     headline_row(cached("headline", db, marker, focus))
 
-    st.markdown("#### Validation perplexity")
+    st.markdown(f"#### Validation {MEASURES[measure]}")
     grouped = [r for g in chosen for r in g["run_ids"]]
-    perplexity_charts(cached("metrics", db, marker, list(compare or ([] if chosen else [focus]))),
-                      labels, smoothing, log_scale, chosen,
-                      cached("metrics", db, marker, grouped) if grouped else None)
+    shown = list(compare or ([] if chosen else [focus]))
+    tokenizers = set(runs.set_index("id").loc[shown + grouped, "tokenizer"])
+    if measure == "perplexity" and len(tokenizers) > 1:
+        st.caption(f"These runs use different tokenizers ({', '.join(sorted(tokenizers))}): "
+                   "perplexity is per token, so compare them by bits per byte (sidebar).")
+    perplexity_charts(cached("metrics", db, marker, shown), labels, smoothing, log_scale,
+                      chosen, cached("metrics", db, marker, grouped) if grouped else None,
+                      measure)
 
     st.markdown("#### Per-worker timeline")
     vt = cached("headline", db, marker, focus)["virtual_time"]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedlm.store import config_of, last_seen, shown_status
+from fedlm.store import config_of, last_seen, shown_status, tokenizer_of
 from fedlm.store.schema import COUNTED_KINDS
 from fedlm.store import dashboard as reads
 
@@ -29,12 +29,14 @@ def change_marker(db: str | Path) -> tuple:
 
 
 def runs(db: str | Path) -> pd.DataFrame:
-    """Every run; ``status`` is what readers show (``crashed``: its writer is gone)."""
+    """Every run; ``status`` is what readers show (``crashed``: its writer is gone),
+    ``tokenizer`` its ``data.tokenizer``."""
     frame = reads.runs(db)
     records = frame.astype(object).where(frame.notna(), None).to_dict("records")
     frame["status"] = [shown_status(r) for r in records]
     frame["last_seen"] = [last_seen(r) for r in records]
-    return frame
+    frame["tokenizer"] = [tokenizer_of(r["config_json"]) for r in records]
+    return frame.drop(columns="config_json")
 
 
 # what a run's config may differ in and still be "the same run, another seed"
@@ -89,6 +91,7 @@ def headline(db: str | Path, run_id: int) -> dict:
     return {"status": shown_status(r), "virtual_time": r["virtual_time"] or h["latest_time"],
             "updates": h["versions"], "jobs": h["jobs"], "tokens": h["tokens"],
             "perplexity": h["perplexity"], "best_perplexity": h["best_perplexity"],
+            "bits_per_byte": h["bits_per_byte"], "best_bits_per_byte": h["best_bits_per_byte"],
             "idle": spans.get("idle", 0.0), "idle_fraction": spans.get("idle", 0.0) / total
             if total else 0.0, "bytes_down": h["bytes_down"], "bytes_up": h["bytes_up"],
             "link_wait": spans.get("link wait", 0.0)}

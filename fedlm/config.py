@@ -94,6 +94,11 @@ class DataConfig:
     alpha: float = 0.5  # Dirichlet concentration over genres (smaller = more skewed)
     seq_len: int = 128  # tokens per training sequence (context length)
     val_fraction: float = 0.05  # tail of every document held out for validation
+    # "byte" (one id per UTF-8 byte, vocab 256) | "bpe:V" (a byte-level BPE of V ids,
+    # 257..65536, trained on the training split only, cached; fedlm.data.tokenizer).
+    # The model's vocabulary follows. Perplexity is per token, so runs of different
+    # tokenizers compare by bits per byte (reported with it).
+    tokenizer: str = "byte"
 
 
 @dataclass(frozen=True)

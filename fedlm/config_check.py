@@ -15,7 +15,7 @@ from fedlm import presets
 from fedlm.config import (CLOCKS, COMPRESSIONS, DEVICES, FAULT_KINDS, GRACE_RULES, PARTITIONS,
                           PRECISIONS, SCHEDULES, SHARD_CHOICES, STATE_STORES, TOPOLOGIES,
                           Config)
-from fedlm.data import shakespeare_play_count
+from fedlm.data import shakespeare_play_count, tokenizer
 from fedlm.errors import ConfigError, first_line, shown, shown_key
 from fedlm.sim import fleet, geo
 from fedlm.strategies import registry
@@ -176,6 +176,7 @@ def validate(cfg: Config) -> None:
     _require(d.seq_len >= 8, "data.seq_len", d.seq_len, "must be >= 8")
     _require(0 < d.val_fraction < 0.5, "data.val_fraction", d.val_fraction, "must be in (0, 0.5)")
     _require(d.max_documents >= 1, "data.max_documents", d.max_documents, "must be >= 1")
+    tokenizer.bpe_vocab(d.tokenizer)  # byte | bpe:V with V in range, else a one-line error
     if d.source == "shakespeare" and d.partition == "by-play":
         # other sources are counted once loaded, still before a run is stored (cli)
         plays = shakespeare_play_count()

@@ -24,7 +24,7 @@ class ModelConfig:
     d_model: int  # residual stream width
     n_head: int  # attention heads
     head_dim: int  # key/value size per head (the paper uses 64)
-    vocab_size: int = 256  # byte-level tokenizer
+    vocab_size: int = 256  # the tokenizer's ids (data.tokenizer; 256: bytes)
     block_size: int = 128  # maximum context length
 
 
@@ -106,11 +106,15 @@ class GPT(nn.Module):
         return logits, loss
 
 
-def build(preset: str, block_size: int, seed: int, device: str = "cpu") -> GPT:
-    """A freshly initialised model; the same seed gives the same weights."""
+def build(preset: str, block_size: int, seed: int, device: str = "cpu",
+          vocab_size: int = 256) -> GPT:
+    """A freshly initialised model; the same seed gives the same weights.
+
+    ``vocab_size`` follows the tokenizer (``fedlm.data.vocab_size``); 256 is bytes.
+    """
     gen_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
-    model = GPT(model_config(preset, block_size))
+    model = GPT(model_config(preset, block_size, vocab_size))
     torch.random.set_rng_state(gen_state)  # leave the caller's RNG untouched
     return model.to(device)
 

@@ -49,7 +49,8 @@ class Start:
 
 def initial(cfg: Config):
     """The seeded model's weights (what every run builds first)."""
-    return snapshot(model_lib.build(cfg.model, cfg.data.seq_len, seed=cfg.seed))
+    return snapshot(model_lib.build(cfg.model, cfg.data.seq_len, seed=cfg.seed,
+                                    vocab_size=data.vocab_size(cfg.data)))
 
 
 def resolve(cfg: Config, db_path: str | Path) -> tuple[dict, str, str]:
@@ -95,7 +96,8 @@ def pretrain(params, cfg: Config, progress: Callable[[int, int], None] | None = 
     torch.set_num_threads(cfg.inner.threads)
     k = cfg.init.pretrain_steps
     net = model_lib.build(cfg.model, cfg.data.seq_len, seed=cfg.seed,
-                          device=model_lib.resolve_device(cfg.device))
+                          device=model_lib.resolve_device(cfg.device),
+                          vocab_size=data.vocab_size(cfg.data))
     load_into(net, params)
     opt = new_optimizer(net, cfg)
     everything = np.arange(len(data.load_corpus(cfg.data).train), dtype=np.int64)
@@ -191,6 +193,8 @@ def _cache_path(cfg: Config, params) -> Path:
     inner = {k: v for k, v in cfg.to_dict()["inner"].items()
              if k not in ("steps", "decay_steps", "schedule", "state_store")}
     d = cfg.to_dict()["data"]
+    if d["tokenizer"] == "byte":  # keep the key byte runs had before tokenizers were a setting
+        del d["tokenizer"]
     key = json.dumps({"v": PRETRAIN_VERSION, "torch": torch.__version__, "model": cfg.model,
                       "device": model_lib.resolve_device(cfg.device), "seed": cfg.seed,
                       "steps": cfg.init.pretrain_steps, "inner": inner,

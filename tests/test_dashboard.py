@@ -232,3 +232,42 @@ def test_a_halos_run_shows_both_levels(monkeypatch, tmp_path):
     assert sum(int(n) for n in table["pushes"]) == pushes
     titles = " ".join(json.dumps(_spec(c).get("title", "")) for c in at.get("vega_lite_chart"))
     assert "region servers" in titles and "traffic between regions" in titles
+
+
+def test_runs_of_two_tokenizers_compare_by_bits_per_byte(monkeypatch, tmp_path):
+    """Perplexity is per token: the page shows bits per byte beside it, says when the
+    runs compared use different tokenizers, and draws either measure."""
+    db = tmp_path / "tok.db"
+    for name, spec, (first, last) in (("bytes", "byte", (7.9, 4.7)),
+                                      ("bpe", "bpe:512", (4.7, 3.6))):
+        cfg = tiny_config(f"data.tokenizer={spec}", f"name={name}")
+        w = RunWriter(db, name=name, strategy="diloco", local_steps="fixed",
+                      profile="moderate", model="tiny", workers=2, seed=0, clock="virtual",
+                      config_json=cfg.to_json())
+        for v, bpb in enumerate((first, last)):
+            w.add_metric(version=v, virtual_time=float(v), wall_time=0.0, tokens=v, jobs=v,
+                         loss=bpb, perplexity=2.0 ** (bpb * 2), bits_per_byte=bpb)
+        w.finish(status="finished", virtual_time=1.0, updates=1, final_hash="x")
+        w.close()
+    at = app(monkeypatch, db)
+    assert metric(at, "latest bits per byte") == "3.600"
+    assert metric(at, "best bits per byte") == "3.600"
+    captions = " ".join(c.value for c in at.caption)
+    assert "tokenizer bpe:512" in captions
+    assert "different tokenizers (bpe:512, byte)" in captions
+    assert "validation perplexity" in _y_titles(at)
+    at.radio(key="measure").set_value("bits_per_byte").run()
+    assert not at.exception, at.exception
+    assert "validation bits per byte" in _y_titles(at)
+    assert "validation perplexity" not in _y_titles(at)
+    assert "different tokenizers" not in " ".join(c.value for c in at.caption)
+    at.selectbox[0].set_value(1).run()
+    assert metric(at, "latest bits per byte") == "4.700"
+    assert "tokenizer byte" in " ".join(c.value for c in at.caption)
+
+
+def _y_titles(at) -> set:
+    """The y-axis titles of every chart on the page (layered charts: each layer's)."""
+    specs = [_spec(c) for c in at.get("vega_lite_chart")]
+    layers = [layer for s in specs for layer in (s.get("layer") or [s])]
+    return {layer.get("encoding", {}).get("y", {}).get("title") for layer in layers}

@@ -86,4 +86,4 @@ def test_callers_import_the_store_as_before():
                  "metric_curve", "uploaded_bytes"):
         assert hasattr(store, name), name
     assert callable(store.export)
-    assert store.SCHEMA_VERSION == 6
+    assert store.SCHEMA_VERSION == 7

@@ -36,8 +36,12 @@ def print_summary(db: str, run_id: int) -> int:
         return EXIT_STATUS.get(s.status, 1)
     first = f"{s.first_perplexity:.2f}" if s.first_perplexity else "-"
     final = f"{s.final_perplexity:.2f}" if s.final_perplexity else "-"
-    print(f"\nrun {s.run_id} ({s.name}): {s.strategy}, {s.profile}, {s.model} model")
+    print(f"\nrun {s.run_id} ({s.name}): {s.strategy}, {s.profile}, {s.model} model, "
+          f"{s.tokenizer} tokenizer")
     print(f"  validation perplexity {first} -> {final} (best {s.best_perplexity:.2f})")
+    if s.final_bits_per_byte is not None:  # per byte: compares runs of any tokenizers
+        print(f"  validation bits per byte {s.first_bits_per_byte:.3f} -> "
+              f"{s.final_bits_per_byte:.3f} (best {s.best_bits_per_byte:.3f})")
     clock = "virtual time" if s.clock == "virtual" else "wall-clock time"
     print(f"  {s.updates} updates from {s.jobs} jobs, {s.local_steps:,} local steps, "
           f"{s.tokens:,} tokens; {clock} {s.virtual_time:.1f} s, real time {s.wall_time:.1f} s")
@@ -84,14 +88,17 @@ def cmd_runs(args: argparse.Namespace) -> int:
     if not rows:
         print(f"no runs in {db}")
         return 0
+    # ppl is per token (compare it within a tokenizer); bits/B compares across them
     print(f"{'id':>4} {'status':>9} {'strategy':>16} {'profile':>11} {'model':>6} "
-          f"{'workers':>7} {'updates':>7} {'virtual s':>10} {'ppl':>8}  name")
+          f"{'workers':>7} {'updates':>7} {'virtual s':>10} {'tokenizer':>9} {'ppl':>8} "
+          f"{'bits/B':>6}  name")
     for r in rows:
         ppl = f"{r['last_perplexity']:.2f}" if r["last_perplexity"] else "-"
+        bpb = f"{r['last_bits_per_byte']:.3f}" if r["last_bits_per_byte"] else "-"
         vt = f"{r['virtual_time']:.1f}" if r["virtual_time"] is not None else "-"
         print(f"{r['id']:>4} {r['status']:>9} {r['strategy']:>16} {r['profile']:>11} "
-              f"{r['model']:>6} {r['workers']:>7} {r['reached']:>7} {vt:>10} {ppl:>8}  "
-              f"{r['name']}")
+              f"{r['model']:>6} {r['workers']:>7} {r['reached']:>7} {vt:>10} "
+              f"{r['tokenizer']:>9} {ppl:>8} {bpb:>6}  {r['name']}")
     return 0
 
 

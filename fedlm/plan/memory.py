@@ -26,6 +26,7 @@ import os
 from dataclasses import dataclass
 
 from fedlm.config import Config
+from fedlm.data import tokenizer
 from fedlm.errors import ConfigError
 from fedlm.presets import parameter_count
 from fedlm.sim import fleet
@@ -51,7 +52,8 @@ class Estimate:
 
 def estimate(cfg: Config, backend: str = "flower") -> Estimate:
     """What a run of ``cfg`` on ``backend`` (flower | inprocess) holds in memory."""
-    model = 4 * parameter_count(cfg.model, cfg.data.seq_len)  # fp32
+    model = 4 * parameter_count(cfg.model, cfg.data.seq_len,
+                                tokenizer.vocab_size(cfg.data.tokenizer))  # fp32
     nodes = fleet.node_count(cfg)
     in_flight = min(nodes, cfg.max_in_flight or nodes)
     copies = 2 if backend == "flower" else 1  # the message down, the reply up

@@ -13,8 +13,8 @@ the file read-only. Each run records the process that writes it
     connection.py  connect (writer), connect_readonly, retries and transactions,
                    FEDLM_DB_TIMEOUT, the one-line StoreError (db_error), check_writable
     writer.py      RunWriter (buffered rows, ownership heartbeat), mark_ended
-    readers.py     list_runs, summarize, troubles, config_of, shown_status, last_seen,
-                   run_row, operation_log (replay), metric_curve, best_loss, uploaded_bytes,
+    readers.py     list_runs, summarize, troubles, config_of, tokenizer_of, shown_status,
+                   last_seen, run_row, operation_log (replay), metric_curve, best_loss, uploaded_bytes,
                    traffic
     export.py      export: a run's rows as CSV or Parquet
     dashboard.py   the dashboard's reads, as pandas frames (import it explicitly:
@@ -30,7 +30,7 @@ from fedlm.store.export import export  # the function; the module is fedlm.store
 from fedlm.store.readers import (OperationLog, RunSummary, Troubles, WorkerSummary, best_loss,
                                  config_of, last_seen, list_runs, metric_curve, operation_log,
                                  replayable_row, resumable_row, run_row, shown_status, summarize,
-                                 troubles,
+                                 tokenizer_of, troubles,
                                  traffic, uploaded_bytes)
 from fedlm.store.schema import SCHEMA_VERSION, TABLES, IntervalKind, store_id
 from fedlm.store.writer import RunWriter, mark_ended
@@ -41,5 +41,5 @@ __all__ = [
     "connect",
     "connect_readonly", "db_error", "db_timeout", "export", "last_seen", "list_runs",
     "mark_ended", "metric_curve", "operation_log", "replayable_row", "resumable_row", "run_row", "shown_status", "store_id",
-    "summarize", "traffic", "transaction", "troubles", "uploaded_bytes", "with_retries",
+    "summarize", "tokenizer_of", "traffic", "transaction", "troubles", "uploaded_bytes", "with_retries",
 ]

@@ -40,11 +40,12 @@ def change_marker(db: str | Path) -> tuple:
 
 
 def runs(db: str | Path) -> pd.DataFrame:
-    """Every run, oldest first, with its stored status and its writer's columns."""
+    """Every run, oldest first, with its stored status, its writer's columns and its
+    config (JSON text: the tokenizer is in it)."""
     return _frame(db, "SELECT id, name, status, strategy, local_steps, profile, model, workers,"
                       " seed, clock, strategy_summary, num_parameters, created_at, finished_at,"
                       " virtual_time, updates, final_hash, error, owner_host, owner_pid,"
-                      " owner_started, heartbeat_at FROM runs ORDER BY id")
+                      " owner_started, heartbeat_at, config_json FROM runs ORDER BY id")
 
 
 def run_configs(db: str | Path) -> pd.DataFrame:
@@ -57,8 +58,8 @@ def run_configs(db: str | Path) -> pd.DataFrame:
 def headline_rows(db: str | Path, run_id: int) -> dict[str, Any]:
     """The raw numbers behind the top of the page for one run: its row (status,
     virtual time, writer), the latest interval end, updates applied, jobs and
-    tokens, the last and best perplexity, seconds per kind of interval, and the
-    bytes sent down and up."""
+    tokens, the last and best perplexity and bits per byte, seconds per kind of
+    interval, and the bytes sent down and up."""
     with closing(connect_readonly(db)) as conn:
         run = conn.execute("SELECT status, virtual_time, owner_host, owner_pid, owner_started,"
                            " heartbeat_at FROM runs WHERE id=?", (run_id,)).fetchone()
@@ -67,16 +68,17 @@ def headline_rows(db: str | Path, run_id: int) -> dict[str, Any]:
         versions, jobs, tokens = conn.execute(
             "SELECT COALESCE(MAX(applied_version), 0), COUNT(*), COALESCE(SUM(tokens), 0)"
             " FROM updates WHERE run_id=?", (run_id,)).fetchone()
-        ppl = conn.execute("SELECT perplexity FROM metrics WHERE run_id=? ORDER BY id DESC"
-                           " LIMIT 1", (run_id,)).fetchone()
-        best = conn.execute("SELECT MIN(perplexity) FROM metrics WHERE run_id=?",
-                            (run_id,)).fetchone()[0]
+        ppl = conn.execute("SELECT perplexity, bits_per_byte FROM metrics WHERE run_id=?"
+                           " ORDER BY id DESC LIMIT 1", (run_id,)).fetchone()
+        best, best_bpb = conn.execute("SELECT MIN(perplexity), MIN(bits_per_byte) FROM metrics"
+                                      " WHERE run_id=?", (run_id,)).fetchone()
         spans = dict(conn.execute("SELECT kind, SUM(t_end - t_start) FROM intervals"
                                   " WHERE run_id=? GROUP BY kind", (run_id,)).fetchall())
         sent = conn.execute("SELECT COALESCE(SUM(down_bytes), 0), COALESCE(SUM(up_bytes), 0)"
                             " FROM jobs WHERE run_id=?", (run_id,)).fetchone()
     return {"run": run, "latest_time": vt_now, "versions": versions, "jobs": jobs,
             "tokens": tokens, "perplexity": ppl[0] if ppl else None, "best_perplexity": best,
+            "bits_per_byte": ppl[1] if ppl else None, "best_bits_per_byte": best_bpb,
             "spans": spans, "bytes_down": sent[0], "bytes_up": sent[1]}
 
 

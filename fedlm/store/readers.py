@@ -57,10 +57,15 @@ class RunSummary:
     local_steps: int
     virtual_time: float
     wall_time: float
-    first_perplexity: float | None
+    first_perplexity: float | None  # per token: compares runs of one tokenizer
     final_perplexity: float | None
     best_perplexity: float | None
     final_hash: str | None
+    # data.tokenizer, and bits per byte, which compares runs of any tokenizers
+    tokenizer: str = "byte"
+    first_bits_per_byte: float | None = None
+    final_bits_per_byte: float | None = None
+    best_bits_per_byte: float | None = None
 
     @property
     def idle_fraction(self) -> float:
@@ -84,19 +89,28 @@ def last_seen(run: sqlite3.Row | dict) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seen)) if seen else "never"
 
 
+def tokenizer_of(config_json: str) -> str:
+    """``data.tokenizer`` of a stored config; ``byte`` for runs stored before it was a
+    setting (they all used bytes)."""
+    return json.loads(config_json).get("data", {}).get("tokenizer", "byte")
+
+
 def list_runs(path: str | Path) -> list[dict[str, Any]]:
-    """Every run, oldest first, with ``last_perplexity``, the status readers show
-    (``shown_status``: ``crashed`` where the writer is gone) and the versions it
-    reached (``reached``)."""
+    """Every run, oldest first, with ``last_perplexity`` and ``last_bits_per_byte``,
+    its ``tokenizer``, the status readers show (``shown_status``: ``crashed`` where the
+    writer is gone) and the versions it reached (``reached``)."""
     with closing(connect_readonly(path)) as conn:
         rows = conn.execute(
             "SELECT r.*, (SELECT perplexity FROM metrics m WHERE m.run_id = r.id"
             " ORDER BY m.id DESC LIMIT 1) AS last_perplexity,"
+            " (SELECT bits_per_byte FROM metrics m WHERE m.run_id = r.id"
+            " ORDER BY m.id DESC LIMIT 1) AS last_bits_per_byte,"
             " (SELECT MAX(applied_version) FROM updates u WHERE u.run_id = r.id) AS applied,"
             " (SELECT MAX(version) FROM metrics m WHERE m.run_id = r.id) AS evaluated"
             " FROM runs r ORDER BY r.id"
         ).fetchall()
-    return [{**dict(r), "status": shown_status(r), "reached": _reached(r)} for r in rows]
+    return [{**dict(r), "status": shown_status(r), "reached": _reached(r),
+             "tokenizer": tokenizer_of(r["config_json"])} for r in rows]
 
 
 def _reached(run: sqlite3.Row) -> int:
@@ -135,12 +149,14 @@ def summarize(path: str | Path, run_id: int) -> RunSummary:
             "SELECT COALESCE(SUM(tokens), 0), COUNT(*), COALESCE(SUM(local_steps), 0)"
             " FROM updates WHERE run_id=?", (run_id,)).fetchone()
     ppl = [m["perplexity"] for m in metrics]
+    bpb = [m["bits_per_byte"] for m in metrics]
     return RunSummary(
         run_id, run["name"], shown_status(run), run["strategy"], run["profile"], run["model"],
         run["clock"], workers, run["updates"] or (metrics[-1]["version"] if metrics else 0), jobs, tokens,
         steps, end, ((run["finished_at"] or time.time()) - run["created_at"]),
         ppl[0] if ppl else None, ppl[-1] if ppl else None, min(ppl) if ppl else None,
-        run["final_hash"])
+        run["final_hash"], tokenizer_of(run["config_json"]),
+        bpb[0] if bpb else None, bpb[-1] if bpb else None, min(bpb) if bpb else None)
 
 
 @dataclass(frozen=True)

@@ -60,16 +60,18 @@ def inner_lr(step: int, cfg: InnerConfig, decay_steps: int) -> float:
 _THREAD = threading.local()
 
 
-def _scratch_model(preset: str, block_size: int, device: str) -> model_lib.GPT:
+def _scratch_model(preset: str, block_size: int, device: str,
+                   vocab_size: int = data.VOCAB_SIZE) -> model_lib.GPT:
     """This thread's scratch model: weights are overwritten by every job, only the
     structure is reused. One per thread, since jobs of several threads may train
     at once (``sim.job_threads``)."""
     models = _THREAD.__dict__.setdefault("models", {})
-    key = (preset, block_size, device)
+    key = (preset, block_size, device, vocab_size)
     if key not in models:
         if len(models) >= 2:
             models.clear()
-        models[key] = model_lib.build(preset, block_size, seed=0, device=device)
+        models[key] = model_lib.build(preset, block_size, seed=0, device=device,
+                                      vocab_size=vocab_size)
     return models[key]
 
 
@@ -77,7 +79,8 @@ def warm_up(cfg: Config) -> None:
     """Load the corpus, the shards and the scratch model into this process's caches,
     so the first job does not pay for them (called on the partition query)."""
     data_shards(cfg.data, cfg.shard_count(), cfg.seed)
-    _scratch_model(cfg.model, cfg.data.seq_len, model_lib.resolve_device(cfg.device))
+    _scratch_model(cfg.model, cfg.data.seq_len, model_lib.resolve_device(cfg.device),
+                   data.vocab_size(cfg.data))
 
 
 # -- optimizer state <-> flat tensor dict ----------------------------------------
@@ -196,7 +199,7 @@ def run_job(params, opt_state: dict, job: JobSpec, cfg: Config,
 
     torch.set_num_threads(cfg.inner.threads)
     device = model_lib.resolve_device(cfg.device)
-    net = _scratch_model(cfg.model, cfg.data.seq_len, device)
+    net = _scratch_model(cfg.model, cfg.data.seq_len, device, data.vocab_size(cfg.data))
     names = [n for n, _ in net.named_parameters()]
     stream = streaming.WorkerStream(job, opt_state, params, names, cfg, device)
     start_params = stream.start if stream.on else precision.to_device(params, device)

@@ -6,8 +6,9 @@ ClientApp process does not redo it):
     documents  datasets.Dataset, one row per document: title, genre, text
         │  split: the last ``val_fraction`` of every document is validation
         ▼
-    tokens     byte-level ids (vocab 256), via cached ``Dataset.map``
-        ▼
+    tokens     ids of ``data.tokenizer``, via cached ``Dataset.map``: byte-level
+        │  (vocab 256) or a byte-level BPE trained on the training split
+        ▼  (``fedlm.data.tokenizer``, its JSON cached beside the tokens)
     sequences  fixed windows of seq_len + 1 ids, each tagged with its document
         ▼
     shards     one index array per worker: iid | by-play | dirichlet(genre)
@@ -29,9 +30,10 @@ from pathlib import Path
 import numpy as np
 
 from fedlm.config import DataConfig
+from fedlm.data import tokenizer as tok_lib
 from fedlm.errors import ConfigError
 
-VOCAB_SIZE = 256  # byte-level tokenizer: one token per UTF-8 byte, so bits/byte is exact
+VOCAB_SIZE = tok_lib.BYTE_VOCAB  # byte-level tokenizer: one token per UTF-8 byte
 
 
 def cache_dir() -> Path:
@@ -42,7 +44,7 @@ def cache_dir() -> Path:
 
 
 # ---------------------------------------------------------------------------
-# Tokenizer
+# Tokenizer (the byte one; BPE is fedlm.data.tokenizer)
 # ---------------------------------------------------------------------------
 
 def encode(text: str) -> list[int]:
@@ -51,6 +53,11 @@ def encode(text: str) -> list[int]:
 
 def decode(ids) -> str:
     return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
+
+
+def vocab_size(cfg: DataConfig) -> int:
+    """The model's vocabulary under ``cfg.tokenizer``: 256, or V of ``bpe:V``."""
+    return tok_lib.vocab_size(cfg.tokenizer)
 
 
 # ---------------------------------------------------------------------------
@@ -162,24 +169,58 @@ def load_documents(cfg: DataConfig):
 class Corpus:
     """Packed sequences of one corpus, ready for training.
 
-    ``train``/``val`` are uint8 arrays of shape (n, seq_len + 1): input is
-    ``[:, :-1]`` and target ``[:, 1:]``. ``train_doc`` gives each training
-    sequence's document index; ``titles``/``genres`` describe the documents.
+    ``train``/``val`` are arrays of token ids (uint8 for bytes, uint16 for BPE)
+    of shape (n, seq_len + 1): input is ``[:, :-1]`` and target ``[:, 1:]``.
+    ``train_doc`` gives each training sequence's document index;
+    ``titles``/``genres`` describe the documents; ``token_bytes[i]`` is how many
+    UTF-8 bytes id i stands for (bits per byte, ``fedlm.evaluate``).
     """
 
-    train: np.ndarray  # (n_train, seq_len + 1) uint8 token ids
-    val: np.ndarray  # (n_val, seq_len + 1) uint8 token ids
+    train: np.ndarray  # (n_train, seq_len + 1) token ids
+    val: np.ndarray  # (n_val, seq_len + 1) token ids
     train_doc: np.ndarray  # (n_train,) document index of each sequence
     titles: tuple[str, ...]
     genres: tuple[str, ...]
+    token_bytes: np.ndarray  # (vocab_size,) UTF-8 bytes per id: all ones for bytes
 
 
-def _fingerprint(cfg: DataConfig, docs) -> str:
+def _fingerprint(cfg: DataConfig, docs, tokenizer_json: str | None = None) -> str:
     h = hashlib.sha256()
     h.update(repr((cfg.source, cfg.hf_config, cfg.hf_split, cfg.max_documents,
                    cfg.text_column, cfg.seq_len, cfg.val_fraction, "v1")).encode())
     h.update(docs._fingerprint.encode())
+    if tokenizer_json is not None:
+        # BPE: keyed by the tokenizer itself, so a retrained one never meets stale ids.
+        # Bytes add nothing, and keep the key (the cache) they had before this setting.
+        h.update(cfg.tokenizer.encode())
+        h.update(hashlib.sha256(tokenizer_json.encode()).digest())
     return h.hexdigest()[:16]
+
+
+def split_text(text: str, val_fraction: float) -> tuple[str, str]:
+    """(training part, validation tail) of one document, cut where the byte tokenizer
+    cuts it (moved back to a character's first byte), so that every tokenizer holds
+    out the same text."""
+    raw = text.encode("utf-8")
+    cut = int(len(raw) * (1.0 - val_fraction))
+    while 0 < cut < len(raw) and (raw[cut] & 0xC0) == 0x80:  # a UTF-8 continuation byte
+        cut -= 1
+    return raw[:cut].decode("utf-8"), raw[cut:].decode("utf-8")
+
+
+def _bpe_json(cfg: DataConfig, docs) -> str:
+    """The BPE of ``cfg.tokenizer``, trained on the documents' training parts only
+    (never their validation tails), cached under ``cache_dir()``."""
+    vocab = tok_lib.bpe_vocab(cfg.tokenizer)
+    h = hashlib.sha256()
+    # seq_len is not in the key: one tokenizer serves every context length
+    h.update(repr((cfg.source, cfg.hf_config, cfg.hf_split, cfg.max_documents,
+                   cfg.text_column, cfg.val_fraction, vocab, tok_lib.library_version(),
+                   "bpe-v1")).encode())
+    h.update(docs._fingerprint.encode())
+    path = cache_dir() / f"bpe-{h.hexdigest()[:16]}.json"
+    train_texts = (split_text(text, cfg.val_fraction)[0] for text in docs["text"])
+    return tok_lib.cached_bpe(path, train_texts, vocab)
 
 
 def _tokenize_split(batch, val_fraction: float):
@@ -193,11 +234,20 @@ def _tokenize_split(batch, val_fraction: float):
     return {"train_ids": train_ids, "val_ids": val_ids}
 
 
+def _tokenize_split_bpe(batch, val_fraction: float, tokenizer_json: str):
+    """As ``_tokenize_split`` with the BPE: each part encoded on its own, so no token
+    spans the cut (the JSON, a string, keeps ``map``'s fingerprint hashable)."""
+    parts = [split_text(text, val_fraction) for text in batch["text"]]
+    train_ids = tok_lib.encode_bpe(tokenizer_json, [train for train, _ in parts])
+    val_ids = tok_lib.encode_bpe(tokenizer_json, [val for _, val in parts])
+    return {"train_ids": train_ids, "val_ids": val_ids}
+
+
 def _windows(ids: np.ndarray, width: int) -> np.ndarray:
     """Non-overlapping windows of ``width`` ids, consecutive windows sharing one id."""
     n = (len(ids) - 1) // (width - 1)
     if n <= 0:
-        return np.zeros((0, width), dtype=np.uint8)
+        return np.zeros((0, width), dtype=ids.dtype)
     idx = np.arange(n)[:, None] * (width - 1) + np.arange(width)[None, :]
     return ids[idx]
 
@@ -210,33 +260,43 @@ def load_corpus(cfg: DataConfig) -> Corpus:
     ``cache_dir()``, keyed by the data settings and the documents' fingerprint.
     """
     docs = load_documents(cfg)
-    key = _fingerprint(cfg, docs)
+    bpe = None if tok_lib.bpe_vocab(cfg.tokenizer) is None else _bpe_json(cfg, docs)
+    key = _fingerprint(cfg, docs, bpe)
     packed_path = cache_dir() / f"packed-{key}.npz"
     if packed_path.exists():
         z = np.load(packed_path, allow_pickle=False)
+        lengths = z["token_bytes"] if "token_bytes" in z.files \
+            else tok_lib.token_bytes(cfg.tokenizer)  # a byte corpus cached before BPE
         return Corpus(z["train"], z["val"], z["train_doc"], tuple(z["titles"].tolist()),
-                      tuple(z["genres"].tolist()))
+                      tuple(z["genres"].tolist()), lengths)
 
-    tokens = docs.map(_tokenize_split, batched=True, remove_columns=["text"],
-                      fn_kwargs={"val_fraction": cfg.val_fraction},
+    if bpe is None:
+        split, kwargs = _tokenize_split, {"val_fraction": cfg.val_fraction}
+    else:
+        split = _tokenize_split_bpe
+        kwargs = {"val_fraction": cfg.val_fraction, "tokenizer_json": bpe}
+    tokens = docs.map(split, batched=True, remove_columns=["text"], fn_kwargs=kwargs,
                       cache_file_name=str(cache_dir() / f"tokens-{key}.arrow"),
                       desc="tokenizing")
     width = cfg.seq_len + 1
+    dtype = tok_lib.token_dtype(cfg.tokenizer)
     train, val, train_doc = [], [], []
     for d, row in enumerate(tokens):
-        tw = _windows(np.asarray(row["train_ids"], dtype=np.uint8), width)
-        vw = _windows(np.asarray(row["val_ids"], dtype=np.uint8), width)
+        tw = _windows(np.asarray(row["train_ids"], dtype=dtype), width)
+        vw = _windows(np.asarray(row["val_ids"], dtype=dtype), width)
         train.append(tw)
         val.append(vw)
         train_doc.append(np.full(len(tw), d, dtype=np.int32))
     corpus = Corpus(np.concatenate(train), np.concatenate(val), np.concatenate(train_doc),
-                    tuple(docs["title"]), tuple(docs["genre"]))
+                    tuple(docs["title"]), tuple(docs["genre"]),
+                    tok_lib.token_bytes(cfg.tokenizer, bpe))
     if len(corpus.val) == 0:
         raise ConfigError(f"data.val_fraction: leaves no validation sequence of length "
                           f"{cfg.seq_len}, got {cfg.val_fraction!r}")
     tmp = packed_path.with_suffix(f".{os.getpid()}.tmp.npz")
     np.savez(tmp, train=corpus.train, val=corpus.val, train_doc=corpus.train_doc,
-             titles=np.array(corpus.titles), genres=np.array(corpus.genres))
+             titles=np.array(corpus.titles), genres=np.array(corpus.genres),
+             token_bytes=corpus.token_bytes)
     os.replace(tmp, packed_path)  # atomic: concurrent actors never read half a file
     return corpus
 
