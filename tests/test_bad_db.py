@@ -234,6 +234,8 @@ def test_readers_upgrade_a_db_this_version_migrates(no_work, good_db):
             undo.append(f"ALTER TABLE {m[1]} DROP COLUMN {m[2]}")
         elif m := re.fullmatch(r"ALTER TABLE (\w+) RENAME COLUMN (\w+) TO (\w+)", s):
             undo.append(f"ALTER TABLE {m[1]} RENAME COLUMN {m[3]} TO {m[2]}")
+        elif m := re.match(r"CREATE TABLE IF NOT EXISTS (\w+) ", s):
+            undo.append(f"DROP TABLE {m[1]}")
         else:
             pytest.skip(f"cannot undo {s!r} here")
     with closing(sqlite3.connect(good_db)) as conn, conn:  # back to the old schema
