@@ -223,3 +223,20 @@ def test_cli_plots(tmp_path, monkeypatch):
 def test_cli_refuses_bad_input_in_one_line(tmp_path, monkeypatch, argv, fragment):
     monkeypatch.chdir(tmp_path)
     assert_refused(*run_cli(["plan", *argv]), fragment)
+
+
+def test_plan_reads_the_halos_matrix_as_the_runs_do():
+    """`--regions halos`: each data centre's link to the server from HALoS's matrix (the
+    server in h0), the same links `fleet.preset = "halos"` gives a run."""
+    from fedlm import config_load
+    from fedlm.sim import fleet
+
+    rc, out, err = run_cli(["plan", "--regions", "halos", "--data-centres", "4",
+                            "--workers", "16", "--json"])
+    assert rc == 0, err
+    links = json.loads(out)["input"]
+    runs = fleet.node_profiles(config_load.load(None, ["fleet.preset=halos", "workers=16"]))
+    per_dc = [runs[4 * k].region for k in range(4)]
+    assert links["down_bw"] == [r.down_bw for r in per_dc]
+    assert links["up_bw"] == [r.up_bw for r in per_dc]
+    assert links["up_bw"][3] == 0.202e9 / 8  # h3 -> h0, as HALoS measured it

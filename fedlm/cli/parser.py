@@ -172,7 +172,8 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--latency", default="0.05", help="one-way seconds per transfer, or a list "
                    "per DC (default 0.05)")
     p.add_argument("--regions", default=None, help="per-DC links from fedlm's regions, cycled: "
-                   "local,us,eu,asia (replaces --bandwidth and --latency)")
+                   "local,us,eu,asia, or HALoS's measured h0,h1,h2,h3 (server in h0); "
+                   "'halos' for all four (replaces --bandwidth and --latency)")
     p.add_argument("--server-bandwidth", default="0", help="the server's own link, shared by all "
                    "transfers each way (0: unlimited, the default)")
     p.add_argument("--server-down", default=None, help="server egress, if not --server-bandwidth")

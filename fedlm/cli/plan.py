@@ -109,7 +109,8 @@ def parse_list(text: str, what: str, parse=float) -> tuple:
 
 def input_from_args(args) -> PlanInput:
     """A checked ``PlanInput`` from ``fedlm plan``'s arguments (bandwidths in bits/s)."""
-    from fedlm.sim import fleet
+    from fedlm.config import FleetConfig
+    from fedlm.sim import fleet, geo
     from fedlm.plan import PlanInput
     from fedlm.sim.wire_sizes import BYTES_PER_VALUE
 
@@ -153,12 +154,16 @@ def input_from_args(args) -> PlanInput:
         return parse_list(text, what, lambda t: parse_bandwidth(t, what))
 
     if args.regions is not None:
-        names = parse_list(args.regions, "--regions", str)
+        # fedlm's regions and HALoS's measured ones (fleet.preset = "halos": h0-h3, the
+        # server in h0); "halos" alone: all four
+        known = fleet.regions_of(FleetConfig(preset="halos"))
+        names = (geo.HALOS_REGIONS if args.regions.strip() == "halos"
+                 else [n.strip() for n in parse_list(args.regions, "--regions", str)])
         for name in names:
-            if name.strip() not in fleet.REGIONS:
-                raise ConfigError(f"--regions: unknown region {name.strip()!r} "
-                                  f"(known: {', '.join(fleet.REGIONS)})")
-        regions = [fleet.REGIONS[n.strip()] for n in names]
+            if name not in known:
+                raise ConfigError(f"--regions: unknown region {name!r} "
+                                  f"(known: {', '.join(known)}, or halos)")
+        regions = [known[n] for n in names]
         latency = tuple(r.latency for r in regions)
         down = tuple(r.down_bw for r in regions)
         up = tuple(r.up_bw for r in regions)
