@@ -176,6 +176,9 @@ def report(spec: dict, cells: list[Cell], failures: list[Failure] = (),
     own_refs = any(a.get("against") for a in spec["arm"])
     seeded = _seeded(spec)
     curves = {c.run_id: _curve(db, c.run_id) for c in cells}
+    # whole seconds, unless the runs are all shorter than 10 virtual s (a scaled clock)
+    seconds = ",.0f" if max((c.summary.virtual_time for c in cells), default=10) >= 10 \
+        else ".3f"
 
     def n_planned(arm: str) -> int:
         return len(seeds_of(spec, arm_of[arm]))
@@ -256,7 +259,7 @@ def report(spec: dict, cells: list[Cell], failures: list[Failure] = (),
             return "-"
         if not vals:
             return "not reached"
-        fmt = ".2f" if as_ratio else ",.0f"
+        fmt = ".2f" if as_ratio else seconds
         if not seeded:
             return f"{vals[next(iter(vals))]:{fmt}}"
         if len(vals) == both:
@@ -313,7 +316,7 @@ def report(spec: dict, cells: list[Cell], failures: list[Failure] = (),
     out += table(f"Per-update gap: final perplexity against {whose}, at equal inner steps",
                  gap)
     out += table("Virtual time the run needed (s)",
-                 lambda a, g: shown(of(g, lambda c: c.summary.virtual_time), ",.0f", seeded,
+                 lambda a, g: shown(of(g, lambda c: c.summary.virtual_time), seconds, seeded,
                                     n_planned(a)))
     out += table(f"... as a ratio to {whose} (below 1: sooner)", time_ratio)
     out += table(f"{whose[0].upper() + whose[1:]} perplexity at the same virtual time "
