@@ -120,12 +120,18 @@ def test_one_region_without_pushes_computes_flat_delayed_nesterov_with_dylu(tmp_
     assert _rows(tmp_path / "h.db", "SELECT count(*) FROM transfers") == [(0,)]
 
 
-def test_a_halos_run_replays_and_resumes_bit_identically(tmp_path):
+@pytest.fixture(scope="module")
+def halos_run(tmp_path_factory):
+    """One halos run on two regions (us, eu), checkpointing every 3 versions."""
+    ref = tmp_path_factory.mktemp("halos") / "ref.db"
+    run_inprocess(tiny_config(*HALOS, "reliability.checkpoint_every=3"), str(ref))
+    return ref
+
+
+def test_a_halos_run_replays_and_resumes_bit_identically(tmp_path, halos_run):
     from fedlm.engine import Interrupted
 
-    sets = [*HALOS, "reliability.checkpoint_every=3"]
-    ref = tmp_path / "ref.db"
-    run_inprocess(tiny_config(*sets), str(ref))
+    sets, ref = [*HALOS, "reliability.checkpoint_every=3"], halos_run
     kinds = _rows(ref, "SELECT kind, count(*) FROM transfers GROUP BY kind")
     assert dict(kinds)["push"] >= 3 and dict(kinds)["model"] >= 3  # both levels at work
     result = replay(ref, 1)
@@ -142,9 +148,8 @@ def test_a_halos_run_replays_and_resumes_bit_identically(tmp_path):
     assert _rows(db, q) == _rows(ref, q)
 
 
-def test_transfers_are_timed_by_each_regions_link_and_workers_talk_to_their_region(tmp_path):
-    db = tmp_path / "h.db"
-    run_inprocess(tiny_config(*HALOS), str(db))
+def test_transfers_are_timed_by_each_regions_link_and_workers_talk_to_their_region(halos_run):
+    db = halos_run
     nbytes, = _rows(db, "SELECT DISTINCT bytes FROM transfers")[0]
     # eu's link to the server: 40 ms, 0.5 Gbit/s up, 1 Gbit/s down (fedlm.sim.fleet.REGIONS)
     for kind, bw in (("push", 0.5e9 / 8), ("model", 1e9 / 8)):
