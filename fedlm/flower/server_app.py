@@ -76,7 +76,12 @@ class FlowerTransport:
             time.sleep(0.5)
         msgs = [Message(messages.partition_query(self.cfg_json), dst_node_id=n, message_type=MessageType.QUERY, ttl=self.cfg.sim.ttl)
                 for n in nodes]
-        for reply in self._send_and_receive(msgs, deadline=time.monotonic() + NODE_WAIT_SECONDS):
+        replies = self._send_and_receive(msgs, deadline=time.monotonic() + NODE_WAIT_SECONDS)
+        if len(replies) < len(msgs):  # a machine too loaded to answer in time, say so
+            raise EngineError(f"workers: {len(msgs) - len(replies)} of {len(msgs)} nodes did "
+                              f"not answer the partition query within "
+                              f"{NODE_WAIT_SECONDS:.0f} s")
+        for reply in replies:
             if reply.has_error():
                 raise EngineError(f"node {reply.metadata.src_node_id} did not answer the "
                                   f"partition query: {reply.error.reason}")
