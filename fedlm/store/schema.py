@@ -30,6 +30,18 @@ import uuid
 from enum import Enum
 
 SCHEMA_VERSION = 7
+# New in schema 7, so both in the schema and in the migration from 6.
+TRANSFERS = """CREATE TABLE IF NOT EXISTS transfers (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id INTEGER NOT NULL, op INTEGER NOT NULL,  -- its arrival's place in the operation log
+    key INTEGER NOT NULL,               -- the strategy's number for it
+    kind TEXT NOT NULL,                 -- push (region -> global server) | model (back)
+    region INTEGER NOT NULL, bytes INTEGER NOT NULL,
+    t_sent REAL NOT NULL, t_arrived REAL NOT NULL,
+    staleness INTEGER NOT NULL,         -- push: global versions since its region merged,
+                                        -- model: region versions since the region pushed
+    version INTEGER NOT NULL            -- the global version once it arrived
+)"""
 # Older schemas this version upgrades in place, a version at a time:
 # version -> the statements that make it the next one.
 MIGRATIONS = {
@@ -49,17 +61,7 @@ MIGRATIONS = {
     # the config's name for the order results are applied in (was ``mode``)
     5: ["ALTER TABLE runs RENAME COLUMN mode TO clock"],
     # a two-level strategy's server-to-server transfers (strategy = "halos")
-    6: ["""CREATE TABLE IF NOT EXISTS transfers (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    run_id INTEGER NOT NULL, op INTEGER NOT NULL,  -- its arrival's place in the operation log
-    key INTEGER NOT NULL,               -- the strategy's number for it
-    kind TEXT NOT NULL,                 -- push (region -> global server) | model (back)
-    region INTEGER NOT NULL, bytes INTEGER NOT NULL,
-    t_sent REAL NOT NULL, t_arrived REAL NOT NULL,
-    staleness INTEGER NOT NULL,         -- push: global versions since its region merged,
-                                        -- model: region versions since the region pushed
-    version INTEGER NOT NULL            -- the global version once it arrived
-)"""],
+    6: [TRANSFERS],
 }
 
 SCHEMA = """
@@ -129,17 +131,7 @@ CREATE TABLE IF NOT EXISTS metrics (
     loss REAL NOT NULL, perplexity REAL NOT NULL, bits_per_byte REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS metrics_run ON metrics (run_id, version);
-CREATE TABLE IF NOT EXISTS transfers (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    run_id INTEGER NOT NULL, op INTEGER NOT NULL,  -- its arrival's place in the operation log
-    key INTEGER NOT NULL,               -- the strategy's number for it
-    kind TEXT NOT NULL,                 -- push (region -> global server) | model (back)
-    region INTEGER NOT NULL, bytes INTEGER NOT NULL,
-    t_sent REAL NOT NULL, t_arrived REAL NOT NULL,
-    staleness INTEGER NOT NULL,         -- push: global versions since its region merged,
-                                        -- model: region versions since the region pushed
-    version INTEGER NOT NULL            -- the global version once it arrived
-);
+""" + TRANSFERS + """;
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     run_id INTEGER NOT NULL, virtual_time REAL NOT NULL, wall_time REAL NOT NULL,
