@@ -189,17 +189,15 @@ class Halos(Strategy):
     # -- state -----------------------------------------------------------------------
     _STATE = ("models", "merged", "region_opt", "global_opt", "region_version",
               "merged_version", "global_version", "global_seen", "dispatched_at", "pending",
-              "next_key", "pushes", "regions")
+              "next_key", "pushes", "regions", "outbox")
 
     def state_dict(self) -> dict[str, Any]:
-        assert not self.outbox, "state taken with transfers not yet handed to the engine"
         return {k: getattr(self, k) for k in self._STATE}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.place(state["regions"])
         for k in self._STATE:
             setattr(self, k, state[k])
-        self.outbox = []
 
     def summary(self) -> str:
         return (f"{self.name}: {len(self.regions) or '?'} regions; region DN lr {self.lr}, "
