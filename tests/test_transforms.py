@@ -97,10 +97,31 @@ def test_a_dropped_update_leaves_the_rest_of_the_chain_alone():
     assert q.dropped == 1 and q.applied == 0 and q.opt_state[1] is before
 
 
-@pytest.mark.parametrize("name", sorted(n for n, c in STRATEGIES.items() if not c.synchronous))
+@pytest.mark.parametrize("name", sorted(n for n, c in STRATEGIES.items()
+                                         if not c.synchronous and not c.two_level))
 def test_async_strategies_are_their_chain(name):
     cls = STRATEGIES[name]
     assert issubclass(cls, AsyncStrategy) and cls.on_update is AsyncStrategy.on_update
+
+
+def test_halos_levels_are_delayed_nesterov_chains():
+    """halos is two servers' chains (tests/test_halos.py: one region is flat DN exactly):
+    each level is the delayed-Nesterov strategy's own chain with its settings."""
+    from fedlm.strategies.delayed_nesterov import DelayedNesterov
+    from fedlm.strategies.halos import Halos
+
+    h = Halos(lr=0.3, momentum=0.8, buffer_size=3, global_lr=0.5, global_momentum=0.4,
+              global_buffer_size=2)
+    theta = tree(0)
+    for level, dn in ((h.region_chain, DelayedNesterov(lr=0.3, momentum=0.8, buffer_size=3)),
+                      (h.global_chain, DelayedNesterov(lr=0.5, momentum=0.4, buffer_size=2))):
+        dn.start(theta, num_workers=5)
+        state = level.init(theta)
+        for k in range(5):
+            g = tree(k + 1)
+            step, state = level.update(g, state, None)
+            ref, dn.opt_state = dn.optimizer.update(g, dn.opt_state, None)
+            assert all(torch.equal(step[n], ref[n]) for n in step)
 
 
 def test_fedbuff_buffer_reads_the_chain_state():
