@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -28,15 +29,23 @@ def _applied(db) -> int:
         return 0
 
 
+# On Flower the run is a plug-in strategy loaded by dotted path from docs/examples
+# (FedAsync, async): so this run also shows a plug-in running end to end on Flower's
+# simulation engine (it was a Flower run of its own in test_contract).
+EXAMPLES = Path(__file__).resolve().parent.parent / "docs" / "examples"
+PLUGIN = "fedasync_example:FedAsync"
+
+
 @pytest.mark.parametrize("backend", ["inprocess",
                                      pytest.param("flower", marks=pytest.mark.flower)])
 def test_sigterm_marks_the_run_interrupted_and_leaves_nothing_running(tmp_path, backend):
     db, mark = tmp_path / "runs.db", f"FEDLM_TEST_MARK={uuid.uuid4().hex}"
     args = [sys.executable, "-m", "fedlm", "run", "--quiet", "--backend", backend,
             "--db", str(db)]
-    for kv in SETS:
+    for kv in SETS + ([f"strategy={PLUGIN}"] if backend == "flower" else []):
         args += ["--set", kv]
-    env = {**os.environ, mark.split("=")[0]: mark.split("=")[1]}
+    env = {**os.environ, mark.split("=")[0]: mark.split("=")[1],
+           "PYTHONPATH": os.pathsep.join([str(EXAMPLES), os.environ.get("PYTHONPATH", "")])}
     run = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            text=True)
     try:
@@ -53,7 +62,9 @@ def test_sigterm_marks_the_run_interrupted_and_leaves_nothing_running(tmp_path, 
     assert run.returncode == 130, out[-3000:]
     assert "interrupted" in out
     with sqlite3.connect(db) as conn:
-        status, updates = conn.execute("SELECT status, updates FROM runs").fetchone()
+        status, updates, strategy = conn.execute("SELECT status, updates, strategy"
+                                                 " FROM runs").fetchone()
     assert status == "interrupted" and updates >= 2
+    assert strategy == (PLUGIN if backend == "flower" else "diloco")
     # Ray's GCS, raylet and ClientApp actors carry the command's environment
     assert _processes_mentioning(mark) == []
