@@ -158,3 +158,18 @@ def test_transfers_are_timed_by_each_regions_link_and_workers_talk_to_their_regi
     # a worker's download is over its region's own link (100 Gbit/s), not the WAN
     down = _rows(db, "SELECT max(t_end - t_start) FROM intervals WHERE kind='download'")[0][0]
     assert down < 0.001 + nbytes / 12.5e9
+
+
+def test_fedlm_show_gives_each_regions_traffic_with_the_global_server(halos_run):
+    from tests._cli import run_cli
+
+    regions = store.region_transfers(halos_run, 1)
+    assert [r["region"] for r in regions] == ["us", "eu"]
+    pushes = _rows(halos_run, "SELECT region, count(*) FROM transfers WHERE kind='push'"
+                              " GROUP BY region ORDER BY region")
+    assert [(k, r["pushes"]) for k, r in enumerate(regions)] == pushes
+    rc, out, err = run_cli(["show", "1", "--db", str(halos_run)])
+    assert rc == 0, err
+    assert "regions and the global server (halos):" in out
+    assert any(line.split()[:2] == ["eu", str(regions[1]["pushes"])]
+               for line in out.splitlines())

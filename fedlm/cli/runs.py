@@ -53,9 +53,22 @@ def print_summary(db: str, run_id: int) -> int:
               f"{w.communication:>8.2f} {w.idle:>9.1f} {100 * w.idle_fraction:>6.1f}%"
               + (f" {w.hidden:>12.2f}" if hidden else ""))
     print(f"  straggler idle fraction (all workers): {100 * s.idle_fraction:.1f}%")
+    _print_regions(store.region_transfers(db, run_id))
     _print_troubles(store.troubles(db, run_id))
     print(f"  stored in {db} (run {s.run_id}); `fedlm show {s.run_id} --db {db}`")
     return 0
+
+
+def _print_regions(regions: list[dict]) -> None:
+    """A two-level (halos) run: each region's pushes to the global server and back."""
+    if not regions:
+        return
+    print("  regions and the global server (halos):")
+    print(f"  {'region':>8} {'pushes':>7} {'staleness':>10} {'models back':>12} "
+          f"{'sent MB':>9} {'got MB':>8}")
+    for r in regions:
+        print(f"  {r['region']:>8} {r['pushes']:>7} {r['push_staleness']:>10.2f} "
+              f"{r['models']:>12} {r['bytes_up'] / 1e6:>9.1f} {r['bytes_down'] / 1e6:>8.1f}")
 
 
 def _print_troubles(t) -> None:

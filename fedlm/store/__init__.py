@@ -29,6 +29,7 @@ from fedlm.store.connection import (StoreError, check_writable, connect, connect
 from fedlm.store.export import export  # the function; the module is fedlm.store.export too
 from fedlm.store.readers import (OperationLog, RunSummary, Troubles, WorkerSummary, best_loss,
                                  config_of, last_seen, list_runs, metric_curve, operation_log,
+                                 region_transfers,
                                  replayable_row, resumable_row, run_row, shown_status, summarize,
                                  tokenizer_of, troubles,
                                  traffic, uploaded_bytes)
@@ -40,6 +41,7 @@ __all__ = [
     "StoreError", "Troubles", "WorkerSummary", "best_loss", "check_writable", "config_of",
     "connect",
     "connect_readonly", "db_error", "db_timeout", "export", "last_seen", "list_runs",
-    "mark_ended", "metric_curve", "operation_log", "replayable_row", "resumable_row", "run_row", "shown_status", "store_id",
+    "mark_ended", "metric_curve", "operation_log", "region_transfers", "replayable_row",
+    "resumable_row", "run_row", "shown_status", "store_id",
     "summarize", "tokenizer_of", "traffic", "transaction", "troubles", "uploaded_bytes", "with_retries",
 ]

@@ -319,3 +319,26 @@ def traffic(path: str | Path, run_id: int) -> dict[str, float]:
             (run_id, run_id)).fetchone()[0]
     return {"down": float(down), "up": float(up),
             "peak_exchange": float(max(peak_down, peak_up))}
+
+
+def region_transfers(path: str | Path, run_id: int) -> list[dict[str, Any]]:
+    """A two-level (halos) run's traffic with its global server, per region in order of
+    the region's first worker: name, pushes, their mean staleness (global versions), the
+    global models that came back, bytes each way. [] for other runs."""
+    with closing(connect_readonly(path)) as conn:
+        rows = conn.execute("SELECT region, kind, COUNT(*), AVG(staleness), SUM(bytes)"
+                            " FROM transfers WHERE run_id=? GROUP BY region, kind",
+                            (run_id,)).fetchall()
+        workers = conn.execute("SELECT region FROM workers WHERE run_id=? ORDER BY worker",
+                               (run_id,)).fetchall()
+    names = list(dict.fromkeys(r[0] for r in workers))
+    out: dict[int, dict[str, Any]] = {}
+    for region, kind, n, staleness, nbytes in rows:
+        row = out.setdefault(region, {"region": names[region] if region < len(names)
+                                      else str(region), "pushes": 0, "push_staleness": 0.0,
+                                      "models": 0, "bytes_up": 0, "bytes_down": 0})
+        if kind == "push":
+            row.update(pushes=n, push_staleness=staleness, bytes_up=nbytes)
+        else:
+            row.update(models=n, bytes_down=nbytes)
+    return [out[r] for r in sorted(out)]
