@@ -325,3 +325,15 @@ def test_a_store_in_a_read_only_folder_can_be_listed(no_work, good_db):
         good_db.parent.chmod(0o755)
     assert (rc, err) == (0, ""), err
     assert "finished" in out
+
+
+def test_a_store_sqlite_refuses_to_make_is_not_called_a_full_disk(tmp_path, monkeypatch):
+    """A schema statement SQLite cannot run (a bug of ours, not the disk): the error says
+    SQLite refused it, with SQLite's words, and nothing is left behind."""
+    monkeypatch.setattr(store.schema, "SCHEMA", store.schema.SCHEMA + ";\nCREATE TABLE (")
+    db = tmp_path / "new.db"
+    with pytest.raises(store.StoreError) as err:
+        store.check_writable(str(db))
+    text = str(err.value)
+    assert text.startswith(f"db: cannot create {db}: SQLite refused it (")
+    assert "full" not in text and list(tmp_path.iterdir()) == []

@@ -11,6 +11,7 @@ line naming it (``db_error``).
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import sqlite3
@@ -124,8 +125,10 @@ def _create(path: Path) -> None:
                 transaction(conn, lambda c: _create_or_migrate(c, tmp))
                 _fold_log(conn)
         except (sqlite3.Error, OSError) as exc:
-            raise StoreError(f"db: cannot create {_where(path)}: the disk is full or the file "
-                             f"cannot grow ({(str(exc).splitlines() or ['?'])[0]}); nothing "
+            text = (str(exc).splitlines() or ["?"])[0]
+            why = ("the disk is full or the file cannot grow" if _out_of_room(exc, text)
+                   else "SQLite refused it")  # e.g. a statement of the schema it cannot run
+            raise StoreError(f"db: cannot create {_where(path)}: {why} ({text}); nothing "
                              f"was made") from None
         try:
             os.link(tmp, path)  # never replaces an existing file
@@ -136,6 +139,15 @@ def _create(path: Path) -> None:
     finally:
         for leftover in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
             leftover.unlink(missing_ok=True)
+
+
+def _out_of_room(exc: BaseException, text: str) -> bool:
+    """Whether an error while making a store says the disk (or the file) is full: SQLite's
+    "database or disk is full" and I/O errors, a write-ahead log that could not be folded
+    in (``_fold_log``), or the OS's ENOSPC, EDQUOT, EFBIG."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return True
+    return any(sign in text for sign in ("full", "disk I/O", "not folded"))
 
 
 def _fold_log(conn: sqlite3.Connection) -> None:
