@@ -39,7 +39,6 @@ from fedlm.sim import fleet
 from fedlm import start
 from fedlm.config_load import from_json
 from fedlm.engine.global_model import GlobalModel
-from fedlm.engine.transfers import regions_of
 from fedlm.engine.streaming import flushing, seen_versions, what_to_send
 from fedlm.errors import ConfigError
 from fedlm.params import params_hash
@@ -119,7 +118,7 @@ def replay(db: str | Path, run_id: int,
                           "(init.from's weights changed, or the pretraining code did)")
     model = GlobalModel(registry.build_strategy(cfg.strategy, cfg.outer))
     model.start(params, num_workers=fleet.node_count(cfg),
-                regions=regions_of(fleet.node_profiles(cfg)))
+                regions=fleet.by_region(fleet.node_profiles(cfg)))
     two_level = model.strategy.two_level
     starts: dict[int, object] = {}  # a two-level strategy's jobs: the model each started from
     versions = {0: params}

@@ -34,7 +34,7 @@ from typing import Callable, NoReturn
 
 from fedlm.config import Config
 from fedlm.sim import faults, wire_sizes
-from fedlm.sim.fleet import WorkerProfile
+from fedlm.sim.fleet import WorkerProfile, by_region
 from fedlm.params import BadUpdate, check_update, num_bytes
 from fedlm.store import IntervalKind, RunWriter
 from fedlm.strategies.base import Strategy
@@ -50,7 +50,7 @@ from fedlm.engine.inbox import Inbox
 from fedlm.engine.jobs import JobMaker
 from fedlm.engine.runlog import RunLog
 from fedlm.engine.streaming import StreamRounds
-from fedlm.engine.transfers import ServerTransfers, local_links, regions_of
+from fedlm.engine.transfers import ServerTransfers, local_links
 from fedlm.engine.types import (BackOnline, Delivery, Diverged, EngineError, Event, InFlight,
                                 Interrupted, Progress, JobResult, Transport)
 from fedlm.engine.workers import WorkerPool
@@ -141,7 +141,7 @@ class Engine:
             raise Interrupted(f"interrupted at version {self.version}") from None
 
     def _run(self, params, resume: dict | None):
-        self.model.start(params, num_workers=len(self.fleet), regions=regions_of(self.fleet))
+        self.model.start(params, num_workers=len(self.fleet), regions=by_region(self.fleet))
         if self.stream is not None:
             self.stream.start(params)
         self.policy.start(steps=self.cfg.inner.steps,

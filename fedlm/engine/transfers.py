@@ -22,19 +22,11 @@ from dataclasses import replace
 from typing import Callable
 
 from fedlm.config import Config
-from fedlm.sim.fleet import REGIONS, Region, WorkerProfile
+from fedlm.sim.fleet import REGIONS, Region, WorkerProfile, by_region
 from fedlm.sim.network import daily_factor
 
 from fedlm.engine.global_model import GlobalModel
 from fedlm.engine.runlog import RunLog
-
-
-def regions_of(fleet: list[WorkerProfile]) -> list[list[int]]:
-    """The workers of each region, regions in order of their first worker."""
-    by_name: dict[str, list[int]] = {}
-    for p in fleet:
-        by_name.setdefault(p.region.name, []).append(p.worker)
-    return list(by_name.values())
 
 
 def local_links(fleet: list[WorkerProfile], intra_bw: float) -> list[WorkerProfile]:
@@ -46,7 +38,7 @@ def local_links(fleet: list[WorkerProfile], intra_bw: float) -> list[WorkerProfi
 
 class ServerTransfers:
     def __init__(self, cfg: Config, fleet: list[WorkerProfile], events, log: RunLog) -> None:
-        self.links = [fleet[ws[0]].region for ws in regions_of(fleet)]
+        self.links = [fleet[ws[0]].region for ws in by_region(fleet)]
         self.events, self.log = events, log
         self.amplitude, self.peak_hour = cfg.network.daily_amplitude, cfg.network.peak_hour
         self.flying: dict[int, dict] = {}  # key -> the transfers row so far

@@ -137,10 +137,16 @@ def groups(cfg: Config) -> list[list[int]]:
     per_worker = profiles(cfg.fleet, cfg.workers)
     if not cfg.network.hierarchical:
         return [[p.worker] for p in per_worker]
-    by_region: dict[str, list[int]] = {}
-    for p in per_worker:
-        by_region.setdefault(p.region.name, []).append(p.worker)
-    return list(by_region.values())
+    return by_region(per_worker)
+
+
+def by_region(fleet: list[WorkerProfile]) -> list[list[int]]:
+    """The workers of each region, regions in order of their first worker (hierarchical
+    pods; a two-level strategy's region servers)."""
+    members: dict[str, list[int]] = {}
+    for p in fleet:
+        members.setdefault(p.region.name, []).append(p.worker)
+    return list(members.values())
 
 
 def node_count(cfg: Config) -> int:
