@@ -90,16 +90,23 @@ def serve(cmd: list[str], grace: float = 10.0) -> int:
                 _stop_group(proc, grace)
 
 
+def libc_prctl() -> Callable[..., int] | None:
+    """libc's ``prctl`` (Linux process controls), or None where there is none."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
 def _dies_with(parent: int) -> Callable[[], None] | None:
     """For ``Popen``'s ``preexec_fn``: the child gets SIGTERM when ``parent`` dies, even
     by SIGKILL, when no ``finally`` of ours runs to stop it (else it would go on holding
     its port). Linux only (``prctl(PR_SET_PDEATHSIG)``, kept across ``exec``); None
     elsewhere. libc is looked up here, before the fork: the child only calls it."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
+    prctl = libc_prctl()
+    if prctl is None:
         return None
 
     def in_child() -> None:

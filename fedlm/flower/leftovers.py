@@ -17,11 +17,13 @@ import contextlib
 import ctypes
 import os
 import signal
-import sys
 import time
 from collections.abc import Iterator
 
+from fedlm.interrupts import libc_prctl
+
 _PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+_PR_GET_CHILD_SUBREAPER = 37
 
 
 @contextlib.contextmanager
@@ -83,13 +85,10 @@ def _reap_adopted(before: set[int]) -> None:
 def _set_subreaper(on: bool) -> bool:
     """Turn the subreaper flag on or off; returns whether it was on before (False where
     it cannot be set: not Linux)."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
+    prctl = libc_prctl()
+    if prctl is None:
         return False
     flag = ctypes.c_int(0)
-    prctl(37, ctypes.byref(flag), 0, 0, 0)  # PR_GET_CHILD_SUBREAPER
+    prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0)
     prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0)
     return bool(flag.value)
