@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedlm.store import config_of, last_seen, shown_status, tokenizer_of
+from fedlm.store import config_of, last_seen, region_transfers, shown_status, tokenizer_of
 from fedlm.store.schema import COUNTED_KINDS
 from fedlm.store import dashboard as reads
 
@@ -113,8 +113,10 @@ def worker_totals(db: str | Path, run_id: int) -> pd.DataFrame:
     out = out.fillna({**{k: 0.0 for k in (*COUNTED_KINDS, "hidden exchange")},
                       "updates": 0, "bytes_up": 0})
     # the hidden exchange overlaps compute, and offline time is no one's work
-    total = out[["download", "compute", "upload", "exchange", "link wait", "idle"]].sum(axis=1)
-    out["idle_fraction"] = (out["idle"] / total.where(total > 0)).fillna(0.0)
+    out["accounted"] = out[["download", "compute", "upload", "exchange", "link wait",
+                            "idle"]].sum(axis=1)
+    out["idle_fraction"] = (out["idle"] / out["accounted"].where(out["accounted"] > 0)
+                            ).fillna(0.0)
     out["updates"] = out["updates"].astype(int)
     return out
 
@@ -208,18 +210,19 @@ def regions(db: str | Path, run_id: int) -> dict[str, pd.DataFrame] | None:
     moved["region"] = moved["region"].map(lambda r: names[r])
     wt = worker_totals(db, run_id)
     wt["region"] = wt["worker"].map(region_of)
-    busy = wt[["download", "compute", "upload", "exchange", "link wait", "idle"]].sum(axis=1)
+    # each region's traffic with the global server, as `fedlm show` gives it
+    traffic_of = {r["region"]: r for r in region_transfers(db, run_id)}
     rows = []
     for name in names:
-        mine, sent = wt[wt["region"] == name], moved[moved["region"] == name]
-        pushes = sent[sent["kind"] == "push"]
+        mine = wt[wt["region"] == name]
+        sent = traffic_of.get(name, {"pushes": 0, "push_staleness": float("nan"),
+                                     "bytes_up": 0, "bytes_down": 0})
         rows.append({"region": name, "workers": len(mine),
                      "updates": int((ups["region"] == name).sum()),
-                     "idle %": 100 * mine["idle"].sum() / max(busy[mine.index].sum(), 1e-9),
+                     "idle %": 100 * mine["idle"].sum() / max(mine["accounted"].sum(), 1e-9),
                      "update staleness": ups.loc[ups["region"] == name, "staleness"].mean(),
-                     "pushes": len(pushes), "push staleness": pushes["staleness"].mean(),
-                     "bytes up": int(pushes["bytes"].sum()),
-                     "bytes down": int(sent.loc[sent["kind"] == "model", "bytes"].sum())})
+                     "pushes": sent["pushes"], "push staleness": sent["push_staleness"],
+                     "bytes up": int(sent["bytes_up"]), "bytes down": int(sent["bytes_down"])})
     table = pd.DataFrame(rows)
     ups["version"] = ups.groupby("region").cumcount() + 1
     versions = pd.concat([ups[["t_done", "region", "version"]].rename(columns={"t_done": "t"}),
