@@ -8,14 +8,15 @@ SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 .PHONY: install install-test run test
 
 # torch first, pinned: the CPU build. An unpinned torch pulls GBs of CUDA.
-# Running needs only the package; the tests add their extras and a browser.
+# Running needs only the package; the tests add their extras, the experiment trackers
+# (whose files they read back) and a browser.
 $(RUN_STAMP): pyproject.toml Makefile
 	$(PYTHON) -m pip install --quiet "torch==2.13.0"
 	$(PYTHON) -m pip install --quiet -e .
 	@mkdir -p .make && touch $@
 
 $(TEST_STAMP): $(RUN_STAMP)
-	$(PYTHON) -m pip install --quiet -e ".[test]"
+	$(PYTHON) -m pip install --quiet -e ".[test,track]"
 	@# Debian's Chromium drives the dashboard's browser test (no `playwright install`).
 	@command -v chromium >/dev/null || $(SUDO) apt-get install -y -q chromium \
 		|| { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium; }

@@ -44,6 +44,11 @@ CLOCKS = ("virtual", "wall")
 STATE_STORES = ("auto", "context", "disk")
 PARTITIONS = ("iid", "by-play", "dirichlet")
 
+# Experiment trackers a run's metrics can also go to (TrackConfig; fedlm.track), and
+# how W&B runs (offline: files only; online: a W&B login and the network).
+TRACKERS = ("tensorboard", "mlflow", "wandb")
+WANDB_MODES = ("offline", "online")
+
 # Per-job fault kinds of the [faults] section (at most one per job), in draw order.
 FAULT_KINDS = ("crash", "hang", "nan", "bad_shape", "bad_dtype", "bad_size", "duplicate")
 
@@ -220,6 +225,19 @@ class ReliabilityConfig:
 
 
 @dataclass(frozen=True)
+class TrackConfig:
+    """Experiment trackers that also get the run's metrics, as they are written
+    (``fedlm.track``; ``pip install 'fedlm[track]'``). Off by default."""
+
+    backends: list[str] = field(default_factory=list)  # of TRACKERS; `--track NAME` adds one
+    dir: str = "runs/track"  # local files: TensorBoard events, MLflow's store, W&B offline runs
+    project: str = "fedlm"  # the W&B project and the MLflow experiment
+    group: str = ""  # runs shown together (fedlm sweep: the arm); "" = none
+    mlflow_uri: str = ""  # an MLflow tracking URI; "" = SQLite file mlflow.db under dir
+    wandb_mode: str = "offline"  # one of WANDB_MODES
+
+
+@dataclass(frozen=True)
 class Config:
     """A whole run. Top-level keys pick the building blocks; sections tune them."""
 
@@ -254,6 +272,7 @@ class Config:
     network: NetworkConfig = field(default_factory=NetworkConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     reliability: ReliabilityConfig = field(default_factory=ReliabilityConfig)
+    track: TrackConfig = field(default_factory=TrackConfig)
 
     # -- serialisation -------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -308,7 +327,7 @@ class Config:
 SECTIONS: dict[str, type] = {
     "init": InitConfig, "inner": InnerConfig, "data": DataConfig, "eval": EvalConfig,
     "fleet": FleetConfig, "sim": SimConfig, "faults": FaultsConfig,
-    "reliability": ReliabilityConfig, "network": NetworkConfig}
+    "reliability": ReliabilityConfig, "network": NetworkConfig, "track": TrackConfig}
 
 # Keys spelt differently in TOML than in Python (``from`` is a Python keyword).
 SPELLING = {"from_": "from"}

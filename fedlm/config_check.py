@@ -14,7 +14,7 @@ from typing import Any, get_type_hints
 from fedlm import presets
 from fedlm.config import (CLOCKS, COMPRESSIONS, DEVICES, FAULT_KINDS, GRACE_RULES, PARTITIONS,
                           PRECISIONS, SCHEDULES, SHARD_CHOICES, STATE_STORES, TOPOLOGIES,
-                          Config)
+                          TRACKERS, WANDB_MODES, Config)
 from fedlm.data import shakespeare_play_count, tokenizer
 from fedlm.errors import ConfigError, first_line, shown, shown_key
 from fedlm.sim import fleet, geo
@@ -265,6 +265,15 @@ def validate(cfg: Config) -> None:
     _require(s.cpus >= 0, "sim.cpus", s.cpus, "must be >= 0")
     _require(s.ttl > 0, "sim.ttl", s.ttl, "must be > 0")
     _require(s.reply_timeout > 0, "sim.reply_timeout", s.reply_timeout, "must be > 0")
+
+    t = cfg.track
+    for k, name in enumerate(t.backends):
+        _require_choice(f"track.backends[{k}]", name, TRACKERS)
+    _require(len(set(t.backends)) == len(t.backends), "track.backends", t.backends,
+             "names a tracker twice")
+    _require(t.dir.strip() != "", "track.dir", t.dir, "must be a folder path")
+    _require(t.project.strip() != "", "track.project", t.project, "must not be empty")
+    _require_choice("track.wandb_mode", t.wandb_mode, WANDB_MODES)
 
 
 def _check_exchange(cfg: Config) -> None:

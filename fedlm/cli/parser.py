@@ -60,6 +60,15 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
                    help="override a config key, e.g. --set strategy=fedavg --set inner.lr=1e-3")
 
 
+def _add_track_arg(p: argparse.ArgumentParser, what: str) -> None:
+    from fedlm.config import TRACKERS
+
+    p.add_argument("--track", action="append", choices=TRACKERS, default=[], metavar="NAME",
+                   help=f"also send {what} to this experiment tracker ({', '.join(TRACKERS)}; "
+                        f"repeatable; files under track.dir, runs/track; "
+                        f"pip install 'fedlm[track]')")
+
+
 def _add_db_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--db", type=_db_path, default=None, help="run database (default: the "
                    "config's db, runs/fedlm.db)")
@@ -79,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", type=_run_id, default=None, metavar="RUN_ID",
                    help="continue run RUN_ID of --db from its newest intact checkpoint "
                         "(with its own config: no CONFIG or --set)")
+    _add_track_arg(p, "the run's metrics, as they are written,")
 
     p = sub.add_parser("runs", help="list stored runs")
     _add_db_arg(p)
@@ -87,11 +97,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_id", type=_run_id)
     _add_db_arg(p)
 
-    p = sub.add_parser("export", help="write a run's tables as CSV or Parquet")
+    p = sub.add_parser("export", help="write a run's tables as CSV or Parquet, or send the "
+                       "run to experiment trackers (--track)")
     p.add_argument("run_id", type=_run_id)
     _add_db_arg(p)
     p.add_argument("--format", choices=("csv", "parquet"), default="csv")
     p.add_argument("--out", default="runs/export", help="output folder (default: runs/export)")
+    _add_track_arg(p, "the run's metrics (instead of writing tables)")
+    p.add_argument("--track-dir", default=None, metavar="DIR",
+                   help="the trackers' local folder (default: the run's track.dir)")
 
     p = sub.add_parser("config", help="print the resolved config as TOML")
     _add_config_args(p)
@@ -120,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "from the runs already finished (the others show as not run)")
     p.add_argument("--db", type=_db_path, default=None, help="override the spec's run database")
     p.add_argument("--out", default=None, help="override the spec's report path")
+    _add_track_arg(p, "each run's metrics, grouped by arm and profile,")
 
     p = sub.add_parser("deploy", help="run on Flower's deployment engine (SuperLink + "
                        "SuperNodes) on this machine")

@@ -36,11 +36,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         cfg = config_load.load(args.config, args.overrides)
         db = args.db or cfg.db
+    cfg = with_trackers(cfg, args.track)
     by_steps = cfg.local_step_budget > 0
     from fedlm.plan import memory
 
     memory.check_fits(cfg, args.backend)  # what cannot fit is refused before it starts
     check_writable(db)
+    from fedlm.track import Follower
+
+    follower = Follower.of(db, cfg)  # a tracker not installed: refused here, in one line
     flower = args.backend != "inprocess"
     simulation.quiet_libraries(flower)  # before the libraries below read the environment
     from tqdm import tqdm
@@ -67,7 +71,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         total=cfg.local_step_budget if by_steps else cfg.updates,
         unit="step" if by_steps else "update", dynamic_ncols=True, desc="training")
 
+    def on_start(run_id: int) -> None:
+        started.update(id=run_id)
+        if follower is not None:
+            follower.begin(run_id)
+
     def on_progress(p: Progress) -> None:
+        if follower is not None:
+            follower.poll()
         if bar is None:
             return
         if not by_steps:  # streaming rounds: a version per fragment's round
@@ -93,10 +104,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     with interrupts.stop_on_signals(say_stopping) as stopping:
         train = simulation.run_flower if flower else runner.run_inprocess
         try:
-            train(cfg, db, progress=on_progress, on_start=lambda rid: started.update(id=rid),
+            train(cfg, db, progress=on_progress, on_start=on_start,
                   should_stop=stopping.is_set, resume=args.resume,
                   pretrain_progress=on_pretrain)
         except Exception as exc:  # also re-raised from the ServerApp thread
+            if follower is not None:
+                follower.end()
             if "id" not in started or os.environ.get("FEDLM_DEBUG"):
                 raise
             from fedlm.engine import Diverged, Interrupted
@@ -109,12 +122,24 @@ def cmd_run(args: argparse.Namespace) -> int:
                 print(f"fedlm: error: run {started['id']} failed: "
                       f"{runner.failure_reason(exc)}", file=sys.stderr)
                 return 1
+    if follower is not None:
+        follower.end()
     if bar is not None:
         bar.close()
     if "id" not in started:
         print("fedlm: error: the simulation ended before the run started", file=sys.stderr)
         return 1
     return print_summary(db, started["id"])
+
+
+def with_trackers(cfg: Config, names: list[str] | None) -> Config:
+    """``cfg`` with the trackers of ``--track`` added to its ``track.backends``."""
+    from dataclasses import replace
+
+    added = [n for n in dict.fromkeys(names or []) if n not in cfg.track.backends]
+    if not added:
+        return cfg
+    return replace(cfg, track=replace(cfg.track, backends=[*cfg.track.backends, *added]))
 
 
 def cmd_replay(args: argparse.Namespace) -> int:

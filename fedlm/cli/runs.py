@@ -120,8 +120,16 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    store.config_of(args.db or Config().db, args.run_id)  # bad db, unknown run: no --out made
-    for path in store.export(args.db or Config().db, args.run_id, args.out, args.format):
+    db = args.db or Config().db
+    store.config_of(db, args.run_id)  # bad db, unknown run: no --out made
+    if args.track:
+        from fedlm.track import export
+
+        sent = export(db, args.run_id, args.track, args.track_dir)
+        print(f"run {args.run_id}: {sent.points} progress points to {', '.join(args.track)} "
+              f"under {sent.folder}")
+        return 0
+    for path in store.export(db, args.run_id, args.out, args.format):
         print(path)
     return 0
 

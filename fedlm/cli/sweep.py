@@ -30,7 +30,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     check_writable(spec["db"])  # one line now, not one failed cell after another
     try:
         result = sweep.run_sweep(spec, backend=args.backend, rerun=args.rerun, jobs=args.jobs,
-                                 fail_fast=args.fail_fast, report_only=args.report_only)
+                                 fail_fast=args.fail_fast, report_only=args.report_only,
+                                 track=args.track)
     except (KeyboardInterrupt, sweep.SweepStopped):
         print("fedlm: sweep stopped; its runs are kept (interrupted ones marked so)",
               file=sys.stderr)

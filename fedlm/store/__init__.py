@@ -17,6 +17,8 @@ the file read-only. Each run records the process that writes it
                    last_seen, run_row, operation_log (replay), metric_curve, best_loss, uploaded_bytes,
                    traffic
     export.py      export: a run's rows as CSV or Parquet
+    progress.py    progress_points: each evaluation with the fleet's running totals by then
+                   (what the experiment trackers get, fedlm.track)
     dashboard.py   the dashboard's reads, as pandas frames (import it explicitly:
                    ``from fedlm.store import dashboard``; it loads pandas)
 
@@ -27,6 +29,7 @@ the modules, except for ``fedlm.store.dashboard``.
 from fedlm.store.connection import (StoreError, check_writable, connect, connect_readonly,
                                     db_error, db_timeout, transaction, with_retries)
 from fedlm.store.export import export  # the function; the module is fedlm.store.export too
+from fedlm.store.progress import ProgressPoint, progress_points
 from fedlm.store.readers import (OperationLog, RunSummary, Troubles, WorkerSummary, best_loss,
                                  config_of, last_seen, list_runs, metric_curve, operation_log,
                                  region_transfers,
@@ -37,11 +40,13 @@ from fedlm.store.schema import SCHEMA_VERSION, TABLES, IntervalKind, store_id
 from fedlm.store.writer import RunWriter, mark_ended
 
 __all__ = [
-    "SCHEMA_VERSION", "TABLES", "IntervalKind", "OperationLog", "RunSummary", "RunWriter",
+    "SCHEMA_VERSION", "TABLES", "IntervalKind", "OperationLog", "ProgressPoint", "RunSummary",
+    "RunWriter",
     "StoreError", "Troubles", "WorkerSummary", "best_loss", "check_writable", "config_of",
     "connect",
     "connect_readonly", "db_error", "db_timeout", "export", "last_seen", "list_runs",
-    "mark_ended", "metric_curve", "operation_log", "region_transfers", "replayable_row",
+    "mark_ended", "metric_curve", "operation_log", "progress_points", "region_transfers",
+    "replayable_row",
     "resumable_row", "run_row", "shown_status", "store_id",
     "summarize", "tokenizer_of", "traffic", "transaction", "troubles", "uploaded_bytes", "with_retries",
 ]

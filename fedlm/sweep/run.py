@@ -34,6 +34,7 @@ means with 95% intervals and differences paired by seed (``fedlm.sweep.uncertain
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -145,7 +146,8 @@ def _reason(stderr: str, status: int) -> str:
 
 
 def run_sweep(spec: dict, *, backend: str = "flower", rerun: bool = False, jobs: int = 1,
-              fail_fast: bool = False, report_only: bool = False, log=print) -> SweepResult:
+              fail_fast: bool = False, report_only: bool = False, track: list[str] = (),
+              log=print) -> SweepResult:
     """Run every arm x profile x seed not already finished in the spec's database.
 
     ``jobs`` runs that many ``fedlm run`` processes at once (in-process backend
@@ -156,8 +158,14 @@ def run_sweep(spec: dict, *, backend: str = "flower", rerun: bool = False, jobs:
     SIGTERM (in the main thread) or Ctrl-C stops every run it started.
     ``report_only`` runs nothing: the result holds the cells already finished and
     names the others in ``not_run`` (a report of a sweep still under way, or cut short).
+    ``track`` sends each run to these experiment trackers (``fedlm.track``), grouped
+    by arm and profile (``track.group``), so that an arm's seeds show together.
     """
     check_jobs(jobs, backend)
+    if track:
+        from fedlm.track import check_installed
+
+        check_installed(list(track))  # one line now, not one failed cell after another
     db = spec["db"]
     planned = cells_of(spec)
     total = len(planned)
@@ -183,6 +191,11 @@ def run_sweep(spec: dict, *, backend: str = "flower", rerun: bool = False, jobs:
                "--db", db]
         for kv in [*overrides(spec, cell), f"name={name}"]:
             cmd += ["--set", kv]
+        if track:
+            group = json.dumps(f"{cell.arm['label']} @ {cell.profile}")  # a TOML string
+            cmd += ["--set", f"track.group={group}"]
+            for tracker in track:
+                cmd += ["--track", tracker]
         if children.stopping.is_set():
             return
         log(f"[{k}/{total}] {name} ...")

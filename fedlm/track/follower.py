@@ -1,0 +1,106 @@
+"""Follower: the run store's new progress points, handed to the trackers.
+
+``fedlm run`` makes one before training (``Follower.of``), ``begin``s it when
+the run has an id, ``poll``s it on each progress report (at most every
+``every`` seconds: a tracker writes files or a database), one evaluation behind
+(``poll`` says why), and ``end``s it when the run is over, with the run's final
+status. ``fedlm export --track``
+does begin-end in one go on a finished run. Whatever a tracker raises drops
+that tracker, with one line on stderr; the run never fails for it.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import NamedTuple
+
+from fedlm import store
+from fedlm.config import Config
+from fedlm.errors import first_line
+from fedlm.track.backends import open_trackers
+from fedlm.track.record import TrackedRun
+
+
+class Follower:
+    def __init__(self, db: str | Path, cfg: Config, trackers: list, every: float = 2.0) -> None:
+        self.db, self.cfg, self.trackers, self.every = db, cfg, list(trackers), every
+        self.run_id: int | None = None
+        self.last = 0  # the last progress point handed on (its metrics row id)
+        self._polled = float("-inf")
+
+    @classmethod
+    def of(cls, db: str | Path, cfg: Config, every: float = 2.0) -> "Follower | None":
+        """A follower for ``cfg.track.backends``, or None if the config names none."""
+        if not cfg.track.backends:
+            return None
+        return cls(db, cfg, open_trackers(cfg.track), every)
+
+    def _each(self, what: str, call) -> None:
+        for tracker in list(self.trackers):
+            try:
+                call(tracker)
+            except Exception as exc:  # a tracker's trouble is never the run's
+                self.trackers.remove(tracker)
+                print(f"fedlm: tracking: {tracker.name} failed to {what} "
+                      f"({type(exc).__name__}: {first_line(exc)}); the run goes on without it",
+                      file=sys.stderr, flush=True)
+
+    def begin(self, run_id: int) -> None:
+        self.run_id = run_id
+        row = store.run_row(self.db, run_id)
+        run = TrackedRun.of(self.cfg, run_id, self.db, label=row["name"] if row else "")
+        self._each("start", lambda t: t.start(run))
+
+    def poll(self, final: bool = False) -> None:
+        """Hand on the points settled since the last poll (at most every ``every``
+        seconds, unless ``final``).
+
+        A point is settled once the next evaluation is in the store (or the run is
+        over): a row timed at or before an evaluation may be written just after it
+        (the jobs sent out at that instant, a span that ended before it), and a
+        tracker gets each point once. So live tracking runs one evaluation behind,
+        and gives exactly what ``export`` gives afterwards."""
+        now = time.monotonic()
+        if self.run_id is None or not self.trackers or (not final and
+                                                         now - self._polled < self.every):
+            return
+        self._polled = now
+        points = store.progress_points(self.db, self.run_id, after=self.last)
+        for point in points if final else points[:-1]:
+            self._each("log", lambda t: t.log(point))
+            self.last = point.id
+
+    def end(self) -> None:
+        """Hand on the last points and close each tracker run with the run's status
+        (once: later calls do nothing)."""
+        if self.run_id is None:
+            return
+        self.poll(final=True)
+        row = store.run_row(self.db, self.run_id)
+        status = store.shown_status(row) if row is not None else "failed"
+        self._each("finish", lambda t: t.finish(status))
+        self.run_id, self.trackers = None, []
+
+
+class Exported(NamedTuple):
+    points: int  # progress points handed to each tracker
+    folder: str  # the trackers' local folder
+
+
+def export(db: str | Path, run_id: int, names: list[str], folder: str | None = None) -> Exported:
+    """Send run ``run_id`` of ``db``, whatever its state, to the trackers ``names``:
+    the same tracker runs that following it live gives (``fedlm export --track``).
+    ``folder``: the trackers' local folder instead of the run's ``track.dir``."""
+    from fedlm import config_load
+
+    cfg = config_load.from_dict(store.config_of(db, run_id))
+    track = replace(cfg.track, backends=list(dict.fromkeys(names)),
+                    dir=folder if folder is not None else cfg.track.dir)
+    cfg = replace(cfg, track=track)
+    follower = Follower(db, cfg, open_trackers(track))
+    follower.begin(run_id)
+    follower.end()
+    return Exported(len(store.progress_points(db, run_id)), track.dir)

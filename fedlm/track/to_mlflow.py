@@ -1,0 +1,66 @@
+"""MLflow: one MLflow run per fedlm run, in the experiment ``track.project``.
+
+The store is ``track.mlflow_uri``, by default a local SQLite file
+``<track.dir>/mlflow.db`` (MLflow's own local store; browse it with
+``mlflow ui --backend-store-uri sqlite:///runs/track/mlflow.db`` from the full
+``mlflow`` package). The config goes in as parameters, the group and the fedlm
+run as tags, each scalar as a metric at the point's version.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from fedlm.config import TrackConfig
+from fedlm.store import ProgressPoint
+from fedlm.track.record import TrackedRun, scalars
+
+_STATUS = {"finished": "FINISHED", "interrupted": "KILLED"}  # anything else: FAILED
+_BATCH = 100  # MLflow takes at most 100 parameters per call
+
+
+def tracking_uri(track: TrackConfig) -> str:
+    if track.mlflow_uri:
+        return track.mlflow_uri
+    return f"sqlite:///{(Path(track.dir) / 'mlflow.db').resolve()}"
+
+
+class MlflowTracker:
+    name = "mlflow"
+
+    def __init__(self, track: TrackConfig) -> None:
+        from mlflow.tracking import MlflowClient
+
+        for noisy in ("mlflow", "alembic"):  # schema creation logs at INFO
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+        if not track.mlflow_uri:
+            Path(track.dir).mkdir(parents=True, exist_ok=True)
+        self._client = MlflowClient(tracking_uri=tracking_uri(track))
+        self._run_id: str | None = None
+
+    def start(self, run: TrackedRun) -> None:
+        from mlflow.entities import Param
+
+        experiment = self._client.get_experiment_by_name(run.project)
+        experiment_id = (experiment.experiment_id if experiment is not None
+                         else self._client.create_experiment(run.project))
+        tags = dict(run.tags)
+        tags["mlflow.runName"] = run.name
+        self._run_id = self._client.create_run(experiment_id, run_name=run.name,
+                                               tags=tags).info.run_id
+        params = [Param(k, str(v)) for k, v in run.params.items()]
+        for k in range(0, len(params), _BATCH):
+            self._client.log_batch(self._run_id, params=params[k:k + _BATCH])
+
+    def log(self, point: ProgressPoint) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self._client.log_batch(self._run_id, metrics=[
+            Metric(key, value, now, point.version) for key, value in scalars(point).items()])
+
+    def finish(self, status: str) -> None:
+        if self._run_id is not None:
+            self._client.set_terminated(self._run_id, _STATUS.get(status, "FAILED"))
