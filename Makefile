@@ -30,4 +30,4 @@ run: install
 	$(PYTHON) -m fedlm run
 
 test: install-test
-	$(PYTHON) -m pytest -q -n 2 --dist loadfile --durations=15
+	$(PYTHON) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15

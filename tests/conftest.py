@@ -18,6 +18,23 @@ def _cache_dir(tmp_path_factory):
     yield
 
 
+# The files that take longest (`--durations`, 2 cores), longest first. `make test`
+# runs them first (`-p xdist --dist loadfile --no-loadscope-reorder`): two workers
+# given the long files first finish together, instead of one of them starting the
+# 2-minute SuperNode-kill test when everything else is done. A file not listed
+# keeps its place after these; a wrong order only costs time.
+LONGEST_FIRST = ("test_flower_e2e.py", "test_deploy_kill.py", "test_bench_smoke.py",
+                 "test_sweep.py", "test_resume.py", "test_deploy.py", "test_failures.py",
+                 "test_stop_signal.py", "test_deploy_warm.py", "test_ownership.py",
+                 "test_track.py", "test_contract.py", "test_replay.py", "test_flwr_run.py",
+                 "test_imports.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: k for k, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable
+
+
 def pytest_configure(config):
     # A suite stopped with SIGTERM (CI's timeout, `kill`) unwinds like Ctrl-C, so the
     # fixtures' finalizers stop the SuperLinks, SuperNodes and servers they started.

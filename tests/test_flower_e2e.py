@@ -28,18 +28,16 @@ def fedlm_run(db, *extra):
 
 
 @pytest.fixture(scope="module")
-def two_runs(tmp_path_factory):
-    """Two Flower runs of the same config and seed, into one store: run 1 as is, run 2
-    with the workers' AdamW states in Flower's context instead of node files (which
-    must not change the run either)."""
+def flower_run(tmp_path_factory):
+    """One synchronous Flower run (the workers' AdamW states in node files, the default).
+    Its twin with the states in Flower's context is the faults run below: each ends as
+    the in-process engine does, so the transport and the state store change nothing."""
     db = tmp_path_factory.mktemp("e2e") / "runs.db"
-    first = fedlm_run(db)
-    second = fedlm_run(db, "inner.state_store=context")
-    return db, first, second
+    return db, fedlm_run(db)
 
 
-def test_flower_run_learns_and_fills_the_run_store(two_runs):
-    db, stdout, _ = two_runs
+def test_flower_run_learns_and_fills_the_run_store(flower_run):
+    db, stdout = flower_run
     assert "validation perplexity" in stdout and "idle" in stdout
     conn = sqlite3.connect(db)
     status, updates = conn.execute("SELECT status, updates FROM runs WHERE id=1").fetchone()
@@ -54,17 +52,12 @@ def test_flower_run_learns_and_fills_the_run_store(two_runs):
     assert len(set(nodes)) == 3 and all(nodes)
 
 
-def test_same_seed_gives_bit_identical_weights(two_runs):
-    # two Flower runs of one seed (run 2 differs only in where the worker states live)
-    db, _, _ = two_runs
-    a, b = store.summarize(db, 1), store.summarize(db, 2)
-    assert a.final_hash and a.final_hash == b.final_hash
-
-
-def test_flower_run_equals_the_in_process_engine(two_runs, tmp_path):
+def test_flower_run_equals_the_in_process_engine(flower_run, tmp_path):
     # The transport changes nothing: the same config run in one process (in
-    # virtual-completion order) ends with the same weights as on Ray actors.
-    db, _, _ = two_runs
+    # virtual-completion order) ends with the same weights as on Ray actors. The
+    # in-process engine is deterministic (test_engine), so the same seed gives the
+    # same weights on Flower too.
+    db, _ = flower_run
     cfg = tiny_config(*TINY)
     _, final, _ = run_engine(cfg, tmp_path / "local.db", evaluate=False)
     from fedlm.params import params_hash
@@ -72,21 +65,11 @@ def test_flower_run_equals_the_in_process_engine(two_runs, tmp_path):
     assert params_hash(final) == store.summarize(db, 1).final_hash
 
 
-def test_slow_worker_makes_fast_ones_idle(two_runs):
-    db, _, _ = two_runs
+def test_slow_worker_makes_fast_ones_idle(flower_run):
+    db, _ = flower_run
     s = store.summarize(db, 1)
     idle = [w.idle_fraction for w in s.workers]
     assert idle[-1] < 0.1 < idle[0]  # the slowest never waits; the fastest does
-
-
-def test_worker_state_in_context_gives_the_same_run(two_runs):
-    # Worker AdamW states live in node-local files by default (resume needs them);
-    # in Flower's in-memory context instead (run 2), the run must not change.
-    db, _, _ = two_runs
-    conn = sqlite3.connect(db)
-    configs = [json.loads(c) for (c,) in conn.execute("SELECT config_json FROM runs ORDER BY id")]
-    assert [c["inner"]["state_store"] for c in configs] == ["auto", "context"]
-    assert store.summarize(db, 2).final_hash == store.summarize(db, 1).final_hash
 
 
 @pytest.fixture(scope="module")
@@ -134,14 +117,18 @@ def test_faults_act_the_same_in_flower_clientapps_as_in_process(tmp_path):
     # The ClientApp acts out the faults the server drew (crash, hang, NaN, a
     # missing tensor) on the 4-bit payload it really sends (with error feedback
     # kept in its state); the run goes on and ends exactly as the in-process one.
+    # Its worker states (AdamW, error feedback) live in Flower's in-memory context
+    # instead of node files: that must not change the run either.
     db = tmp_path / "faults.db"
-    fedlm_run(db, *FAULTS)
+    fedlm_run(db, *FAULTS, "inner.state_store=context")
     ref = tmp_path / "ref.db"
     from fedlm.runner import run_inprocess
 
     run_inprocess(tiny_config(*TINY, *FAULTS), str(ref))
     assert store.summarize(db, 1).final_hash == store.summarize(ref, 1).final_hash
     conn = sqlite3.connect(db)
+    config = json.loads(conn.execute("SELECT config_json FROM runs").fetchone()[0])
+    assert config["inner"]["state_store"] == "context"
     lost = dict(conn.execute("SELECT fault, reason FROM jobs WHERE status='lost'"))
     assert {lost.get("crash"), lost.get("hang"), lost.get("nan")} >= {"error", "deadline",
                                                                         "rejected"}
@@ -154,7 +141,7 @@ def test_speed_emulation_makes_a_slow_worker_really_slow(tmp_path):
     # pads its compute to match, so worker 0 really waits at every barrier.
     db = tmp_path / "emu.db"
     fedlm_run(db, "workers=2", "strategy=diloco", "clock=wall", "fleet.step_times=[1.0, 4.0]",
-              "fleet.emulate_speed=true", "inner.steps=30", "updates=3")
+              "fleet.emulate_speed=true", "inner.steps=15", "updates=3")
     conn = sqlite3.connect(db)
     compute = dict(conn.execute("SELECT worker, AVG(compute_seconds) FROM updates"
                                 " GROUP BY worker"))
