@@ -4,9 +4,9 @@
 the run has an id, ``poll``s it on each progress report (at most every
 ``every`` seconds: a tracker writes files or a database), one evaluation behind
 (``poll`` says why), and ``end``s it when the run is over, with the run's final
-status. ``fedlm export --track``
-does begin-end in one go on a finished run. Whatever a tracker raises drops
-that tracker, with one line on stderr; the run never fails for it.
+status. ``fedlm export --track`` (``export``) does begin and end in one go on a
+stored run. Whatever a tracker raises drops that tracker, with one line on
+stderr; the run never fails for it.
 """
 
 from __future__ import annotations
