@@ -58,8 +58,9 @@ def test_deploy_local_runs_replays_and_cleans_up(tmp_path):
     args = [sys.executable, "-m", "fedlm", "deploy", "local", "--workers", "2", "--db", str(db),
             "--home", str(home)]
     for kv in ["model=tiny", "updates=2", "inner.steps=3", "eval.batches=2", "data.seq_len=64",
-               "strategy=async-sgd"]:
+               "strategy=async-sgd", f"track.dir={tmp_path / 'track'}"]:
         args += ["--set", kv]
+    args += ["--track", "tensorboard"]  # sent once the run is over (docs/tracking.md)
     log = (tmp_path / "out.log").open("w+")
     proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, text=True)
     try:
@@ -82,6 +83,10 @@ def test_deploy_local_runs_replays_and_cleans_up(tmp_path):
     assert f"run {mine} (async-sgd-moderate)" in out and f"run {during} (" not in out, out
     assert "wall-clock time" in out
     assert "(TLS, SuperNode authentication)" in out
+    # its own run went to the tracker, not the store's newest
+    assert f"run {mine}: 2 progress points to tensorboard" in out, out[-3000:]
+    assert [p.name for p in (tmp_path / "track" / "tensorboard").iterdir()] == \
+        [f"run{mine}_async-sgd-moderate"]
     conn = sqlite3.connect(db)
     assert conn.execute("SELECT status, clock FROM runs WHERE id = ?", (mine,)).fetchone() == \
         ("finished", "wall")

@@ -1,6 +1,8 @@
 """``fedlm deploy local``: the run on Flower's deployment engine (a SuperLink and
 SuperNodes on this machine, ``fedlm.deploy.local``), then its summary. SIGTERM and SIGHUP
-stop it as Ctrl-C does, so that every process it started is stopped too."""
+stop it as Ctrl-C does, so that every process it started is stopped too. With ``--track``
+the run goes to the experiment trackers when it is over (``fedlm.track.export``: the
+ServerApp runs in Flower's SuperExec, not in this process)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,11 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     cfg = config_load.load(args.config, overrides)
     db = args.db or cfg.db
     check_writable(db)
+    trackers = list(dict.fromkeys([*cfg.track.backends, *args.track]))
+    if trackers:
+        from fedlm.track import check_installed
+
+        check_installed(trackers)  # refused now, not after the run
     with interrupts.interrupt_on_signals():  # LocalDeployment.stop runs on the way out
         status, run_id = deploy.main_local(cfg, overrides, db, Path(args.home).resolve(),
                                            args.config)
@@ -34,4 +41,10 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         print(f"fedlm: error: the ServerApp reported no run; logs in {args.home}",
               file=sys.stderr)
         return 1
+    if trackers:  # the ServerApp ran in Flower's SuperExec: the run is sent once it is over
+        from fedlm.track import export
+
+        sent = export(db, run_id, trackers, cfg.track.dir)
+        print(f"run {run_id}: {sent.points} progress points to {', '.join(trackers)} "
+              f"under {sent.folder}")
     return print_summary(db, run_id)  # its own run: not the store's newest, which may be another's

@@ -144,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_db_arg(p)
     p.add_argument("--home", default="runs/deploy", help="FLWR_HOME and logs (default: "
                    "runs/deploy)")
+    _add_track_arg(p, "the run's metrics, once it is over,")
 
     p = sub.add_parser("plan", help="cost model: time per outer step, communication, "
                        "utilisation and idle time of sync and async training (no run)")
