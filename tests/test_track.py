@@ -161,6 +161,21 @@ def test_a_tracker_failing_mid_run_is_dropped_and_the_run_goes_on(tmp_path, caps
                      "exceeded); the run goes on without it") == 1
 
 
+def test_a_tracker_that_cannot_open_is_left_out_and_the_run_goes_on(tmp_path, capsys):
+    from fedlm import runner
+
+    cfg = tiny_config("workers=2", "updates=2", "eval.every=1", "track.mlflow_uri=bogus://x",
+                      f"track.dir={tmp_path / 'track'}",
+                      'track.backends=["mlflow", "tensorboard"]')
+    db = tmp_path / "r.db"
+    follower = Follower.of(db, cfg)
+    assert [t.name for t in follower.trackers] == ["tensorboard"]
+    assert "fedlm: tracking: mlflow failed to open (" in capsys.readouterr().err
+    runner.run_inprocess(cfg, db, on_start=follower.begin, progress=lambda p: follower.poll())
+    follower.end()
+    assert [s for s, _ in _tensorboard(tmp_path / "track")["val/perplexity"]] == [0, 1, 2]
+
+
 def test_a_tracker_not_installed_is_refused_in_one_line(no_work, monkeypatch):
     import importlib.util
 

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 from typing import Protocol
 
 from fedlm.config import TrackConfig
-from fedlm.errors import ConfigError
+from fedlm.errors import ConfigError, first_line
 from fedlm.store import ProgressPoint
 from fedlm.track.record import TrackedRun
 
@@ -47,10 +48,17 @@ def check_installed(names: list[str]) -> None:
 
 
 def open_trackers(track: TrackConfig) -> list[Tracker]:
-    """One tracker per name of ``track.backends``, ready for ``start``."""
+    """One tracker per name of ``track.backends``, ready for ``start``. One that cannot
+    be opened (a bad ``mlflow_uri``, a folder it cannot write) is left out with one
+    line on stderr, as a tracker failing later is: the run does not depend on it."""
     check_installed(track.backends)
     trackers = []
     for name in track.backends:
         module, cls, _ = BACKENDS[name]
-        trackers.append(getattr(importlib.import_module(module), cls)(track))
+        try:
+            trackers.append(getattr(importlib.import_module(module), cls)(track))
+        except Exception as exc:  # noqa: BLE001  (whatever the tracker's library raises)
+            print(f"fedlm: tracking: {name} failed to open ({type(exc).__name__}: "
+                  f"{first_line(exc)}); the run goes on without it", file=sys.stderr,
+                  flush=True)
     return trackers
