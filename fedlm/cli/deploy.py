@@ -25,11 +25,10 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     cfg = config_load.load(args.config, overrides)
     db = args.db or cfg.db
     check_writable(db)
-    trackers = list(dict.fromkeys([*cfg.track.backends, *args.track]))
-    if trackers:
-        from fedlm.track import check_installed
+    from fedlm.track import check_installed, with_trackers
 
-        check_installed(trackers)  # refused now, not after the run
+    cfg = with_trackers(cfg, args.track)
+    check_installed(cfg.track.backends)  # refused now, not after the run
     with interrupts.interrupt_on_signals():  # LocalDeployment.stop runs on the way out
         status, run_id = deploy.main_local(cfg, overrides, db, Path(args.home).resolve(),
                                            args.config)
@@ -41,10 +40,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         print(f"fedlm: error: the ServerApp reported no run; logs in {args.home}",
               file=sys.stderr)
         return 1
-    if trackers:  # the ServerApp ran in Flower's SuperExec: the run is sent once it is over
+    if cfg.track.backends:  # the ServerApp ran in Flower's SuperExec: sent once it is over
         from fedlm.track import export
 
-        sent = export(db, run_id, trackers, cfg.track.dir)
-        print(f"run {run_id}: {sent.points} progress points to {', '.join(trackers)} "
-              f"under {sent.folder}")
+        print(export(db, run_id, cfg.track.backends, cfg.track.dir))
     return print_summary(db, run_id)  # its own run: not the store's newest, which may be another's

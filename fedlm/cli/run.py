@@ -36,14 +36,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         cfg = config_load.load(args.config, args.overrides)
         db = args.db or cfg.db
+    from fedlm.track import Follower, with_trackers
+
     cfg = with_trackers(cfg, args.track)
     by_steps = cfg.local_step_budget > 0
     from fedlm.plan import memory
 
     memory.check_fits(cfg, args.backend)  # what cannot fit is refused before it starts
     check_writable(db)
-    from fedlm.track import Follower
-
     follower = Follower.of(db, cfg)  # a tracker not installed: refused here, in one line
     flower = args.backend != "inprocess"
     simulation.quiet_libraries(flower)  # before the libraries below read the environment
@@ -108,8 +108,6 @@ def cmd_run(args: argparse.Namespace) -> int:
                   should_stop=stopping.is_set, resume=args.resume,
                   pretrain_progress=on_pretrain)
         except Exception as exc:  # also re-raised from the ServerApp thread
-            if follower is not None:
-                follower.end()
             if "id" not in started or os.environ.get("FEDLM_DEBUG"):
                 raise
             from fedlm.engine import Diverged, Interrupted
@@ -122,24 +120,15 @@ def cmd_run(args: argparse.Namespace) -> int:
                 print(f"fedlm: error: run {started['id']} failed: "
                       f"{runner.failure_reason(exc)}", file=sys.stderr)
                 return 1
-    if follower is not None:
-        follower.end()
+        finally:  # the trackers get the last points and how the run ended, however it did
+            if follower is not None:
+                follower.end()
     if bar is not None:
         bar.close()
     if "id" not in started:
         print("fedlm: error: the simulation ended before the run started", file=sys.stderr)
         return 1
     return print_summary(db, started["id"])
-
-
-def with_trackers(cfg: Config, names: list[str] | None) -> Config:
-    """``cfg`` with the trackers of ``--track`` added to its ``track.backends``."""
-    from dataclasses import replace
-
-    added = [n for n in dict.fromkeys(names or []) if n not in cfg.track.backends]
-    if not added:
-        return cfg
-    return replace(cfg, track=replace(cfg.track, backends=[*cfg.track.backends, *added]))
 
 
 def cmd_replay(args: argparse.Namespace) -> int:

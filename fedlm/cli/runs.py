@@ -125,9 +125,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.track:
         from fedlm.track import export
 
-        sent = export(db, args.run_id, args.track, args.track_dir)
-        print(f"run {args.run_id}: {sent.points} progress points to {', '.join(args.track)} "
-              f"under {sent.folder}")
+        print(export(db, args.run_id, args.track, args.track_dir))
         return 0
     for path in store.export(db, args.run_id, args.out, args.format):
         print(path)

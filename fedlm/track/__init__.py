@@ -18,8 +18,9 @@ The trackers are an optional extra: ``pip install 'fedlm[track]'``.
 
 from __future__ import annotations
 
-from fedlm.track.backends import BACKENDS, Tracker, check_installed, open_trackers
+from fedlm.track.backends import BACKENDS, Tracker, check_installed, open_trackers, with_trackers
 from fedlm.track.follower import Exported, Follower, export
 from fedlm.track.record import TrackedRun
 
-__all__ = ["BACKENDS", "Exported", "Follower", "export", "TrackedRun", "Tracker", "check_installed", "open_trackers"]
+__all__ = ["BACKENDS", "Exported", "Follower", "export", "TrackedRun", "Tracker", "check_installed", "open_trackers",
+           "with_trackers"]

@@ -9,9 +9,10 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
+from dataclasses import replace
 from typing import Protocol
 
-from fedlm.config import TrackConfig
+from fedlm.config import Config, TrackConfig
 from fedlm.errors import ConfigError, first_line
 from fedlm.store import ProgressPoint
 from fedlm.track.record import TrackedRun
@@ -35,6 +36,14 @@ class Tracker(Protocol):
     def log(self, point: ProgressPoint) -> None: ...
 
     def finish(self, status: str) -> None: ...
+
+
+def with_trackers(cfg: Config, names: list[str] | None) -> Config:
+    """``cfg`` with the trackers ``names`` (``--track``) added to its ``track.backends``."""
+    added = [n for n in dict.fromkeys(names or []) if n not in cfg.track.backends]
+    if not added:
+        return cfg
+    return replace(cfg, track=replace(cfg.track, backends=[*cfg.track.backends, *added]))
 
 
 def check_installed(names: list[str]) -> None:

@@ -29,6 +29,7 @@ class Follower:
         self.db, self.cfg, self.trackers, self.every = db, cfg, list(trackers), every
         self.run_id: int | None = None
         self.last = 0  # the last progress point handed on (its metrics row id)
+        self.sent = 0  # progress points handed on
         self._polled = float("-inf")
 
     @classmethod
@@ -71,23 +72,27 @@ class Follower:
         points = store.progress_points(self.db, self.run_id, after=self.last)
         for point in points if final else points[:-1]:
             self._each("log", lambda t: t.log(point))
-            self.last = point.id
+            self.last, self.sent = point.id, self.sent + 1
 
     def end(self) -> None:
-        """Hand on the last points and close each tracker run with the run's status
-        (once: later calls do nothing)."""
+        """Hand on the last points and close each tracker run with the run's status."""
         if self.run_id is None:
             return
         self.poll(final=True)
         row = store.run_row(self.db, self.run_id)
         status = store.shown_status(row) if row is not None else "failed"
         self._each("finish", lambda t: t.finish(status))
-        self.run_id, self.trackers = None, []
 
 
 class Exported(NamedTuple):
-    points: int  # progress points handed to each tracker
+    run_id: int
+    trackers: list[str]
+    points: int  # progress points handed to the trackers
     folder: str  # the trackers' local folder
+
+    def __str__(self) -> str:  # what `fedlm export --track` and `fedlm deploy` print
+        return (f"run {self.run_id}: {self.points} progress points to "
+                f"{', '.join(self.trackers)} under {self.folder}")
 
 
 def export(db: str | Path, run_id: int, names: list[str], folder: str | None = None) -> Exported:
@@ -103,4 +108,4 @@ def export(db: str | Path, run_id: int, names: list[str], folder: str | None = N
     follower = Follower(db, cfg, open_trackers(track))
     follower.begin(run_id)
     follower.end()
-    return Exported(len(store.progress_points(db, run_id)), track.dir)
+    return Exported(run_id, track.backends, follower.sent, track.dir)

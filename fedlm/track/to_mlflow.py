@@ -13,6 +13,9 @@ import logging
 import time
 from pathlib import Path
 
+from mlflow.entities import Metric, Param
+from mlflow.tracking import MlflowClient
+
 from fedlm.config import TrackConfig
 from fedlm.store import ProgressPoint
 from fedlm.track.record import TrackedRun, scalars
@@ -31,8 +34,6 @@ class MlflowTracker:
     name = "mlflow"
 
     def __init__(self, track: TrackConfig) -> None:
-        from mlflow.tracking import MlflowClient
-
         for noisy in ("mlflow", "alembic"):  # schema creation logs at INFO
             logging.getLogger(noisy).setLevel(logging.WARNING)
         if not track.mlflow_uri:
@@ -41,8 +42,6 @@ class MlflowTracker:
         self._run_id: str | None = None
 
     def start(self, run: TrackedRun) -> None:
-        from mlflow.entities import Param
-
         experiment = self._client.get_experiment_by_name(run.project)
         experiment_id = (experiment.experiment_id if experiment is not None
                          else self._client.create_experiment(run.project))
@@ -55,8 +54,6 @@ class MlflowTracker:
             self._client.log_batch(self._run_id, params=params[k:k + _BATCH])
 
     def log(self, point: ProgressPoint) -> None:
-        from mlflow.entities import Metric
-
         now = int(time.time() * 1000)
         self._client.log_batch(self._run_id, metrics=[
             Metric(key, value, now, point.version) for key, value in scalars(point).items()])

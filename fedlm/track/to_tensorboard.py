@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
+from torch.utils.tensorboard.summary import hparams
+
 from fedlm.config import TrackConfig
 from fedlm.store import ProgressPoint
 from fedlm.track.record import TrackedRun, scalars
@@ -24,16 +27,11 @@ class TensorBoardTracker:
     name = "tensorboard"
 
     def __init__(self, track: TrackConfig) -> None:
-        from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
-
         self._track = track
-        self._writer_class = SummaryWriter
-        self._writer = None
+        self._writer: SummaryWriter | None = None
 
     def start(self, run: TrackedRun) -> None:
-        from torch.utils.tensorboard.summary import hparams
-
-        self._writer = self._writer_class(log_dir=str(run_dir(self._track, run)))
+        self._writer = SummaryWriter(log_dir=str(run_dir(self._track, run)))
         table = "\n".join(f"| {k} | {v} |" for k, v in run.params.items())
         self._writer.add_text("config", "| key | value |\n|---|---|\n" + table)
         # the HParams tab: the config, and the metric it is judged by

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import wandb
+from wandb.sdk import wandb_setup
+
 from fedlm.config import TrackConfig
 from fedlm.store import ProgressPoint
 from fedlm.track.record import TrackedRun, scalars
@@ -19,33 +22,30 @@ from fedlm.track.record import TrackedRun, scalars
 _EXIT_CODE = {"finished": 0, "interrupted": 130}  # anything else: 1
 
 
+def _settings() -> wandb.Settings:
+    """Quiet and local: no console capture, system metrics, git or code saving."""
+    return wandb.Settings(silent=True, console="off", x_disable_stats=True,
+                          x_disable_meta=True, disable_git=True, save_code=False)
+
+
 class WandbTracker:
     name = "wandb"
 
     def __init__(self, track: TrackConfig) -> None:
-        import wandb
-
-        self._wandb = wandb
         self._track = track
         self._run = None
         # W&B logs through a service process: start it now, before a Flower simulation
         # (whose end stops every process started during it, fedlm.flower.leftovers)
-        wandb.setup(self._settings())
-        from wandb.sdk import wandb_setup
-
+        wandb.setup(_settings())
         wandb_setup.singleton().ensure_service()
-
-    def _settings(self):
-        return self._wandb.Settings(silent=True, console="off", x_disable_stats=True,
-                                    x_disable_meta=True, disable_git=True, save_code=False)
 
     def start(self, run: TrackedRun) -> None:
         folder = Path(self._track.dir)
         folder.mkdir(parents=True, exist_ok=True)
-        self._run = self._wandb.init(
+        self._run = wandb.init(
             mode=self._track.wandb_mode, dir=str(folder), project=run.project,
             group=run.group or None, name=run.name, config={**run.params, **run.tags},
-            settings=self._settings(), reinit="create_new")
+            settings=_settings(), reinit="create_new")
 
     def log(self, point: ProgressPoint) -> None:
         self._run.log(scalars(point), step=point.version)
