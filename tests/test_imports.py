@@ -279,7 +279,7 @@ def _loaded_after(code: str, packages: set[str]) -> list[str]:
                            f"{{m.split('.')[0] for m in sys.modules}} & set({sorted(packages)!r})))"],
                           capture_output=True, text=True, timeout=IMPORT_TIMEOUT, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
-    return ast.literal_eval(proc.stdout)  # the printed list of names
+    return ast.literal_eval(proc.stdout.splitlines()[-1])  # the printed list of names
 
 
 @pytest.mark.parametrize("modules", [
@@ -291,6 +291,23 @@ def test_the_engine_imports_without_torch_or_flower(modules):
     # The scheduling core speaks fedlm.job's vocabulary; tensors reach it only as
     # opaque payloads (torch loads with the first update it decodes).
     assert _loaded_after(f"import {modules}", {"torch", "flwr", "ray"}) == []
+
+
+def test_an_in_process_run_and_its_replay_load_neither_flower_nor_datasets(tmp_path):
+    # Importing Flower (~2 s) and `datasets` (~1.5 s) was a third of a tiny run's or a
+    # replay's start: neither uses Flower, and a cached corpus needs no `datasets`.
+    from fedlm import data
+    from fedlm.config import DataConfig
+
+    data.load_corpus(DataConfig(seq_len=64))  # cached, as after any earlier run
+    db = tmp_path / "r.db"
+    run = ["run", "--backend", "inprocess", "--quiet", "--db", str(db)]
+    for kv in ("model=tiny", "workers=2", "updates=2", "inner.steps=2", "data.seq_len=64",
+               "eval.batches=1"):
+        run += ["--set", kv]
+    code = (f"from fedlm.cli import main; assert main({run!r}) == 0; "
+            f"assert main(['replay', '1', '--db', {str(db)!r}]) == 0")
+    assert _loaded_after(code, {"flwr", "datasets", "ray"}) == []
 
 
 MAX_LINES = 400  # a file a newcomer reads in one sitting

@@ -142,7 +142,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from fedlm.flower import simulation
     from fedlm.replay import describe, replay
 
-    simulation.quiet_libraries()
+    simulation.quiet_libraries(flower=False)  # replay runs no Flower
     # One bar per phase, made as the phase starts, so that each ETA counts only its own
     # work: recomputing the start (init.pretrain_steps) can take longer than the log.
     bars: dict[str, tqdm] = {}

@@ -26,7 +26,6 @@ import re
 from pathlib import Path
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord
 
 from fedlm.config import Config
 from fedlm.data import cache_dir
@@ -86,6 +85,10 @@ class ContextStates:
         return out
 
     def save(self, job_id: int, state: dict) -> None:
+        # Flower's records, imported here: the in-process backend and replay never keep
+        # states in a context, and importing Flower costs them about 2 s per process.
+        from flwr.app import ArrayRecord, ConfigRecord
+
         key = f"{self.PREFIX}{job_id}"
         self.state[key] = ArrayRecord(torch_state_dict={
             k: v for k, v in state.items() if k != _SCHEDULE})
