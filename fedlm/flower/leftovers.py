@@ -43,7 +43,7 @@ def none_left_behind(timeout: float = 15.0) -> Iterator[None]:
                 os.kill(pid, signal.SIGKILL)
         if not was_subreaper:
             _set_subreaper(False)
-        _reap_adopted(before)
+        _reap_adopted(before, killed=left)
 
 
 def descendants() -> list[int]:
@@ -72,14 +72,24 @@ def _processes() -> dict[int, tuple[str, int]]:
     return found
 
 
-def _reap_adopted(before: set[int]) -> None:
+def _reap_adopted(before: set[int], killed: set[int], timeout: float = 5.0) -> None:
     """Collect our zombie children that were not ours before the block (adopted
-    orphans, or Ray's own children it did not wait for)."""
-    me = os.getpid()
-    for pid, (state, ppid) in _processes().items():
-        if ppid == me and state == "Z" and pid not in before:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
+    orphans, or Ray's own children it did not wait for). Those of ours just killed
+    are waited for (at most ``timeout`` s): SIGKILL takes effect a moment later, and
+    on a loaded machine one collected at once was still running, then stayed a
+    zombie."""
+    me, deadline = os.getpid(), time.monotonic() + timeout
+    while True:
+        procs = _processes()
+        for pid, (state, ppid) in procs.items():
+            if ppid == me and state == "Z" and pid not in before:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
+        dying = [pid for pid in killed if pid in procs and procs[pid][1] == me
+                 and procs[pid][0] != "Z"]
+        if not dying or time.monotonic() >= deadline:
+            return
+        time.sleep(0.01)  # polling /proc until SIGKILL has taken them
 
 
 def _set_subreaper(on: bool) -> bool:
