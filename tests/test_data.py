@@ -21,12 +21,12 @@ def test_parse_play_keeps_speakers_and_dialogue_only():
 
 
 def test_shipped_corpus_is_the_38_plays_in_six_genres(corpus):
-    docs = data.load_documents(DataConfig())
-    assert len(docs) == 38 and set(docs.column_names) == {"title", "genre", "text"}
-    assert set(docs["genre"]) == {"comedies", "histories", "problems", "roman", "romances",
-                                  "tragedies"}
-    assert "Hamlet" in " ".join(docs["title"])
-    assert sum(len(t) for t in docs["text"]) > 4_000_000
+    docs = data.document_rows(DataConfig())
+    assert len(docs) == 38 and all(set(d) == {"title", "genre", "text"} for d in docs)
+    assert {d["genre"] for d in docs} == {"comedies", "histories", "problems", "roman",
+                                          "romances", "tragedies"}
+    assert "Hamlet" in " ".join(d["title"] for d in docs)
+    assert sum(len(d["text"]) for d in docs) > 4_000_000
     assert corpus.train.shape[1] == 65 and corpus.val.shape[1] == 65
     assert corpus.train.dtype == np.uint8
 

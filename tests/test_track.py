@@ -5,9 +5,6 @@ store, the W&B offline run file) and compared with the run store's rows."""
 from __future__ import annotations
 
 import glob
-import json
-import os
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path

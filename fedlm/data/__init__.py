@@ -168,13 +168,6 @@ def rows_digest(rows: list[dict[str, str]]) -> str:
     return h.hexdigest()
 
 
-def load_documents(cfg: DataConfig):
-    """The corpus as a ``datasets.Dataset`` with one row per document."""
-    import datasets  # here, not at the top: slow, and a config check imports this module
-
-    return datasets.Dataset.from_list(document_rows(cfg))
-
-
 # ---------------------------------------------------------------------------
 # Tokenize and pack
 # ---------------------------------------------------------------------------
