@@ -172,7 +172,7 @@ def bench_model(model: str, args, device: str, peak: float | None) -> list[dict]
         print(f"  {model} {rows[-1]['mode']}: {rows[-1]['ms_per_step']:.1f} ms/step, "
               f"{rows[-1]['tokens_per_s']:,.0f} tok/s", flush=True)
     workers, h = 4, args.inner_steps
-    rounds = max(2, args.steps // (workers * h) + 1)
+    rounds = args.rounds or max(2, args.steps // (workers * h) + 1)
     common = [f"model={model}", f"workers={workers}", f"inner.steps={h}",
               f"inner.batch_size={args.batch}", f"data.seq_len={args.seq_len}",
               "profile=homogeneous", "eval.batches=1", f"device={device}",
@@ -198,8 +198,15 @@ def bench_model(model: str, args, device: str, peak: float | None) -> list[dict]
         configs = configs[-1:]
     with tempfile.TemporaryDirectory() as tmp:
         for label, sets in configs:
-            rows.append(fedlm_run(label, [*common, *sets], Path(tmp) / f"{len(rows)}.db",
-                                  args.timeout))
+            try:
+                rows.append(fedlm_run(label, [*common, *sets], Path(tmp) / f"{len(rows)}.db",
+                                      args.timeout))
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                # one failed arm is reported in its row; the others' figures still count
+                rows.append({"mode": label, "error": str(exc)[-2000:], "tokens_per_s": None,
+                             "ms_per_step": None})
+                print(f"  {model} {label}: FAILED ({str(exc).splitlines()[0]})", flush=True)
+                continue
             print(f"  {model} {label}: {rows[-1]['tokens_per_s']:,.0f} tok/s (run span), "
                   f"{rows[-1]['tokens_per_s_compute']:,.0f} tok/s (inner loops)", flush=True)
     fpt = flops_per_token(model, args.seq_len)
@@ -208,9 +215,10 @@ def bench_model(model: str, args, device: str, peak: float | None) -> list[dict]
     fp32 = next(r for r in plains if r["mode"] == "plain fp32")
     for r in rows:
         r["model"] = model
-        r["mfu"] = (r["tokens_per_s"] * fpt / peak) if peak else None
-        r["ratio_vs_best_plain"] = r["tokens_per_s"] / best["tokens_per_s"]
-        r["ratio_vs_plain_fp32"] = r["tokens_per_s"] / fp32["tokens_per_s"]
+        ok = r["tokens_per_s"] is not None
+        r["mfu"] = (r["tokens_per_s"] * fpt / peak) if peak and ok else None
+        r["ratio_vs_best_plain"] = r["tokens_per_s"] / best["tokens_per_s"] if ok else None
+        r["ratio_vs_plain_fp32"] = r["tokens_per_s"] / fp32["tokens_per_s"] if ok else None
     return rows
 
 
@@ -225,6 +233,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=0, help="sequences per step (32 / 8)")
     ap.add_argument("--seq-len", type=int, default=0, help="tokens per sequence (256 / 128)")
     ap.add_argument("--inner-steps", type=int, default=0, help="fedlm's H (30 / 2)")
+    ap.add_argument("--rounds", type=int, default=0, help="fedlm's sync rounds (default: "
+                    "enough for --steps; more rounds weigh the first jobs' compile less)")
     ap.add_argument("--compile", action="store_true", help="also torch.compile on the CPU")
     ap.add_argument("--timeout", type=int, default=1200, help="seconds per fedlm run")
     ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "gpu.json"))
@@ -267,6 +277,9 @@ def run(args, cuda: bool) -> None:
     print(f"\n{'model':>6} {'mode':>30} {'ms/step':>8} {'tok/s':>11} {'MFU':>6} "
           f"{'vs best':>7} {'vs fp32':>7}")
     for r in rows:
+        if r["tokens_per_s"] is None:
+            print(f"{r['model']:>6} {r['mode']:>30}   failed: {r['error'].splitlines()[-1]}")
+            continue
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "—"
         print(f"{r['model']:>6} {r['mode']:>30} {r['ms_per_step']:>8.1f} "
               f"{r['tokens_per_s']:>11,.0f} {mfu:>6} {r['ratio_vs_best_plain']:>7.2f} "
@@ -275,7 +288,7 @@ def run(args, cuda: bool) -> None:
         print(note)
     result = {"device": name, "gpu": cuda, "note": note or None, "torch": torch.__version__,
               "peak_bf16_flops": peak, "batch": args.batch, "seq_len": args.seq_len,
-              "plain_steps": args.steps, "fedlm_workers": 4, "fedlm_inner_steps": args.inner_steps,
+              "plain_steps": args.steps, "fedlm_rounds": args.rounds or None, "fedlm_workers": 4, "fedlm_inner_steps": args.inner_steps,
               "threads": torch.get_num_threads(), "seconds": time.perf_counter() - t0,
               "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
               "flower_backend": "not measured (needs Ray)", "rows": rows}
