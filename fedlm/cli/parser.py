@@ -9,6 +9,7 @@ like every other refusal of the command line.
 from __future__ import annotations
 
 import argparse
+import math
 from typing import NoReturn
 
 DESCRIPTION = "The ``fedlm`` command line."
@@ -150,11 +151,47 @@ def build_parser() -> argparse.ArgumentParser:
                        "utilisation and idle time of sync and async training (no run)")
     _add_plan_args(p)
 
+    p = sub.add_parser("trace", help="write seeded FedScale-format device or availability "
+                       "traces, or summarise one (docs/traces.md)")
+    _add_trace_args(p)
+
     p = sub.add_parser("dashboard", help="serve the live dashboard (Streamlit)")
     _add_db_arg(p)
     p.add_argument("--port", type=int, default=8501)
     p.add_argument("--host", default="127.0.0.1", help="address to serve on (default: loopback)")
     return parser
+
+
+def _seconds(text: str) -> float:
+    """An argparse ``type``: seconds, a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be seconds > 0, got {text!r}")
+    return value
+
+
+def _add_trace_args(p: argparse.ArgumentParser) -> None:
+    """``fedlm trace device | availability | show`` (``fedlm.cli.trace``)."""
+    actions = p.add_subparsers(dest="action", required=True)
+    for name, what in (("device", "each client's ms per sample and kbit/s"),
+                       ("availability", "each client's active windows in a period")):
+        q = actions.add_parser(name, help=f"write a seeded trace of {what}")
+        q.add_argument("--clients", type=_int_arg(1, 1_000_000, "between 1 and 1000000"),
+                       required=True, help="clients in the trace (ids 1..N)")
+        q.add_argument("--seed", type=_int_arg(0, 2**63 - 1, "an integer >= 0"),
+                       required=True, help="the same seed writes the same bytes")
+        q.add_argument("--out", type=_db_path, required=True, help="the file to write")
+        q.add_argument("--format", choices=("json", "pickle"), default=None,
+                       help="default: pickle for .pkl/.pickle/.p, else json")
+        if name == "availability":
+            q.add_argument("--period", type=_seconds, default=518400.0,
+                           help="finish_time, the trace's period in seconds (default "
+                                "518400: 6 days, FedScale's)")
+    q = actions.add_parser("show", help="summarise a trace file (JSON or FedScale's pickle)")
+    q.add_argument("path")
 
 
 def _add_plan_args(p: argparse.ArgumentParser) -> None:
