@@ -25,6 +25,7 @@ from typing import Any, get_type_hints
 from fedlm.config import SECTIONS, SPELLING, Config
 from fedlm.config_check import coerce, validate
 from fedlm.errors import ConfigError, first_line, shown, shown_key
+from fedlm.strategies import registry
 
 
 # -- building and validating -------------------------------------------------
@@ -72,6 +73,10 @@ def _build(cls: type, raw: dict[str, Any], prefix: str) -> Any:
 def from_dict(raw: dict[str, Any]) -> Config:
     """Build a ``Config`` from plain data and validate it."""
     cfg = _build(Config, raw, "")
+    # a strategy may name its own local-steps policy (diloco-dylu: dylu) and refuse some
+    policy = registry.local_steps_for(cfg.strategy, cfg.local_steps, given="local_steps" in raw)
+    if policy != cfg.local_steps:
+        cfg = replace(cfg, local_steps=policy)
     net = cfg.network
     # One idea, two spellings: network.hierarchical = true is topology "hierarchical"
     if net.topology == "hierarchical" and not net.hierarchical:

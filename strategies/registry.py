@@ -21,6 +21,7 @@ from fedlm.strategies.async_sgd import AsyncSGD
 from fedlm.strategies.base import Strategy
 from fedlm.strategies.delayed_nesterov import DelayedNesterov
 from fedlm.strategies.diloco import DiLoCo
+from fedlm.strategies.diloco_dylu import DiLoCoDyLU
 from fedlm.strategies.fedavg import FedAvg
 from fedlm.strategies.fedbuff import FedBuff
 from fedlm.strategies.halos import Halos
@@ -28,8 +29,8 @@ from fedlm.strategies.local_steps import DyLU, DyLUFloor, DyLUOnline, Fixed, Loc
 from fedlm.strategies.poly import Poly, PolyThres
 
 STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (
-    FedAvg, DiLoCo, AsyncSGD, AsyncNesterov, DelayedNesterov, Poly, PolyThres, FedBuff,
-    Halos)}
+    FedAvg, DiLoCo, DiLoCoDyLU, AsyncSGD, AsyncNesterov, DelayedNesterov, Poly, PolyThres,
+    FedBuff, Halos)}
 LOCAL_STEPS: dict[str, type[LocalSteps]] = {cls.name: cls for cls in (Fixed, DyLU, DyLUFloor,
                                                                        DyLUOnline)}
 ENTRY_POINT_GROUP = "fedlm.strategies"
@@ -97,6 +98,27 @@ def check_local_steps(name: str) -> None:
     if name not in LOCAL_STEPS:
         raise ConfigError(f"local_steps: unknown policy {name!r} "
                           f"(known: {', '.join(sorted(LOCAL_STEPS))})")
+
+
+def local_steps_for(strategy: str, policy: str, *, given: bool) -> str:
+    """The local-steps policy a run of ``strategy`` gets (``fedlm.config_load`` asks when
+    it loads a config). ``policy`` is the config's ``local_steps``; ``given`` whether the
+    config set it, or left the schema's default. A strategy class may name its own
+    policy, used where the config leaves it out (``default_local_steps``), and refuse
+    some (``refused_local_steps``: policy -> hint, a one-line ``ConfigError``); e.g.
+    ``diloco-dylu``: ``dylu``, and ``fixed`` refused. An unknown or broken strategy
+    keeps ``policy``: ``config_check.validate`` then says what is wrong with it."""
+    try:
+        cls = strategy_class(strategy)
+    except Exception:
+        return policy
+    if not given:
+        return getattr(cls, "default_local_steps", None) or policy
+    refused = getattr(cls, "refused_local_steps", None) or {}
+    if policy in refused:
+        raise ConfigError(f"local_steps: {policy!r} does not go with strategy {strategy!r}: "
+                          f"{refused[policy]}")
+    return policy
 
 
 def build_local_steps(name: str) -> LocalSteps:
