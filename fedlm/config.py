@@ -153,6 +153,23 @@ class FleetConfig:
     # Wall clock only: a worker pads each job's compute so that it really takes
     # step_time / (fastest step_time) times as long as on the fastest worker.
     emulate_speed: bool = False
+    # A fleet that changes over time (fedlm/sim/dynamics.py; virtual clock only):
+    # a two-state slow-down per worker, {factor = 4, normal = 3600, slow = 600} (mean
+    # seconds in each state; workers = [...] or regions = [...] to pick who, else all)
+    slowdown: dict[str, Any] = field(default_factory=dict)
+    # heavy-tailed stragglers: a job's compute x Pareto(alpha) >= factor with probability p,
+    # {p = 0.05, factor = 5, alpha = 1.5, max = 100} (workers / regions as above)
+    stragglers: dict[str, Any] = field(default_factory=dict)
+    # absences from a seeded process, {up = 3600, down = 600} mean seconds (workers / regions)
+    availability: dict[str, Any] = field(default_factory=dict)
+    join: list[float] = field(default_factory=list)  # when each worker joins (0: at the start)
+    leave: list[float] = field(default_factory=list)  # when it leaves for good (0: never)
+    # FedScale-format traces (fedlm/sim/traces.py, docs/traces.md): per client, compute ms
+    # per sample and kbit/s (setting each worker's step time and links), and availability
+    # windows; trace times x trace_time_scale are run seconds
+    device_trace: str = ""
+    availability_trace: str = ""
+    trace_time_scale: float = 1.0
 
 
 @dataclass(frozen=True)

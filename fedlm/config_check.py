@@ -224,6 +224,8 @@ def validate(cfg: Config) -> None:
         _require(total == cfg.workers, "fleet.topology", f.topology,
                  f"places {total} workers, but workers = {cfg.workers}")
 
+    _check_dynamics(cfg)
+
     n = cfg.network
     _require(n.server_down >= 0, "network.server_down", n.server_down, "must be >= 0")
     _require(n.server_up >= 0, "network.server_up", n.server_up, "must be >= 0")
@@ -315,3 +317,34 @@ def _check_exchange(cfg: Config) -> None:
     _require(not shared, "outer.fragments", stream.fragments,
              "streaming rounds are timed without a shared server link or daily cycle: "
              "drop network.server_down, server_up and daily_amplitude")
+
+
+def _check_dynamics(cfg: Config) -> None:
+    """A fleet that changes over time (``fedlm.sim.dynamics``) and FedScale traces."""
+    from fedlm.sim import dynamics  # numpy only
+
+    f = cfg.fleet
+    regions = [p.region.name for p in fleet.profiles(f, cfg.workers, cfg.inner.batch_size)]
+    dynamics.check(f, cfg.workers, regions)
+    for key in ("device_trace", "availability_trace"):
+        path = getattr(f, key)
+        if path:
+            from fedlm.sim import traces  # only configs that name a trace read one
+
+            load = (traces.load_device_trace if key == "device_trace"
+                    else traces.load_availability_trace)
+            load(path)  # a one-line ConfigError if it is not a FedScale trace
+    if not dynamics.enabled(f):
+        return
+    why = None
+    if cfg.clock != "virtual":
+        why = "the virtual clock only (real machines bring their own)"
+    elif cfg.network.hierarchical:
+        why = "one worker per node (not network.hierarchical pods)"
+    elif cfg.network.server_down or cfg.network.server_up:
+        why = "links of their own (not a shared network.server_down/server_up)"
+    elif cfg.outer.get("fragments") or cfg.outer.get("overlap"):
+        why = "whole-model jobs (not Streaming DiLoCo's fragments)"
+    if why is not None:
+        raise ConfigError(f"fleet: a fleet that changes over time (slowdown, stragglers, "
+                          f"availability, join, leave, availability_trace) runs with {why}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import heapq
+from collections import Counter
 import math
 import statistics
 from abc import ABC, abstractmethod
@@ -21,17 +22,23 @@ class LocalSteps(ABC):
     # (then the engine's grace = "auto" waits for them: fedlm/engine/grace.py).
     even_times: ClassVar[bool] = False
 
-    def start(self, *, steps: int, step_times: list[float]) -> None:
-        """``steps`` = configured H; ``step_times`` = nominal seconds per step per worker."""
+    def start(self, *, steps: int, step_times: list[float],
+              transfer_times: list[float] | None = None) -> None:
+        """``steps`` = configured H; ``step_times`` = nominal seconds per step per worker;
+        ``transfer_times`` = seconds of each worker's job spent moving the model and its
+        update (the link model's, on the virtual clock; None: not known in advance)."""
         self.steps = steps
         self.step_times = list(step_times)
+        self.transfer_times = list(transfer_times) if transfer_times is not None else None
 
     @abstractmethod
     def local_steps(self, worker: int) -> int:
         """Inner steps for ``worker``'s next job."""
 
-    def observe(self, worker: int, *, steps: int, seconds: float) -> None:
-        """A job of ``steps`` steps took ``seconds`` of compute (for online estimates)."""
+    def observe(self, worker: int, *, steps: int, seconds: float,
+                transfer: float | None = None) -> None:
+        """A job of ``steps`` steps took ``seconds`` of compute and ``transfer`` seconds
+        of everything else (for online estimates)."""
 
     def state_dict(self) -> dict:
         """What the policy has learnt so far (for checkpoints): its attributes, but
@@ -61,7 +68,17 @@ class DyLU(LocalSteps):
     From Liu et al. 2024, https://arxiv.org/abs/2401.09135: every worker's job
     then takes about as long as the fastest worker's H steps.
 
-        H_w = max(1, round(v_w / max_w' v_w' · H)),   v = steps per second
+        H_w = max(1, round(v_w / v_r · H + v_w · (X_r − X_w))),   v = steps per second
+
+    where X is the seconds a worker's job spends on transfers (download and upload
+    over its link, from the link model the engine times jobs with) and r the worker
+    whose whole job of H steps, X_r + H / v_r, is the shortest: each worker computes
+    for what is left of that job time once its own transfers are done, so the *whole*
+    jobs handed out together end together, not only their compute. With equal links
+    (X_r = X_w) this is the paper's rule, v_w / max v · H, bit for bit. A worker whose
+    transfers alone outlast the target gets one step (no fewer): its jobs end after
+    the cohort's, by its transfers' excess, and the adaptive grace window does not
+    wait for them (fedlm/engine/grace.py).
 
     Speeds come from the workers' profiles (nominal seconds per step). Rounded to
     the nearest step, so a job lands within half a step of the target time, early
@@ -74,12 +91,21 @@ class DyLU(LocalSteps):
     name = "dylu"
     even_times = True
 
-    def start(self, *, steps: int, step_times: list[float]) -> None:
-        super().start(steps=steps, step_times=step_times)
+    def start(self, *, steps: int, step_times: list[float],
+              transfer_times: list[float] | None = None) -> None:
+        super().start(steps=steps, step_times=step_times, transfer_times=transfer_times)
         self._derive()
 
     def _derive(self) -> None:
-        self._fastest = max(self.speeds())  # asked at every job: not a pass over the fleet
+        # the reference worker, asked at every job: not a pass over the fleet
+        self._fastest = max(self.speeds())
+        x = self.transfer_times
+        if not x or min(x) == max(x):  # equal links: the fastest computer is the reference
+            self._ref = (self._fastest, x[0] if x else 0.0)
+        else:
+            v = self.speeds()
+            r = min(range(len(v)), key=lambda w: x[w] + self.steps / v[w])
+            self._ref = (v[r], x[r])
 
     def speeds(self) -> list[float]:
         return [1.0 / t for t in self.step_times]
@@ -87,12 +113,21 @@ class DyLU(LocalSteps):
     def speed(self, worker: int) -> float:
         return 1.0 / self.step_times[worker]
 
+    def transfer(self, worker: int) -> float:
+        return self.transfer_times[worker] if self.transfer_times else 0.0
+
     def fastest(self) -> float:
         """``max(self.speeds())``."""
         return self._fastest
 
+    def reference(self) -> tuple[float, float]:
+        """(speed, transfer seconds) of the worker whose whole job of H steps is shortest."""
+        return self._ref
+
     def local_steps(self, worker: int) -> int:
-        return max(1, self.round(self.speed(worker) / self.fastest() * self.steps))
+        v_ref, x_ref = self.reference()
+        v = self.speed(worker)
+        return max(1, self.round(v / v_ref * self.steps + v * (x_ref - self.transfer(worker))))
 
     @staticmethod
     def round(x: float) -> int:
@@ -122,8 +157,11 @@ class DyLUOnline(DyLU):
     name = "dylu-online"
     window = 5
 
-    def start(self, *, steps: int, step_times: list[float]) -> None:
+    def start(self, *, steps: int, step_times: list[float],
+              transfer_times: list[float] | None = None) -> None:
         self.observed: list[list[float]] = [[] for _ in step_times]
+        # seconds of each of its last jobs spent on anything but compute (its transfers)
+        self.observed_transfer: list[list[float]] = [[] for _ in step_times]
         super().start(steps=steps, step_times=step_times)
 
     def _derive(self) -> None:
@@ -133,8 +171,24 @@ class DyLUOnline(DyLU):
                                            for h in self.observed]
         self._by_speed = [(-v, w) for w, v in enumerate(self._speed) if v is not None]
         heapq.heapify(self._by_speed)
+        if not hasattr(self, "observed_transfer"):  # a checkpoint from before transfers
+            self.observed_transfer = [[] for _ in self._speed]
+        self._transfer = [statistics.median(h) if h else 0.0 for h in self.observed_transfer]
+        self._transfer_values = Counter(self._transfer)  # one key: every transfer the same
 
-    def observe(self, worker: int, *, steps: int, seconds: float) -> None:
+    def observe(self, worker: int, *, steps: int, seconds: float,
+                transfer: float | None = None) -> None:
+        if transfer is not None and transfer >= 0:
+            hist = self.observed_transfer[worker]
+            hist.append(transfer)
+            del hist[:-self.window]
+            old, new = self._transfer[worker], statistics.median(hist)
+            self._transfer[worker] = new
+            values = self._transfer_values
+            values[old] -= 1
+            if not values[old]:
+                del values[old]
+            values[new] += 1
         if steps > 0 and seconds > 0:
             hist = self.observed[worker]
             hist.append(seconds / steps)
@@ -160,3 +214,20 @@ class DyLUOnline(DyLU):
         """``self.speeds()[worker]``: its observed speed, else the fastest one's."""
         v = self._speed[worker]
         return self.fastest() if v is None else v
+
+    def transfer(self, worker: int) -> float:
+        """The median of its observed transfer seconds (0 before any)."""
+        return self._transfer[worker]
+
+    def reference(self) -> tuple[float, float]:
+        """As ``DyLU.reference``, from what the workers have shown: the fastest computer
+        while every observed transfer time is the same, else the worker whose observed
+        whole job of H steps is shortest (a pass over the observed workers)."""
+        x = self._transfer
+        if len(self._transfer_values) == 1:
+            return self.fastest(), x[0]
+        known = [w for w, v in enumerate(self._speed) if v is not None]
+        if not known:
+            return self.fastest(), 0.0
+        r = min(known, key=lambda w: x[w] + self.steps / self._speed[w])
+        return self._speed[r], x[r]

@@ -55,6 +55,7 @@ def print_summary(db: str, run_id: int) -> int:
     print(f"  straggler idle fraction (all workers): {100 * s.idle_fraction:.1f}%")
     _print_regions(store.region_transfers(db, run_id))
     _print_troubles(store.troubles(db, run_id))
+    _print_fleet_changes(store.fleet_changes(db, run_id))
     print(f"  stored in {db} (run {s.run_id}); `fedlm show {s.run_id} --db {db}`")
     return 0
 
@@ -69,6 +70,20 @@ def _print_regions(regions: list[dict]) -> None:
     for r in regions:
         print(f"  {r['region']:>8} {r['pushes']:>7} {r['push_staleness']:>10.2f} "
               f"{r['models']:>12} {r['bytes_up'] / 1e6:>9.1f} {r['bytes_down'] / 1e6:>8.1f}")
+
+
+def _print_fleet_changes(changes: list) -> None:
+    """A fleet that changed over time (``store.fleet_changes``), if it did."""
+    if not changes:
+        return
+    print("  fleet changes over time:")
+    print(f"  {'worker':>6} {'absent s':>9} {'absences':>9} {'slowed s':>9} {'stragglers':>11} "
+          f"{'departed':>9} {'joined':>8} {'left':>8}")
+    for c in changes:
+        joined = f"{c.joined:.1f}" if c.joined is not None else "start"
+        left = f"{c.left:.1f}" if c.left is not None else "-"
+        print(f"  {c.worker:>6} {c.absent:>9.1f} {c.absences:>9} {c.slowed:>9.1f} "
+              f"{c.stragglers:>11} {c.departed:>9} {joined:>8} {left:>8}")
 
 
 def _print_troubles(t) -> None:

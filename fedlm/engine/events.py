@@ -21,6 +21,7 @@ import heapq
 import time
 from dataclasses import dataclass
 from fedlm.config import Config
+from fedlm.sim import dynamics
 from fedlm.sim.clock import VirtualClock
 from fedlm.sim.fleet import JobTimer, JobTiming, WorkerProfile
 from fedlm.sim.network import Network
@@ -28,7 +29,7 @@ from fedlm.store import IntervalKind
 
 from fedlm.engine.in_flight import InFlightJobs
 from fedlm.engine.inbox import Inbox
-from fedlm.engine.types import (BackOnline, Delivery, Event, InFlight, JobDone,
+from fedlm.engine.types import (BackOnline, Delivery, Event, InFlight, JobDone, departed,
                                 missed_deadline)
 from fedlm.engine.workers import WorkerPool
 
@@ -70,7 +71,10 @@ class VirtualEvents:
                  inbox: Inbox) -> None:
         self.fleet, self.flights, self.inbox = fleet, flights, inbox
         self.clock: VirtualClock = VirtualClock()
-        self.timer = JobTimer(fleet, cfg.seed, cfg.network.intra_bw, cfg.network.topology)
+        # a fleet that changes over time (None: it does not)
+        self.dynamics = dynamics.build(cfg.fleet, [p.region.name for p in fleet], cfg.seed)
+        self.timer = JobTimer(fleet, cfg.seed, cfg.network.intra_bw, cfg.network.topology,
+                              self.dynamics)
         n = cfg.network
         self.net = (Network(n.server_down, n.server_up, n.daily_amplitude, n.peak_hour)
                     if n.server_down or n.server_up or n.daily_amplitude else None)
@@ -88,10 +92,10 @@ class VirtualEvents:
         nxt = self.clock.peek()
         return None if nxt is None else nxt[0]
 
-    def timing(self, w: int, steps: int) -> JobTiming:
-        """The job's nominal durations, drawn now (the worker's jitter)."""
+    def timing(self, w: int, steps: int, index: int = 0) -> JobTiming:
+        """The durations of ``w``'s ``index``-th job, drawn now (the worker's jitter)."""
         down, up = self.down_bytes, self.up_bytes
-        timing = self.timer.timing(w, steps, down, up)
+        timing = self.timer.timing(w, steps, down, up, start=self.now, index=index)
         if self.net is not None:  # nominal transfer times at this hour's bandwidth
             region, m = self.fleet[w].region, self.net.factor(self.now)
             timing = JobTiming(region.latency + down / (region.down_bw * m),
@@ -103,6 +107,10 @@ class VirtualEvents:
         """A streaming round's job (``JobTimer.streaming_timing``; no shared link)."""
         return self.timer.streaming_timing(w, steps, self.down_bytes, down_bytes, up_bytes,
                                            overlap)
+
+    def transfer_times(self, down_bytes: int, up_bytes: int) -> list[float]:
+        """Each worker's nominal seconds of transfers per whole-model job (link model)."""
+        return [self.timer.transfers(w, down_bytes, up_bytes) for w in range(len(self.fleet))]
 
     def will_expire(self, timing: JobTiming, fault: str, limit: float) -> bool:
         """Whether the job misses its deadline (known at dispatch, without a shared link)."""
@@ -117,7 +125,8 @@ class VirtualEvents:
             self.clock.schedule(f.deadline, _Deadline(job_id))
             self._schedule_network()
         else:
-            self.clock.schedule(f.deadline if f.expires else now + f.timing.total,
+            end = f.deadline if f.expires else now + f.timing.total
+            self.clock.schedule(end if f.departs is None else min(end, f.departs),
                                 _JobEnds(job_id))
 
     def went_offline(self, w: int, until: float) -> None:
@@ -142,7 +151,10 @@ class VirtualEvents:
             if isinstance(event, _JobEnds):
                 reply = self.inbox.wait_for(event.job_id, now=self.now)
                 f = self.flights[event.job_id]
-                if f.expires:  # what came back came too late
+                if f.departs is not None and self.now >= f.departs:  # it went away
+                    self.inbox.ignore(reply, "late_reply", now=self.now)
+                    reply = departed(event.job_id, f, time.time())
+                elif f.expires:  # what came back came too late
                     self.inbox.ignore(reply, "late_reply", now=self.now)
                     reply = missed_deadline(event.job_id, f, time.time())
                 return JobDone(event.job_id, reply)
@@ -241,6 +253,8 @@ def _exchange_spans(timing: JobTiming, a: float, end: float) -> list[Span]:
 class WallEvents:
     lookahead = False  # nothing is known before it happens
 
+    dynamics = None  # real machines bring their own slow-downs and absences
+
     def __init__(self, flights: InFlightJobs, inbox: Inbox, pool: WorkerPool) -> None:
         self.flights, self.inbox, self.pool = flights, inbox, pool
         self._start = time.monotonic()
@@ -256,12 +270,15 @@ class WallEvents:
     def set_payload(self, down_bytes: int, up_bytes: int) -> None:
         pass
 
-    def timing(self, w: int, steps: int) -> None:
+    def timing(self, w: int, steps: int, index: int = 0) -> None:
         return None  # real transfers and compute take what they take
 
     def streaming_timing(self, w: int, steps: int, down_bytes: int, up_bytes: int,
                          overlap: int) -> None:
         return None
+
+    def transfer_times(self, down_bytes: int, up_bytes: int) -> None:
+        return None  # learnt from the jobs (dylu-online), not known in advance
 
     def will_expire(self, timing, fault: str, limit: float) -> bool:
         return False  # a deadline is noticed when it passes

@@ -22,7 +22,9 @@ The rules (config ``grace``):
   that took d seconds, it waits for the jobs *expected* with it:
 
     * its cohort: the jobs handed out at the same moment from the same model, which
-      DyLU sized to finish together;
+      DyLU sized to finish together (those expected later than t0 + span·d are left
+      out: a worker whose transfers alone outlast the cohort's job, or one that was
+      slowed, would hold the others up for nothing);
     * any other job in flight expected to finish by t0 + span·d, so that a worker
       that fell out of step joins the next group instead of staying apart;
 
@@ -148,10 +150,14 @@ class AdaptiveGrace(NoGrace):
         if slack <= 0:
             return None
         # the jobs it waits for, and when they are due: the first one's cohort, and any
-        # job expected by now + slack
-        expected: dict[int, float | None] = {
-            j: self.expected_end(flights[j])
-            for j in flights.cohort(first.t_dispatch, first.job.base_version)}
+        # job expected by now + slack; a cohort job expected later than that is not
+        # waited for (its worker's transfers or a slow-down have set it apart: DyLU
+        # could not make it end with the others, and waiting would idle them)
+        expected: dict[int, float | None] = {}
+        for j in flights.cohort(first.t_dispatch, first.job.base_version):
+            end = self.expected_end(flights[j])
+            if end is None or end <= now + slack:
+                expected[j] = end
         due_by: list[tuple[float, int]] = []
         while self._ends and self._ends[0][0] <= now + slack:
             end, job_id = heapq.heappop(self._ends)

@@ -14,10 +14,9 @@ Who owns what: the ``GlobalModel`` the global params, their version and the stra
 (replay drives it too); the ``WorkerPool`` the workers' lifecycle; the event source
 (``VirtualEvents`` or ``WallEvents``) the order of events and the time; the ``Inbox``
 the replies not yet handed on; ``InFlightJobs`` the jobs in flight; the ``RunLog``
-every store write; the ``JobMaker`` what each new job is; ``StreamRounds`` what a
-Streaming DiLoCo round's job carries; ``ServerTransfers`` a two-level strategy's
-server-to-server transfers. The loop owns the run's totals, and knows nothing of
-the algorithm.
+every store write; the ``JobMaker`` what each new job is; ``Presence`` who is there on
+a fleet that changes over time; ``StreamRounds`` a Streaming DiLoCo round's job;
+``ServerTransfers`` a two-level strategy's transfers. The loop owns the totals.
 
 A dispatched job goes to a ``Transport`` (Flower's Grid in ``server_app``; an
 in-process trainer in tests, sweeps and replay) and computes while the loop goes on.
@@ -31,7 +30,6 @@ from __future__ import annotations
 import math
 import time
 from typing import Callable, NoReturn
-
 from fedlm.config import Config
 from fedlm.sim import faults, wire_sizes
 from fedlm.sim.fleet import WorkerProfile, by_region
@@ -39,7 +37,6 @@ from fedlm.params import BadUpdate, check_update, num_bytes
 from fedlm.store import IntervalKind, RunWriter
 from fedlm.strategies.base import Strategy
 from fedlm.strategies.local_steps import LocalSteps
-
 from fedlm.engine import budget, state
 from fedlm.engine.divergence import DivergenceWatch, hint
 from fedlm.engine.global_model import GlobalModel
@@ -48,6 +45,7 @@ from fedlm.engine.grace import grace_rule, take_window
 from fedlm.engine.in_flight import InFlightJobs
 from fedlm.engine.inbox import Inbox
 from fedlm.engine.jobs import JobMaker
+from fedlm.engine.presence import Presence
 from fedlm.engine.runlog import RunLog
 from fedlm.engine.streaming import StreamRounds
 from fedlm.engine.transfers import ServerTransfers, local_links
@@ -82,6 +80,9 @@ class Engine:
         # cfg.clock: results in virtual-completion order, or in real arrival order
         self.events = (VirtualEvents(cfg, fleet, self.in_flight, self.inbox)
                        if cfg.clock == "virtual" else WallEvents(self.in_flight, self.inbox, self.pool))
+        # who is there, on a fleet that changes over time (None: a fleet that does not)
+        self.presence = (Presence(self.events.dynamics, self.pool, self.events, self.log)
+                         if self.events.dynamics is not None else None)
         self.jobs = JobMaker(cfg, fleet, shard_sizes)
         self.transfers = (ServerTransfers(cfg, servers_fleet, self.events, self.log)
                           if strategy.two_level else None)
@@ -144,7 +145,9 @@ class Engine:
         self.model.start(params, num_workers=len(self.fleet), regions=by_region(self.fleet))
         if self.stream is not None:
             self.stream.start(params)
-        self.policy.start(steps=self.cfg.inner.steps,
+        transfers = self.events.transfer_times(  # DyLU sizes whole jobs, transfers too
+            num_bytes(params), wire_sizes.encoded_bytes(params, self.cfg.network))
+        self.policy.start(steps=self.cfg.inner.steps, transfer_times=transfers,
                           step_times=[p.step_time for p in self.fleet])
         if resume is None:
             self.model_bytes = num_bytes(params)
@@ -161,6 +164,8 @@ class Engine:
             if self.done():
                 break
             self._dispatch_free_workers()
+            if self.presence is not None and self.presence.everyone_left(self.in_flight):
+                break
             if not self.in_flight and not self.pool.offline:
                 raise EngineError(f"stalled at version {self.version}: no job in flight "
                                   f"and strategy {self.strategy.name!r} gives none to "
@@ -189,6 +194,8 @@ class Engine:
             if cap and len(self.in_flight) >= cap:
                 self.pool.blocked = True
                 break
+            if self.presence is not None and self.presence.gone_away(w, now, self.version):
+                continue
             if w in self.pool.retired or not self.strategy.wants_job(w, version=self.version):
                 continue
             steps = budget.steps_for(self, w)
@@ -201,13 +208,14 @@ class Engine:
                              prev_job=self.pool.state_job[w], keep_from=self.pool.keep_from(w))
         if self.stream is None:
             payload, down, up = self.model.start_params(w), self.model_bytes, self.up_bytes
-            timing = self.events.timing(w, steps)
+            timing = self.events.timing(w, steps, index)
         else:  # the fragments the worker lacks, mixed in τ steps into the job
             job, payload, down, up, timing = self.stream.dispatch(job, self.params, self.events)
         limit = now + self.jobs.time_allowed(job, timing)
         expires = timing is not None and self.events.will_expire(timing, job.fault, limit)
         flight = InFlight(job, now, timing, index, limit, expires,
-                          payload if self.transfers is not None else None)
+                          payload if self.transfers is not None else None,
+                          self.presence and self.presence.departure(w, index, now, timing))
         self.log.intervals([(w, IntervalKind.IDLE, free_since, now, self.version, None)])
         self.model.dispatched(w, self.version)
         self.in_flight.add(flight)
@@ -221,8 +229,8 @@ class Engine:
     def _handle(self, event: Event) -> InFlight | None:
         """Act on an event; a finished job (done or lost) is returned."""
         if isinstance(event, BackOnline):
-            since = self.pool.back_online(event.worker, self.now)
-            self.log.online(event.worker, self.now, since, self.version)
+            since, absent = self.pool.back_online(event.worker, self.now)
+            self.log.online(event.worker, self.now, since, self.version, absent=absent)
             return None
         if isinstance(event, Delivery):
             self.transfers.arrived(event.key, self.model, self.now, self._new_version)
@@ -236,6 +244,8 @@ class Engine:
         error, reason = reply.error, "error"
         if error is not None and error.startswith("deadline"):
             reason = "deadline"
+        elif error is not None and error.startswith("departed"):
+            reason = "departed"
         grad = None
         if error is None:  # decode what came over the wire, then check it
             try:
@@ -272,7 +282,8 @@ class Engine:
             "wall_arrival": reply.wall_arrival, "compute_seconds": reply.compute_seconds},
             grad)
         compute = flight.timing.compute if flight.timing is not None else reply.compute_seconds
-        self.policy.observe(w, steps=reply.steps, seconds=compute)
+        self.policy.observe(w, steps=reply.steps, seconds=compute,
+                            transfer=max(0.0, now - flight.t_dispatch - compute))
         new_params = self.model.apply(update)
         if new_params is not None:
             self._new_version(new_params)
@@ -284,7 +295,7 @@ class Engine:
 
     def _lost(self, flight: InFlight, error: str, reason: str) -> None:
         job, w = flight.job, flight.job.worker
-        if self.pool.failed(w):
+        if reason != "departed" and self.pool.failed(w):
             reason = "retired"
         self.inbox.settle(job.job_id, "lost")
         self.log.lost(job, self.now, error=error, reason=reason,
@@ -292,7 +303,9 @@ class Engine:
         if self.pool.everyone_retired():
             raise EngineError(f"every worker failed {self.cfg.reliability.max_failures} jobs "
                               f"in a row; last error: {error}")
-        if w not in self.pool.retired:
+        if reason == "departed":
+            self.presence.departed(w, self.now)
+        elif w not in self.pool.retired:
             self._release(w, flight.index)
         new_params = self.model.lose(w, job_id=job.job_id, reason=reason)
         if new_params is not None:  # e.g. a sync round closed with the replies it had
@@ -340,10 +353,11 @@ class Engine:
                  f.job.job_id) for kind, a, b in self.events.spans(f, end, compute_seconds)]
 
     def _close_timeline(self, why: str = "run finished") -> None:
-        """Free workers were idle until now, offline ones offline; jobs in flight are
-        cut at now and cancelled (``why``)."""
+        """Free workers were idle until now, offline ones offline; jobs in flight cancelled."""
         end = self.now
         rows = self.pool.closing_rows(end, self.version)
+        if self.presence is not None:  # when each worker ran slowed, for the timeline
+            rows += self.presence.slowed_rows(len(self.fleet), end, self.version)
         for f in self.in_flight.flights():
             rows += self._spans(f, end, compute_seconds=0.0)
         self.log.intervals(rows)
@@ -351,8 +365,8 @@ class Engine:
         self.log.commit()
 
     def cancel_in_flight(self, why: str) -> None:
-        """The run ends with these jobs in flight: none will be handed on, so the jobs
-        table says ``cancelled``, not ``running`` (once; replay walks only their dispatch)."""
+        """The jobs in flight at the end are marked ``cancelled``, once (replay walks only
+        their dispatch)."""
         if not self._cancelled:
             self._cancelled = True
             self.log.cancelled(self.in_flight.ids(), why)

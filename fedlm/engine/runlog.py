@@ -112,10 +112,23 @@ class RunLog:
     def offline(self, worker: int, now: float, seconds: float) -> None:
         self._event("worker_offline", now, worker=worker, detail=f"for {seconds:g} s")
 
-    def online(self, worker: int, now: float, since: float, version: int) -> None:
-        self.intervals([(worker, IntervalKind.OFFLINE, since, now, version, None)])
+    def online(self, worker: int, now: float, since: float, version: int,
+               absent: bool = False) -> None:
+        kind = IntervalKind.ABSENT if absent else IntervalKind.OFFLINE
+        self.intervals([(worker, kind, since, now, version, None)])
         self._event("worker_online", now, worker=worker,
-                    detail=f"after {now - since:.1f} s offline")
+                    detail=f"after {now - since:.1f} s {kind.value}")
+
+    # a fleet that changes over time (fedlm.sim.dynamics)
+    def absent(self, worker: int, since: float, until: float) -> None:
+        detail = "left for good" if until == float("inf") else f"until {until:.1f} s"
+        self._event("worker_absent", since, worker=worker, detail=detail)
+
+    def straggler(self, worker: int, now: float, multiplier: float) -> None:
+        self._event("straggler", now, worker=worker, detail=f"compute x{multiplier:.2f}")
+
+    def fleet_empty(self, now: float, gone: int) -> None:
+        self._event("fleet_empty", now, detail=f"no worker left to train ({gone} gone for good)")
 
     def commit(self, force: bool = True) -> None:
         if self.writer:

@@ -53,6 +53,8 @@ class InFlight:
     expires: bool = False  # virtual clock: it will miss its deadline (its event is the deadline)
     # a two-level strategy's job: the region model it started from (resume sends it again)
     start: object = None
+    # virtual clock, a fleet that changes over time: its worker goes away then, mid-job
+    departs: float | None = None
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,12 @@ class Progress:
     perplexity: float | None
     local_steps: int  # inner steps of all updates received
     budget: int  # local_step_budget (0: none)
+
+
+def departed(job_id: int, flight: InFlight, wall_arrival: float) -> JobResult:
+    """The reply the engine acts on for a job whose worker went away before it ended."""
+    return JobResult.failed(job_id, f"departed: the worker went away at "
+                            f"{flight.departs:.1f} s, mid-job", wall_arrival)
 
 
 def missed_deadline(job_id: int, flight: InFlight, wall_arrival: float) -> JobResult:

@@ -24,6 +24,9 @@ class WorkerPool:
         self.num_workers = num_workers
         self.free_since: dict[int, float] = {}  # free worker -> time it became free
         self.offline: dict[int, tuple[float, float]] = {}  # worker -> (since, until)
+        # those of them that are absent (a fleet that changes over time), not offline
+        # after an injected fault; until = inf: left for good
+        self.absent: set[int] = set()
         self.retired: set[int] = set()
         self.failures = [0] * num_workers  # failed jobs in a row
         self.jobs_of = [0] * num_workers  # jobs dispatched so far
@@ -119,12 +122,21 @@ class WorkerPool:
         self.newly_free.append(w)
         return None
 
-    def back_online(self, w: int, now: float) -> float:
-        """``w`` is free again; returns since when it was offline."""
+    def away(self, w: int, since: float, until: float) -> None:
+        """Free or busy worker ``w`` is absent from ``since`` until ``until``."""
+        self.free_since.pop(w, None)
+        self.offline[w] = (since, until)
+        self.absent.add(w)
+
+    def back_online(self, w: int, now: float) -> tuple[float, bool]:
+        """``w`` is free again; returns since when it was offline, and whether it was
+        absent (rather than offline after a fault)."""
         since, _ = self.offline.pop(w)
+        absent = w in self.absent
+        self.absent.discard(w)
         self.free_since[w] = now
         self.newly_free.append(w)
-        return since
+        return since, absent
 
     def due_online(self, now: float) -> list[int]:
         return [w for w, (_, until) in self.offline.items() if until <= now]
@@ -137,14 +149,16 @@ class WorkerPool:
         """At the end: free workers were idle until ``end``, offline ones offline."""
         rows = [(w, IntervalKind.IDLE, t, end, version, None)
                 for w, t in sorted(self.free_since.items())]
-        return rows + [(w, IntervalKind.OFFLINE, since, end, version, None)
-                       for w, (since, _) in sorted(self.offline.items())]
+        return rows + [(w, IntervalKind.ABSENT if w in self.absent else IntervalKind.OFFLINE,
+                        since, end, version, None)
+                       for w, (since, _) in sorted(self.offline.items()) if end > since]
 
     def state_dict(self) -> dict:
         return {"free_since": dict(self.free_since), "offline": dict(self.offline),
                 "retired": sorted(self.retired), "failures": list(self.failures),
                 "jobs_of": list(self.jobs_of), "state_job": list(self.state_job),
                 "pins": [list(p) for p in self.pins], "newly_free": list(self.newly_free),
+                "absent": sorted(self.absent),
                 "scanned_version": self.scanned_version, "blocked": self.blocked,
                 "sampler": self.sampler.bit_generator.state}
 
@@ -155,4 +169,5 @@ class WorkerPool:
         self.pins = [list(p) for p in st["pins"]]
         self.newly_free, self.scanned_version = list(st["newly_free"]), st["scanned_version"]
         self.blocked = st["blocked"]
+        self.absent = set(st.get("absent", []))  # a checkpoint from before absences
         self.sampler.bit_generator.state = st["sampler"]

@@ -111,9 +111,13 @@ def regions_of(cfg: FleetConfig) -> dict[str, Region]:
             **{name: Region(name, *link) for name, link in matrix.items()}}
 
 
-def profiles(cfg: FleetConfig, num_workers: int) -> list[WorkerProfile]:
+def profiles(cfg: FleetConfig, num_workers: int, batch_size: int = 8) -> list[WorkerProfile]:
     """Each worker's profile: the preset, with explicit lists taking precedence
-    (``topology`` places workers in regions in order: {us = 4, eu = 2} -> 0-3 us, 4-5 eu)."""
+    (``topology`` places workers in regions in order: {us = 4, eu = 2} -> 0-3 us, 4-5 eu).
+    A FedScale device trace (``fleet.device_trace``) sets every worker's step time (at
+    ``batch_size`` sequences a step) and link instead (``fedlm.sim.traces``)."""
+    if cfg.device_trace:
+        return _traced_profiles(cfg, num_workers, batch_size)
     step_times = _preset_step_times(cfg, num_workers)
     regions = _preset_regions(cfg, num_workers)
     for w in range(min(num_workers, len(cfg.step_times))):
@@ -131,10 +135,27 @@ def profiles(cfg: FleetConfig, num_workers: int) -> list[WorkerProfile]:
             for w in range(num_workers)]
 
 
+def _traced_profiles(cfg: FleetConfig, num_workers: int, batch_size: int
+                     ) -> list[WorkerProfile]:
+    """Worker w is the trace's (w mod clients)-th client in key order, as FedScale hands
+    out its traces: FedScale's compute time per step (3 x batch x ms per sample) and its
+    bandwidth both ways, no latency (FedScale has none); each worker a region of its own."""
+    from fedlm.sim import traces  # only runs that name a trace read one
+
+    entries = traces.load_device_trace(cfg.device_trace)
+    out = []
+    for w in range(num_workers):
+        e = entries[w % len(entries)]
+        bw = e.bytes_per_second()
+        out.append(WorkerProfile(w, e.step_seconds(batch_size), cfg.jitter,
+                                 Region(f"trace-{e.key}", 0.0, bw, bw)))
+    return out
+
+
 def groups(cfg: Config) -> list[list[int]]:
     """The workers behind each engine-level node: themselves, or (hierarchical)
     the workers of each region, regions in order of their first worker."""
-    per_worker = profiles(cfg.fleet, cfg.workers)
+    per_worker = profiles(cfg.fleet, cfg.workers, cfg.inner.batch_size)
     if not cfg.network.hierarchical:
         return [[p.worker] for p in per_worker]
     return by_region(per_worker)
@@ -159,7 +180,7 @@ def node_count(cfg: Config) -> int:
 def node_profiles(cfg: Config) -> list[WorkerProfile]:
     """The profiles the engine schedules: one per worker, or one per region pod
     (as slow as its slowest member, its members' batches all-reduced every step)."""
-    per_worker = profiles(cfg.fleet, cfg.workers)
+    per_worker = profiles(cfg.fleet, cfg.workers, cfg.inner.batch_size)
     if not cfg.network.hierarchical:
         return per_worker
     return [WorkerProfile(n, max(per_worker[w].step_time for w in members), cfg.fleet.jitter,
@@ -167,13 +188,22 @@ def node_profiles(cfg: Config) -> list[WorkerProfile]:
             for n, members in enumerate(groups(cfg))]
 
 
+def _download(p: WorkerProfile, nbytes: int) -> float:
+    return p.region.latency + nbytes / p.region.down_bw
+
+
+def _upload(p: WorkerProfile, nbytes: int) -> float:
+    return p.region.latency + nbytes / p.region.up_bw
+
+
 class JobTimer:
     """Virtual durations of jobs; one seeded RNG per worker, so a worker's
     jitter sequence does not depend on the order jobs of others were dispatched."""
 
     def __init__(self, fleet: list[WorkerProfile], seed: int, intra_bw: float = 12.5e9,
-                 topology: str = "star") -> None:
+                 topology: str = "star", dynamics=None) -> None:
         self.fleet = fleet
+        self.dynamics = dynamics  # fedlm.sim.dynamics.FleetDynamics, or None
         self.intra_bw = intra_bw
         self.topology = topology
         self._rngs = [np.random.default_rng([seed, 7919, p.worker]) for p in fleet]
@@ -190,24 +220,43 @@ class JobTimer:
         allreduce = collectives.intra_step(model_bytes, p.members, self.intra_bw)
         return steps * (p.step_time * jitter + allreduce)
 
+    def changed_compute(self, worker: int, start: float, nominal: float, index: int) -> float:
+        """Seconds a compute of ``nominal`` seconds started at ``start`` takes on a fleet
+        that changes over time (``fedlm.sim.dynamics``)."""
+        straggle = self.dynamics.straggle(worker, index)
+        work = nominal * straggle.multiplier if straggle is not None else nominal
+        return self.dynamics.compute_end(worker, start, work) - start
+
+    def transfers(self, worker: int, down_bytes: int, up_bytes: int) -> float:
+        """Nominal seconds a whole-model job of ``worker`` spends on transfers: its
+        download and upload (star), or the all-reduce (ring, tree). ``timing`` times
+        every job with these formulas; DyLU sizes jobs with them."""
+        if self.topology in collectives.ALLREDUCE:
+            return self.allreduce(up_bytes)
+        return _download(self.fleet[worker], down_bytes) + _upload(self.fleet[worker], up_bytes)
+
     def allreduce(self, nbytes: float) -> float:
         """Seconds of one all-reduce of ``nbytes`` among the fleet (ring or tree)."""
         return collectives.allreduce_seconds(self.topology, nbytes, len(self.fleet),
                                              self._bw_min, self._lat_max)
 
-    def timing(self, worker: int, steps: int, down_bytes: int, up_bytes: int) -> JobTiming:
-        """A whole-model job: download, compute, upload (star), or compute and an
-        all-reduce of the upload (ring, tree)."""
+    def timing(self, worker: int, steps: int, down_bytes: int, up_bytes: int,
+               start: float = 0.0, index: int = 0) -> JobTiming:
+        """A whole-model job dispatched at ``start`` as its worker's ``index``-th:
+        download, compute, upload (star), or compute and an all-reduce of the upload
+        (ring, tree). A fleet that changes over time stretches the compute over the
+        slow spans it meets, and a straggling job's by its multiplier."""
         p = self.fleet[worker]
         compute = self._compute(worker, steps, down_bytes)
-        if self.topology in collectives.ALLREDUCE:
+        allreduce = self.topology in collectives.ALLREDUCE
+        if self.dynamics is not None:
+            download = 0.0 if allreduce else _download(p, down_bytes)
+            compute = self.changed_compute(worker, start + download, compute, index)
+        if allreduce:
             return JobTiming(0.0, compute, 0.0, exchange=self.allreduce(up_bytes),
                              before_exchange=compute)
-        return JobTiming(
-            download=p.region.latency + down_bytes / p.region.down_bw,
-            compute=compute,
-            upload=p.region.latency + up_bytes / p.region.up_bw,
-        )
+        return JobTiming(download=_download(p, down_bytes), compute=compute,
+                         upload=_upload(p, up_bytes))
 
     def streaming_timing(self, worker: int, steps: int, model_bytes: int, down_bytes: int,
                          up_bytes: int, overlap: int) -> JobTiming:

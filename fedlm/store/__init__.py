@@ -17,6 +17,8 @@ the file read-only. Each run records the process that writes it
                    last_seen, run_row, operation_log (replay), metric_curve, best_loss, uploaded_bytes,
                    traffic
     export.py      export: a run's rows as CSV or Parquet
+    fleet_changes.py  fleet_changes: per worker, absences, slow-downs, stragglers,
+                   departures, joins and leaves (a fleet that changes over time)
     progress.py    progress_points: each evaluation with the fleet's running totals by then
                    (what the experiment trackers get, fedlm.track)
     dashboard.py   the dashboard's reads, as pandas frames (import it explicitly:
@@ -29,6 +31,7 @@ the modules, except for ``fedlm.store.dashboard``.
 from fedlm.store.connection import (StoreError, check_writable, connect, connect_readonly,
                                     db_error, db_timeout, transaction, with_retries)
 from fedlm.store.export import export  # the function; the module is fedlm.store.export too
+from fedlm.store.fleet_changes import WorkerChanges, fleet_changes
 from fedlm.store.progress import ProgressPoint, progress_points
 from fedlm.store.readers import (OperationLog, RunSummary, Troubles, WorkerSummary, best_loss,
                                  config_of, last_seen, list_runs, metric_curve, operation_log,

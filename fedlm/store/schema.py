@@ -158,10 +158,16 @@ class IntervalKind(str, Enum):
     # ... and the part of one that ran behind compute (Streaming DiLoCo's overlap): it
     # overlaps a compute span, so time totals leave it out (COUNTED_KINDS)
     HIDDEN = "hidden exchange"
+    # a fleet that changes over time (fedlm.sim.dynamics): the worker is not there
+    # (an availability gap, before it joins, after it leaves) ...
+    ABSENT = "absent"
+    # ... or runs slowed; this overlays its other spans, so time totals leave it out
+    SLOWED = "slowed"
 
 
 # The kinds whose spans never overlap one another: a worker's time adds up over these.
-COUNTED_KINDS = tuple(k.value for k in IntervalKind if k is not IntervalKind.HIDDEN)
+COUNTED_KINDS = tuple(k.value for k in IntervalKind
+                      if k not in (IntervalKind.HIDDEN, IntervalKind.SLOWED))
 # The kinds that are communication the worker waits for (exposed).
 EXPOSED_COMM_KINDS = ("download", "upload", "link wait", "exchange")
 
