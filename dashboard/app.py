@@ -38,8 +38,13 @@ KIND_COLORS = {"compute": "#2ca02c", "download": "#1f77b4", "upload": "#9467bd",
 # an exchange that ran behind compute (Streaming DiLoCo's overlap): drawn as a thin
 # bar over the compute it overlapped, left out of the time totals
 HIDDEN = "hidden exchange"
+# a fleet that changes over time: a worker not there (before it joins, away, gone), and
+# the spans it ran slowed, drawn as a thin bar over whatever it was doing
+SLOWED = "slowed"
+OVERLAYS = (HIDDEN, SLOWED)
 TIMELINE_COLORS = {**KIND_COLORS, HIDDEN: "#e377c2", "in flight": "#bbbbbb",
-                   "offline": "#444444", "lost job": "#ff7f0e"}
+                   "offline": "#444444", "absent": "#c7c7c7", SLOWED: "#bcbd22",
+                   "lost job": "#ff7f0e"}
 
 
 def db_from_argv() -> str:
@@ -149,10 +154,10 @@ def headline_row(h: dict) -> None:
 
 def timeline_chart(iv: pd.DataFrame) -> alt.Chart:
     iv = iv.assign(worker=iv["worker"].map(lambda w: f"worker {w}"))
-    hidden = iv["kind"] == HIDDEN
-    chart = _timeline_bars(iv[~hidden], alt.Chart(iv[~hidden]).mark_bar())
-    if hidden.any():  # a thin bar over the compute it overlapped
-        chart = chart + _timeline_bars(iv[hidden], alt.Chart(iv[hidden]).mark_bar(size=7))
+    over = iv["kind"].isin(OVERLAYS)
+    chart = _timeline_bars(iv[~over], alt.Chart(iv[~over]).mark_bar())
+    if over.any():  # a thin bar over the compute it overlapped, or the slowed spans
+        chart = chart + _timeline_bars(iv[over], alt.Chart(iv[over]).mark_bar(size=7))
     return chart.properties(height=alt.Step(32))  # 32 px per worker row
 
 

@@ -31,6 +31,10 @@ class LocalSteps(ABC):
         self.step_times = list(step_times)
         self.transfer_times = list(transfer_times) if transfer_times is not None else None
 
+    def sizes_even(self) -> bool:
+        """Whether the jobs it hands out together end together (after ``start``)."""
+        return self.even_times
+
     @abstractmethod
     def local_steps(self, worker: int) -> int:
         """Inner steps for ``worker``'s next job."""
@@ -123,6 +127,16 @@ class DyLU(LocalSteps):
     def reference(self) -> tuple[float, float]:
         """(speed, transfer seconds) of the worker whose whole job of H steps is shortest."""
         return self._ref
+
+    def sizes_even(self) -> bool:
+        """True unless some worker's transfers alone outlast the reference job by more
+        than half of its step: it is held at one step and its jobs end late."""
+        x = getattr(self, "transfer_times", None)
+        if not x or min(x) == max(x):  # not started, links unknown, or equal links
+            return True
+        v_ref, x_ref = self.reference()
+        return all(self.speed(w) * (x_ref + self.steps / v_ref - self.transfer(w)) >= 0.5
+                   for w in range(len(self.step_times)))
 
     def local_steps(self, worker: int) -> int:
         v_ref, x_ref = self.reference()

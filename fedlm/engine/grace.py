@@ -17,7 +17,8 @@ The rules (config ``grace``):
   the first worker waits only until the last job that falls in the window.
 - adaptive (``auto``: for the strategies that ask for it, delayed Nesterov, when jobs
   handed out together are meant to finish together, with DyLU or equally fast
-  workers; ``adaptive``: always):
+  workers, and not where DyLU cannot make them: a worker whose transfers alone
+  outlast the job DyLU sizes the others to; ``adaptive``: always):
   the window follows the jobs, not a constant. At the first finish t0, of a job
   that took d seconds, it waits for the jobs *expected* with it:
 
@@ -200,6 +201,17 @@ def grace_rule(setting: str, span: float, *, wants_grace: bool, synchronous: boo
         return NoGrace()
     seconds = float(setting)
     return FixedGrace(seconds) if seconds > 0 else NoGrace()
+
+
+def grace_for(cfg: Any, strategy: Any, policy: Any, fleet: list) -> NoGrace:
+    """The rule of a run: ``grace_rule`` of its settings, where jobs handed out together
+    are meant to finish together if the local-steps policy sizes them so (asked after
+    its ``start``: DyLU cannot where a worker's transfers alone outlast the job it
+    sizes the others to) or every worker is equally fast."""
+    return grace_rule(cfg.grace, cfg.grace_span, wants_grace=strategy.wants_grace,
+                      synchronous=strategy.synchronous,
+                      together=policy.sizes_even() or len({p.step_time for p in fleet}) == 1,
+                      num_workers=len(fleet))
 
 
 def take_window(engine: Any, window: Window | None) -> None:

@@ -41,7 +41,7 @@ from fedlm.engine import budget, state
 from fedlm.engine.divergence import DivergenceWatch, hint
 from fedlm.engine.global_model import GlobalModel
 from fedlm.engine.events import VirtualEvents, WallEvents
-from fedlm.engine.grace import grace_rule, take_window
+from fedlm.engine.grace import grace_for, take_window
 from fedlm.engine.in_flight import InFlightJobs
 from fedlm.engine.inbox import Inbox
 from fedlm.engine.jobs import JobMaker
@@ -91,11 +91,7 @@ class Engine:
         self.per_update = self.stream.streaming.fragments if self.stream is not None else 1
         # and streaming ends with P - 1 rounds of no steps that bring every fragment in
         self.versions_wanted = cfg.updates * self.per_update + (self.per_update - 1)
-        self.grace = grace_rule(cfg.grace, cfg.grace_span, wants_grace=strategy.wants_grace,
-                                synchronous=strategy.synchronous,
-                                together=local_steps.even_times
-                                or len({p.step_time for p in fleet}) == 1,
-                                num_workers=len(fleet))
+        self.grace = grace_for(cfg, strategy, local_steps, fleet)  # again once DyLU knows links
         self.base_params: dict[int, object] = {}  # versions in-flight jobs started from
         self.tokens = self.steps_done = self.jobs_done = 0
         self.last_perplexity: float | None = None
@@ -149,6 +145,7 @@ class Engine:
             num_bytes(params), wire_sizes.encoded_bytes(params, self.cfg.network))
         self.policy.start(steps=self.cfg.inner.steps, transfer_times=transfers,
                           step_times=[p.step_time for p in self.fleet])
+        self.grace = grace_for(self.cfg, self.strategy, self.policy, self.fleet)
         if resume is None:
             self.model_bytes = num_bytes(params)
             self.up_bytes = wire_sizes.encoded_bytes(params, self.cfg.network)
