@@ -81,8 +81,9 @@ class DyLU(LocalSteps):
     jobs handed out together end together, not only their compute. With equal links
     (X_r = X_w) this is the paper's rule, v_w / max v · H, bit for bit. A worker whose
     transfers alone outlast the target gets one step (no fewer): its jobs end after
-    the cohort's, by its transfers' excess, and the adaptive grace window does not
-    wait for them (fedlm/engine/grace.py).
+    the cohort's, by its transfers' excess, so the jobs handed out together no longer
+    end together and ``grace = auto`` does not open the adaptive window
+    (``sizes_even``; fedlm/engine/grace.py).
 
     Speeds come from the workers' profiles (nominal seconds per step). Rounded to
     the nearest step, so a job lands within half a step of the target time, early
