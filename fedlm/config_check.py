@@ -337,9 +337,11 @@ def _check_dynamics(cfg: Config) -> None:
     if not dynamics.enabled(f):
         return
     why = None
-    if cfg.clock != "virtual":
-        why = "the virtual clock only (real machines bring their own)"
-    elif cfg.network.hierarchical:
+    if cfg.clock != "virtual" and (f.slowdown or f.stragglers):
+        raise ConfigError("fleet.slowdown, fleet.stragglers: the virtual clock only (on the "
+                          "wall clock the machines' speeds are their own; absences, "
+                          "availability traces, join and leave work there)")
+    if cfg.network.hierarchical:
         why = "one worker per node (not network.hierarchical pods)"
     elif cfg.network.server_down or cfg.network.server_up:
         why = "links of their own (not a shared network.server_down/server_up)"

@@ -81,7 +81,8 @@ def test_stragglers_are_rare_and_heavy_tailed():
     (["fleet.join=[0, 0, 0, 5]"], "fleet.join: 4 times for 3 workers"),
     (["fleet.join=[0, 50]", "fleet.leave=[0, 20]"], "fleet.leave[1]: 20.0 is not after"),
     (["fleet.trace_time_scale=0"], "fleet.trace_time_scale"),
-    (["fleet.slowdown={factor=2}", "clock=wall"], "runs with the virtual clock only"),
+    (["fleet.slowdown={factor=2}", "clock=wall"], "fleet.slowdown, fleet.stragglers: the virtual"),
+    (["fleet.join=[0, 5, 0]", "network.hierarchical=true"], "one worker per node"),
 ])
 def test_bad_settings_are_refused_in_one_line(sets, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
@@ -198,3 +199,22 @@ def test_a_run_on_fedscale_traces_resumes_and_replays_bit_for_bit(tmp_path):
 def test_config_round_trips_through_json():
     cfg = tiny_config("fleet.slowdown={factor=2, regions=['local']}", "fleet.join=[0, 5, 0]")
     assert config_load.from_json(cfg.to_json()) == cfg
+
+
+def test_on_the_wall_clock_absences_join_and_leave_in_real_seconds(tmp_path):
+    # real arrivals: a worker that joins at 0.3 s gets no job before, one that leaves at
+    # 0.5 s none after (its job in flight then is lost as departed); replay is exact
+    cfg = tiny_config("strategy=async-sgd", "updates=80", "clock=wall",
+                      "fleet.join=[0, 0, 0.3]", "fleet.leave=[0, 0.5, 0]")
+    engine, _, run_id = run_engine(cfg, tmp_path / "w.db", evaluate=False)
+    db = tmp_path / "w.db"
+    with sqlite3.connect(db) as conn:
+        first = dict(conn.execute("SELECT worker, MIN(t_dispatch) FROM jobs WHERE run_id=?"
+                                  " GROUP BY worker", (run_id,)).fetchall())
+        last = dict(conn.execute("SELECT worker, MAX(t_dispatch) FROM jobs WHERE run_id=?"
+                                 " GROUP BY worker", (run_id,)).fetchall())
+    assert engine.version == 80 and engine.now > 0.7  # (80 jobs take longer than that)
+    assert first[2] >= 0.3 and last[1] < 0.5
+    changes = {c.worker: c for c in store.fleet_changes(db, run_id)}
+    assert 0.5 <= changes[1].left < engine.now  # noticed at the engine's next look
+    assert replay(str(db), run_id).identical

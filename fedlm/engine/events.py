@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from fedlm.config import Config
 from fedlm.sim import dynamics
 from fedlm.sim.clock import VirtualClock
+from fedlm.sim.dynamics import FleetDynamics
 from fedlm.sim.fleet import JobTimer, JobTiming, WorkerProfile
 from fedlm.sim.network import Network
 from fedlm.store import IntervalKind
@@ -253,10 +254,13 @@ def _exchange_spans(timing: JobTiming, a: float, end: float) -> list[Span]:
 class WallEvents:
     lookahead = False  # nothing is known before it happens
 
-    dynamics = None  # real machines bring their own slow-downs and absences
-
-    def __init__(self, flights: InFlightJobs, inbox: Inbox, pool: WorkerPool) -> None:
+    def __init__(self, flights: InFlightJobs, inbox: Inbox, pool: WorkerPool,
+                 dynamics: FleetDynamics | None = None) -> None:
         self.flights, self.inbox, self.pool = flights, inbox, pool
+        # absences on the wall clock (fedlm.sim.dynamics; speeds are the machines' own)
+        self.dynamics = dynamics
+        self._departs: list[tuple[float, int]] | None = None  # (when, job) of jobs whose
+        # worker goes away, indexed from the jobs in flight at the first look
         self._start = time.monotonic()
         self.deliveries: list[tuple[float, int]] = []  # (when, key): transfers on their way
 
@@ -284,10 +288,21 @@ class WallEvents:
         return False  # a deadline is noticed when it passes
 
     def dispatched(self, f: InFlight) -> None:
-        pass
+        if f.departs is not None and self._departs is not None:
+            heapq.heappush(self._departs, (f.departs, f.job.job_id))
 
     def went_offline(self, w: int, until: float) -> None:
         pass  # noticed when ``until`` has passed
+
+    def _next_departure(self) -> tuple[float, int] | None:
+        """The first (time, job) whose worker goes away while the job is in flight."""
+        if self._departs is None:
+            self._departs = [(f.departs, f.job.job_id) for f in self.flights.flights()
+                             if f.departs is not None]
+            heapq.heapify(self._departs)
+        while self._departs and self._departs[0][1] not in self.flights:
+            heapq.heappop(self._departs)
+        return self._departs[0] if self._departs else None
 
     def deliver_at(self, at: float, key: int) -> None:
         """A transfer's simulated link time runs on the wall clock: it arrives at ``at``."""
@@ -306,6 +321,10 @@ class WallEvents:
                 return BackOnline(min(back))
             if self.deliveries and self.deliveries[0][0] <= now:
                 return Delivery(heapq.heappop(self.deliveries)[1])
+            gone = self._next_departure()
+            if gone is not None and gone[0] <= now:
+                heapq.heappop(self._departs)
+                return JobDone(gone[1], departed(gone[1], self.flights[gone[1]], time.time()))
             j = self.flights.first_overdue(now)
             if j is not None:
                 return JobDone(j, missed_deadline(j, self.flights[j], time.time()))
@@ -315,6 +334,7 @@ class WallEvents:
             soonest = min(([] if deadline is None else [deadline])
                           + [u for _, u in self.pool.offline.values()]
                           + [at for at, _ in self.deliveries[:1]]
+                          + ([gone[0]] if gone is not None else [])
                           + ([until] if until is not None else []), default=now + 1.0)
             self.inbox.receive(min(max(soonest - now, 0.0), 1.0), now=now)
 

@@ -31,7 +31,7 @@ import math
 import time
 from typing import Callable, NoReturn
 from fedlm.config import Config
-from fedlm.sim import faults, wire_sizes
+from fedlm.sim import dynamics, faults, wire_sizes
 from fedlm.sim.fleet import WorkerProfile, by_region
 from fedlm.params import BadUpdate, check_update, num_bytes
 from fedlm.store import IntervalKind, RunWriter
@@ -79,7 +79,9 @@ class Engine:
                            reply_timeout=cfg.sim.reply_timeout, recent=4 * len(fleet) + 64)
         # cfg.clock: results in virtual-completion order, or in real arrival order
         self.events = (VirtualEvents(cfg, fleet, self.in_flight, self.inbox)
-                       if cfg.clock == "virtual" else WallEvents(self.in_flight, self.inbox, self.pool))
+                       if cfg.clock == "virtual" else WallEvents(
+                           self.in_flight, self.inbox, self.pool,
+                           dynamics.build(cfg.fleet, [p.region.name for p in fleet], cfg.seed)))
         # who is there, on a fleet that changes over time (None: a fleet that does not)
         self.presence = (Presence(self.events.dynamics, self.pool, self.events, self.log)
                          if self.events.dynamics is not None else None)

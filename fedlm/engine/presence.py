@@ -13,7 +13,11 @@ the log together:
   intervals when the run ends (an overlay of the timeline, not counted in totals).
 
 Nothing here draws anything: the answers are functions of the run's seed, so replay
-and resume see the same fleet.
+and resume see the same fleet. On the wall clock (real arrivals) absences, joins and
+leaves work the same way, timed in real seconds since the run started: the engine
+stops giving the worker work and drops its job in flight when it goes away (the node
+itself is not stopped, as with ``faults.offline``); slow-downs and stragglers are
+the machines' own there.
 """
 
 from __future__ import annotations
@@ -48,8 +52,9 @@ class Presence:
                   ) -> float | None:
         """When the worker of a job dispatched now goes away before the job ends, if it
         does (noting a straggling job on the way)."""
-        if timing is None:
-            return None
+        if timing is None:  # the wall clock: the job's end is not known in advance
+            span = self.dynamics.absence(w, now)
+            return span[0] if span is not None and span[0] > now else None
         straggle = self.dynamics.straggle(w, index)
         if straggle is not None:
             self.log.straggler(w, now, straggle.multiplier)

@@ -31,8 +31,9 @@ worker there; when would its job's compute end; does it leave before the job end
 and a worker that leaves mid-job loses that job (``departed``, as a crash does, but
 not counted towards retiring it); it comes back, if ever, with new work.
 
-Virtual clock only: on the wall clock real machines bring their own slow-downs and
-absences (``fedlm.config_check`` refuses these settings there).
+On the wall clock (real arrivals) absences, joins and leaves are timed in real seconds
+since the run started (``fedlm.engine.presence``); slow-downs and stragglers are the
+virtual clock's only, real machines bring their own (``fedlm.config_check`` says so).
 """
 
 from __future__ import annotations
