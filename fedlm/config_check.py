@@ -324,8 +324,6 @@ def _check_dynamics(cfg: Config) -> None:
     from fedlm.sim import dynamics  # numpy only
 
     f = cfg.fleet
-    regions = [p.region.name for p in fleet.profiles(f, cfg.workers, cfg.inner.batch_size)]
-    dynamics.check(f, cfg.workers, regions)
     for key in ("device_trace", "availability_trace"):
         path = getattr(f, key)
         if path:
@@ -333,7 +331,12 @@ def _check_dynamics(cfg: Config) -> None:
 
             load = (traces.load_device_trace if key == "device_trace"
                     else traces.load_availability_trace)
-            load(path)  # a one-line ConfigError if it is not a FedScale trace
+            try:
+                load(path)
+            except ConfigError as exc:  # not a FedScale trace: say which setting named it
+                raise ConfigError(f"fleet.{key}: {exc}") from None
+    regions = [p.region.name for p in fleet.profiles(f, cfg.workers, cfg.inner.batch_size)]
+    dynamics.check(f, cfg.workers, regions)
     if not dynamics.enabled(f):
         return
     why = None

@@ -81,6 +81,8 @@ def test_stragglers_are_rare_and_heavy_tailed():
     (["fleet.join=[0, 0, 0, 5]"], "fleet.join: 4 times for 3 workers"),
     (["fleet.join=[0, 50]", "fleet.leave=[0, 20]"], "fleet.leave[1]: 20.0 is not after"),
     (["fleet.trace_time_scale=0"], "fleet.trace_time_scale"),
+    (["fleet.device_trace=."], "fleet.device_trace: .: cannot read the trace"),
+    (["fleet.availability_trace=/nonexistent.json"], "fleet.availability_trace: "),
     (["fleet.slowdown={factor=2}", "clock=wall"], "fleet.slowdown, fleet.stragglers: the virtual"),
     (["fleet.join=[0, 5, 0]", "network.hierarchical=true"], "one worker per node"),
 ])
