@@ -171,8 +171,8 @@ def test_dylu_answers_each_job_as_its_formula_over_the_whole_fleet_would(cls):
     d, fresh = cls(), cls()
     d.start(steps=30, step_times=times)
     keys = set(d.state_dict())
-    assert keys == ({"steps", "step_times", "observed"} if cls is DyLUOnline
-                    else {"steps", "step_times"})
+    assert keys == ({"steps", "step_times", "transfer_times", "observed", "observed_transfer"}
+                    if cls is DyLUOnline else {"steps", "step_times", "transfer_times"})
     for i in range(2000):
         w = rng.randrange(40)
         v = d.speeds()
