@@ -69,7 +69,7 @@ def table(runs: dict, fleet: str) -> list[str]:
         seeds = runs[(fleet, arm)]
         finals = [r["final"] for r in seeds.values()]
         times = [r["time"] for r in seeds.values()]
-        per_seed, vs_sync, vs_dylu = [], [], []
+        per_seed, vs_sync, vs_dylu, dylu_never = [], [], [], 0
         for seed in sorted(seeds):
             if seed not in sync:
                 continue
@@ -80,9 +80,12 @@ def table(runs: dict, fleet: str) -> list[str]:
                 continue
             per_seed.append(f"{seed}: {seconds(t)} ({t / sync[seed]['time']:.2f})")
             vs_sync.append(t / sync[seed]["time"])
-            if seed in sync_dylu:
+            if seed in sync_dylu:  # where sync + DyLU never gets there, no ratio: said apart
                 td = reach(sync_dylu[seed]["curve"], target)
-                vs_dylu.append(t / td if td else 0.0)
+                if td:
+                    vs_dylu.append(t / td)
+                else:
+                    dylu_never += 1
         steps = sorted({r["steps"] for r in seeds.values()})
         lines.append(
             f"| {arm} | {interval(finals)} | {'/'.join(f'{s:,}' for s in steps)} | "
@@ -90,7 +93,9 @@ def table(runs: dict, fleet: str) -> list[str]:
             f"{statistics.mean(vs_sync):.2f} ({len(vs_sync)}/{len(seeds)})" if vs_sync else
             f"| {arm} | {interval(finals)} | {'/'.join(f'{s:,}' for s in steps)} | "
             f"{seconds(statistics.mean(times))} | {'; '.join(per_seed)} | never")
-        lines[-1] += (f" | {statistics.mean(vs_dylu):.2f} |" if vs_dylu else " | - |")
+        never = f"; sync + DyLU never on {dylu_never}" if dylu_never else ""
+        lines[-1] += (f" | {statistics.mean(vs_dylu):.2f} ({len(vs_dylu)}{never}) |" if vs_dylu
+                      else f" | - ({never.lstrip('; ') or 'none'}) |")
     return lines + [""]
 
 
