@@ -201,6 +201,9 @@ _FLAGS = {"step_time": "--step-time", "H": "--H", "latency": "--latency",
           "fragments": "--fragments", "overlap": "--overlap"}
 
 
+MAX_COUNT = 1e15  # 10x the 100T model of docs/scaling.md
+
+
 def parse_count(text: str, what: str = "--params") -> float:
     """'1e9', '7B', '70b', '10M', '100T', '1.5k' -> a number."""
     m = re.fullmatch(r"\s*([0-9.eE+-]+)\s*([kKmMbBgGtT]?)\s*", text)
@@ -212,6 +215,8 @@ def parse_count(text: str, what: str = "--params") -> float:
     if not math.isfinite(value) or value < 1:
         raise ConfigError(f"{what}: expected a number of parameters like 1e9 or 7B, "
                           f"got {text!r}")
+    if value > MAX_COUNT:  # past any model or corpus the cost model was made for
+        raise ConfigError(f"{what}: at most {MAX_COUNT:.0e} (a quadrillion), got {text!r}")
     return value
 
 
