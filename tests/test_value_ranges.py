@@ -93,3 +93,18 @@ def test_a_run_whose_evaluated_model_never_changed_says_so(tmp_path, capsys):
         conn.execute("UPDATE runs SET final_hash = COALESCE(start_hash, initial_hash)")
     assert print_summary(str(db), 1) == 0
     assert "note: the evaluated model never changed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--workers", "100000000"], "--workers: must be <= 10,000,000 in all"),
+    (["--workers", "2000000", "--data-centres", "2000000"], "--data-centres: must be <= 1,000,000"),
+])
+def test_the_planner_refuses_a_huge_fleet_at_once(argv, message, capsys):
+    import time
+
+    from fedlm import cli
+
+    t0 = time.perf_counter()
+    assert cli.main(["plan", *argv]) == 2
+    assert message in capsys.readouterr().err
+    assert time.perf_counter() - t0 < 2.0  # not after building a hundred million workers

@@ -123,6 +123,12 @@ def input_from_args(args) -> PlanInput:
     if workers < 1:
         raise ConfigError(f"--workers: must be >= 1, got {workers}")
     dcs = args.data_centres if args.data_centres is not None else workers
+    # PlanInput's own bounds, asked before anything is built per worker or data centre
+    # (a hundred million workers took 28 s to be refused)
+    if workers > MAX_WORKERS:
+        raise ConfigError(f"--workers: must be <= {MAX_WORKERS:,} in all, got {workers}")
+    if dcs > MAX_DATA_CENTRES:
+        raise ConfigError(f"--data-centres: must be <= {MAX_DATA_CENTRES:,}, got {dcs}")
     if workers % dcs:
         raise ConfigError(f"--workers: {workers} workers do not spread evenly over {dcs} "
                           f"data centres")
@@ -202,6 +208,7 @@ _FLAGS = {"step_time": "--step-time", "H": "--H", "latency": "--latency",
 
 
 MAX_COUNT = 1e15  # 10x the 100T model of docs/scaling.md
+MAX_WORKERS, MAX_DATA_CENTRES = 10_000_000, 1_000_000  # as fedlm.plan.inputs checks
 
 
 def parse_count(text: str, what: str = "--params") -> float:
