@@ -108,3 +108,17 @@ def test_the_planner_refuses_a_huge_fleet_at_once(argv, message, capsys):
     assert cli.main(["plan", *argv]) == 2
     assert message in capsys.readouterr().err
     assert time.perf_counter() - t0 < 2.0  # not after building a hundred million workers
+
+
+def test_the_planner_derives_the_step_time_from_the_model_and_says_so(capsys):
+    from fedlm import cli
+
+    assert cli.main(["plan", "--params", "100T", "--data-centres", "20"]) == 0
+    first, *rest = capsys.readouterr().out.splitlines()
+    # 6 x 1e14 parameters x 4M tokens over 1e18 FLOP/s at 40%
+    assert first.startswith("fedlm plan: step time 6000 s per inner step, derived: 6 x 1e+14")
+    assert "H = 100 steps of 100 min" in rest[0]
+    utilisation = next(line for line in rest if line.startswith("compute utilisation"))
+    assert "0.0%" not in utilisation  # a fixed 0.5 s step gave 0.0%
+    assert cli.main(["plan", "--params", "1e9", "--step-time", "0.5"]) == 0
+    assert "derived" not in capsys.readouterr().out  # given: nothing to say
