@@ -195,6 +195,29 @@ def test_a_tracker_that_does_not_answer_is_dropped_in_time(tmp_path, capsys, mon
         in err
 
 
+def test_an_mlflow_server_nobody_listens_on_costs_one_line_and_no_wait(tmp_path, capfd,
+                                                                      monkeypatch):
+    import socket
+
+    from fedlm import runner
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setattr(Follower, "timeout", 3.0)
+    cfg = tiny_config("workers=2", "updates=1", f"track.mlflow_uri=http://127.0.0.1:{port}",
+                      f"track.dir={tmp_path / 'track'}", 'track.backends=["mlflow"]')
+    db = tmp_path / "r.db"
+    follower = Follower.of(db, cfg)
+    t0 = time.monotonic()
+    runner.run_inprocess(cfg, db, on_start=follower.begin, progress=lambda p: follower.poll())
+    follower.end()
+    assert time.monotonic() - t0 < 60 and store.run_row(db, 1)["status"] == "finished"
+    err = capfd.readouterr().err  # what the terminal shows: library logging included
+    assert err.count("fedlm: tracking: mlflow failed to start") == 1, err
+    assert "Traceback" not in err and "Retry" not in err, err
+
+
 def test_a_tracker_that_cannot_open_is_left_out_and_the_run_goes_on(tmp_path, capsys):
     from fedlm import runner
 
