@@ -80,13 +80,16 @@ def _finite(path: str, value: int | float) -> float:
     return result
 
 
+MAX_GRACE = 86400.0  # a grace window of more than a day waits for every job: use sync
+
+
 def _seconds(text: str) -> float | None:
-    """A number of seconds >= 0 written as text (``grace = "4"``), else None."""
+    """A number of seconds in [0, MAX_GRACE] written as text (``grace = "4"``), else None."""
     try:
         value = float(text)
     except ValueError:
         return None
-    return value if math.isfinite(value) and value >= 0 else None
+    return value if math.isfinite(value) and 0 <= value <= MAX_GRACE else None
 
 
 def _require(ok: bool, path: str, value: Any, why: str) -> None:
@@ -130,7 +133,8 @@ def validate(cfg: Config) -> None:
     _require(cfg.time_budget >= 0, "time_budget", cfg.time_budget, "must be >= 0")
     _require(cfg.max_in_flight >= 0, "max_in_flight", cfg.max_in_flight, "must be >= 0")
     _require(cfg.grace in GRACE_RULES or _seconds(cfg.grace) is not None, "grace", cfg.grace,
-             f"must be {', '.join(GRACE_RULES)} or a number of seconds >= 0")
+             f"must be {', '.join(GRACE_RULES)} or a number of seconds in [0, "
+             f"{MAX_GRACE:g}]")
     _require(0 < cfg.grace_span <= 10, "grace_span", cfg.grace_span, "must be in (0, 10]")
     _require_choice("clock", cfg.clock, CLOCKS)
     try:
@@ -223,6 +227,12 @@ def validate(cfg: Config) -> None:
         total = sum(f.topology.values())
         _require(total == cfg.workers, "fleet.topology", f.topology,
                  f"places {total} workers, but workers = {cfg.workers}")
+    if f.matrix and not f.device_trace:  # a measured network nobody is placed on does nothing
+        placed = {p.region.name for p in fleet.profiles(f, cfg.workers, cfg.inner.batch_size)}
+        if not placed & set(f.matrix["regions"]):
+            raise ConfigError(f"fleet.matrix: no worker is in any of its regions "
+                              f"({', '.join(f.matrix['regions'])}); place them with "
+                              f"fleet.topology or fleet.regions")
 
     _check_dynamics(cfg)
 
@@ -353,3 +363,13 @@ def _check_dynamics(cfg: Config) -> None:
     if why is not None:
         raise ConfigError(f"fleet: a fleet that changes over time (slowdown, stragglers, "
                           f"availability, join, leave, availability_trace) runs with {why}")
+
+
+def notes(cfg: Config) -> list[str]:
+    """Settings that load but do nothing in this config: one line each, for ``fedlm run``
+    to say (a run must not take a setting silently and ignore it)."""
+    out = []
+    if cfg.grace != "auto" and registry.strategy_class(cfg.strategy).synchronous:
+        out.append(f"grace = {cfg.grace} does nothing for the synchronous strategy "
+                   f"{cfg.strategy!r}: its barrier already waits for every job of a round")
+    return out

@@ -102,3 +102,27 @@ def test_unregistered_supernode_is_refused(deployment):
     assert "Failed to activate SuperNode" in (dep.home / "rogue.log").read_text(errors="replace")
     assert "No SuperNode found with the given public key" in dep.superlink_log()
     assert [n["node-id"] for n in dep.list_supernodes()] == online  # never listed
+
+
+def test_a_stranger_registered_through_the_control_api_gets_no_work(deployment, tmp_path,
+                                                                    capfd):
+    """Anyone holding ca.crt can register a key and start a SuperNode (the SuperLink
+    admits it); fedlm's runs use only the nodes the deployment registered, and say so."""
+    dep = deployment
+    before = set(_online(dep))
+    stranger = dep.start_supernode("stranger", "partition-id=0 num-partitions=2", ours=False)
+    deadline = time.monotonic() + 60
+    while len(set(_online(dep)) - before) < 1 and time.monotonic() < deadline:
+        assert stranger.poll() is None, (dep.home / "stranger.log").read_text()[-2000:]
+        time.sleep(0.5)
+    (stranger_id,) = set(_online(dep)) - before
+    db = tmp_path / "runs.db"
+    sets = [s for s in SETS if not s.startswith("faults.")] + ["updates=4"]
+    assert dep.run(sets, str(db), timeout=420) == 0
+    out = capfd.readouterr()
+    assert f"ignoring SuperNode {stranger_id}: not one of this deployment's" in out.out + out.err
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        used = {n for (n,) in conn.execute("SELECT node_id FROM workers")}
+        assert conn.execute("SELECT status FROM runs").fetchone() == ("finished",)
+    used = {str(n) for n in used}  # stored as text (64-bit ids)
+    assert str(stranger_id) not in used and used == {str(n) for n in dep.node_ids}

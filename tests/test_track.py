@@ -7,6 +7,8 @@ from __future__ import annotations
 import glob
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -156,6 +158,64 @@ def test_a_tracker_failing_mid_run_is_dropped_and_the_run_goes_on(tmp_path, caps
     err = capsys.readouterr().err
     assert err.count("fedlm: tracking: recording failed to log (OSError: disk quota "
                      "exceeded); the run goes on without it") == 1
+
+
+class _Silent(_Recording):
+    """A tracker whose server never answers its start (nobody listens at its URI)."""
+
+    name = "silent"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def start(self, run) -> None:
+        self.release.wait(60)  # bounded: the test releases it
+
+
+def test_a_tracker_that_does_not_answer_is_dropped_in_time(tmp_path, capsys, monkeypatch):
+    from fedlm import runner
+
+    cfg = tiny_config("workers=2", "updates=2", "eval.every=1")
+    db = tmp_path / "r.db"
+    silent, good = _Silent(), _Recording()
+    monkeypatch.setattr(Follower, "timeout", 0.5)
+    follower = Follower(db, cfg, [silent, good], every=0.0)
+    t0 = time.monotonic()
+    try:
+        runner.run_inprocess(cfg, db, on_start=follower.begin,
+                             progress=lambda p: follower.poll())
+        follower.end()
+    finally:
+        silent.release.set()
+    assert time.monotonic() - t0 < 30  # the run did not wait for the silent tracker
+    assert [t.name for t in follower.trackers] == ["recording"] and good.status == "finished"
+    err = capsys.readouterr().err
+    assert "\nfedlm: tracking: silent failed to start (TimeoutError: no answer within 0.5 s)" \
+        in err
+
+
+def test_an_mlflow_server_nobody_listens_on_costs_one_line_and_no_wait(tmp_path, capfd,
+                                                                      monkeypatch):
+    import socket
+
+    from fedlm import runner
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setattr(Follower, "timeout", 3.0)
+    cfg = tiny_config("workers=2", "updates=1", f"track.mlflow_uri=http://127.0.0.1:{port}",
+                      f"track.dir={tmp_path / 'track'}", 'track.backends=["mlflow"]')
+    db = tmp_path / "r.db"
+    follower = Follower.of(db, cfg)
+    t0 = time.monotonic()
+    runner.run_inprocess(cfg, db, on_start=follower.begin, progress=lambda p: follower.poll())
+    follower.end()
+    assert time.monotonic() - t0 < 60 and store.run_row(db, 1)["status"] == "finished"
+    err = capfd.readouterr().err  # what the terminal shows: library logging included
+    assert err.count("fedlm: tracking: mlflow failed to start") == 1, err
+    assert "Traceback" not in err and "Retry" not in err, err
 
 
 def test_a_tracker_that_cannot_open_is_left_out_and_the_run_goes_on(tmp_path, capsys):

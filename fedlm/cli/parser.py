@@ -214,8 +214,13 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", choices=("both", "sync", "async"), default="both",
                    help="which strategies to show (default both; ring, tree and streaming "
                    "are sync only)")
-    p.add_argument("--step-time", default="0.5", help="seconds per inner step, or a list per "
-                   "data centre: 0.5,1,2 (default 0.5)")
+    p.add_argument("--step-time", default=None, help="seconds per inner step, or a list per "
+                   "data centre: 0.5,1,2 (default: derived from the model, 6 x --params x "
+                   "--batch tokens FLOPs over --dc-flops x --mfu; the first line says so)")
+    p.add_argument("--dc-flops", default="1e18", help="peak FLOP/s of one data centre's "
+                   "chips, for the derived step time (default 1e18: about 1,000 H100s)")
+    p.add_argument("--mfu", type=float, default=0.4, help="the share of --dc-flops a step "
+                   "gets, for the derived step time (default 0.4)")
     p.add_argument("--H", "--local-steps", dest="H", type=int, default=100,
                    help="inner steps per job (default 100)")
     p.add_argument("--bandwidth", default="1e9", help="each data centre's link to the server, "
@@ -258,8 +263,8 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
                    "over data centres; see docs/scaling.md")
     p.add_argument("--tokens", default=None, help="--walltime: training tokens (default 20 x "
                    "--params, Chinchilla)")
-    p.add_argument("--batch", default="4M", help="--walltime: global batch in tokens "
-                   "(default 4M)")
+    p.add_argument("--batch", default="4M", help="global batch in tokens per inner step, for "
+                   "the derived step time and --walltime (default 4M)")
     p.add_argument("--replicas", type=int, default=None, help="--walltime: DiLoCo replicas M, "
                    "one per data centre (default: --data-centres, or 2)")
     p.add_argument("--chips", default="1e4", help="--walltime: chips R in all (default 1e4)")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,6 +32,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
         return print_walltime(wall_input(args), args.json)
     inp = input_from_args(args)
+    if args.step_time is None:  # first, so that nobody reads the plan without it
+        print(f"fedlm plan: {derived_step(args)[1]}", file=sys.stderr if args.json else sys.stdout,
+              flush=True)
     if args.scan:
         from fedlm.plan import scan
 
@@ -123,6 +127,12 @@ def input_from_args(args) -> PlanInput:
     if workers < 1:
         raise ConfigError(f"--workers: must be >= 1, got {workers}")
     dcs = args.data_centres if args.data_centres is not None else workers
+    # PlanInput's own bounds, asked before anything is built per worker or data centre
+    # (a hundred million workers took 28 s to be refused)
+    if workers > MAX_WORKERS:
+        raise ConfigError(f"--workers: must be <= {MAX_WORKERS:,} in all, got {workers}")
+    if dcs > MAX_DATA_CENTRES:
+        raise ConfigError(f"--data-centres: must be <= {MAX_DATA_CENTRES:,}, got {dcs}")
     if workers % dcs:
         raise ConfigError(f"--workers: {workers} workers do not spread evenly over {dcs} "
                           f"data centres")
@@ -179,7 +189,7 @@ def input_from_args(args) -> PlanInput:
                                 "--server-up" if args.server_up else "--server-bandwidth")
     inp = PlanInput(
         params=parse_count(args.params), data_centres=dcs, workers_per_dc=workers // dcs,
-        step_time=parse_list(args.step_time, "--step-time"), H=args.H, latency=latency,
+        step_time=step_times(args), H=args.H, latency=latency,
         down_bw=down, up_bw=up, server_down=server_down, server_up=server_up,
         compression=args.compression, down_compression=args.down_compression,
         block_size=args.block_size, jitter=args.jitter, daily_amplitude=args.daily_amplitude,
@@ -201,8 +211,12 @@ _FLAGS = {"step_time": "--step-time", "H": "--H", "latency": "--latency",
           "fragments": "--fragments", "overlap": "--overlap"}
 
 
-def parse_count(text: str, what: str = "--params") -> float:
-    """'1e9', '7B', '70b', '10M', '100T', '1.5k' -> a number."""
+MAX_COUNT = 1e15  # 10x the 100T model of docs/scaling.md
+MAX_WORKERS, MAX_DATA_CENTRES = 10_000_000, 1_000_000  # as fedlm.plan.inputs checks
+
+
+def parse_count(text: str, what: str = "--params", limit: float = MAX_COUNT) -> float:
+    """'1e9', '7B', '70b', '10M', '100T', '1.5k' -> a number, at most ``limit``."""
     m = re.fullmatch(r"\s*([0-9.eE+-]+)\s*([kKmMbBgGtT]?)\s*", text)
     scale = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
     try:
@@ -212,7 +226,30 @@ def parse_count(text: str, what: str = "--params") -> float:
     if not math.isfinite(value) or value < 1:
         raise ConfigError(f"{what}: expected a number of parameters like 1e9 or 7B, "
                           f"got {text!r}")
+    if value > limit:  # past any model or corpus the cost model was made for
+        raise ConfigError(f"{what}: at most {limit:.0e}, got {text!r}")
     return value
+
+
+def step_times(args: argparse.Namespace) -> tuple[float, ...]:
+    """``--step-time``, or derived from the model when it is not given: a step costs
+    about 6 x params x tokens FLOPs (forward and backward), done at ``--mfu`` of the
+    data centre's ``--dc-flops``. The assumption is said (``derived_step``)."""
+    if args.step_time is not None:
+        return parse_list(args.step_time, "--step-time")
+    return (derived_step(args)[0],)
+
+
+def derived_step(args: argparse.Namespace) -> tuple[float, str]:
+    """(seconds per inner step, the sentence that says how) from the model's FLOPs."""
+    params, tokens = parse_count(args.params), parse_count(args.batch, "--batch")
+    flops = parse_count(args.dc_flops, "--dc-flops", limit=1e24)
+    if not 0 < args.mfu <= 1:
+        raise ConfigError(f"--mfu: a share of the peak in (0, 1], got {args.mfu}")
+    seconds = 6 * params * tokens / (flops * args.mfu)
+    return seconds, (f"step time {seconds:.4g} s per inner step, derived: 6 x {params:.3g} "
+                     f"parameters x {tokens:.3g} tokens / ({flops:.3g} FLOP/s per data centre "
+                     f"x {args.mfu:.0%} utilisation); --step-time sets it")
 
 
 def wall_input(args: argparse.Namespace):

@@ -13,7 +13,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from fedlm import interrupts
+from fedlm import config_check, interrupts
 from fedlm.cli.runs import print_summary
 from fedlm.config import Config
 from fedlm.errors import ConfigError
@@ -37,14 +37,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         cfg = config_load.load(args.config, args.overrides)
         db = args.db or cfg.db
     from fedlm.track import Follower, with_trackers
+    from fedlm.track.backends import check_installed
 
     cfg = with_trackers(cfg, args.track)
     by_steps = cfg.local_step_budget > 0
     from fedlm.plan import memory
 
     memory.check_fits(cfg, args.backend)  # what cannot fit is refused before it starts
-    check_writable(db)
-    follower = Follower.of(db, cfg)  # a tracker not installed: refused here, in one line
+    check_installed(cfg.track.backends)  # a tracker not installed: refused in one line,
+    check_writable(db)  # before anything is written at --db
+    follower = Follower.of(db, cfg)
     flower = args.backend != "inprocess"
     simulation.quiet_libraries(flower)  # before the libraries below read the environment
     from tqdm import tqdm
@@ -62,6 +64,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"fedlm: {cfg.workers} workers, {cfg.fleet.preset} profile, {cfg.model} model, "
           f"{cfg.strategy} ({cfg.local_steps} local steps, H={cfg.inner.steps}), "
           f"{stop} -> {db}", flush=True)
+    for note in config_check.notes(cfg):
+        print(f"fedlm: note: {note}", file=sys.stderr, flush=True)
     if args.resume is not None and runner.resume_checkpoint(db, args.resume) is None:
         print(f"fedlm: no checkpoint of run {args.resume} next to {db}; starting over from "
               f"version 0", file=sys.stderr, flush=True)

@@ -39,6 +39,11 @@ def print_summary(db: str, run_id: int) -> int:
     print(f"\nrun {s.run_id} ({s.name}): {s.strategy}, {s.profile}, {s.model} model, "
           f"{s.tokenizer} tokenizer")
     print(f"  validation perplexity {first} -> {final} (best {s.best_perplexity:.2f})")
+    row = store.run_row(db, run_id)
+    start = row["start_hash"] or row["initial_hash"]
+    if row["final_hash"] and row["final_hash"] == start:  # finished, but learnt nothing
+        print(f"  note: the evaluated model never changed: its final weights are the ones it "
+              f"started from ({s.updates} updates from {s.jobs} jobs reached none of it)")
     if s.final_bits_per_byte is not None:  # per byte: compares runs of any tokenizers
         print(f"  validation bits per byte {s.first_bits_per_byte:.3f} -> "
               f"{s.final_bits_per_byte:.3f} (best {s.best_bits_per_byte:.3f})")

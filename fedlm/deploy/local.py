@@ -109,6 +109,9 @@ class LocalDeployment:
     port: int = 0
     procs: list[subprocess.Popen] = field(default_factory=list)
     nodes: dict[str, subprocess.Popen] = field(default_factory=dict)  # name -> SuperNode
+    # the Flower node ids of the SuperNodes this deployment registered (auth): its runs
+    # use these and ignore any other node the SuperLink admits
+    node_ids: set[int] = field(default_factory=set)
     certs: dict[str, Path] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -184,7 +187,8 @@ class LocalDeployment:
         keys = {}
         if self.auth:  # every key registered before its node starts (in parallel: ~2 s each)
             keys = {name: make_node_key(self.home / "keys" / name) for name in nodes}
-            self.register(*(pub for _, pub in keys.values()), timeout=timeout)
+            self.node_ids.update(self.register(*(pub for _, pub in keys.values()),
+                                               timeout=timeout))
         for name, node_config in nodes.items():
             self._spawn_supernode(name, node_config, keys[name][0] if keys else None)
         return self
@@ -197,14 +201,18 @@ class LocalDeployment:
             f'address = "{self.address}"\n{security}')
 
     def start_supernode(self, name: str, node_config: str, register: bool = True,
-                        timeout: float = 60.0) -> subprocess.Popen:
+                        timeout: float = 60.0, ours: bool = True) -> subprocess.Popen:
         """Start one more SuperNode; with auth, make its key pair and (if ``register``)
-        register it — an unregistered one is refused by the SuperLink."""
+        register it — an unregistered one is refused by the SuperLink. ``ours=False``
+        registers it as a stranger would (anyone holding ca.crt can reach the Control
+        API): the SuperLink admits it, and fedlm's runs ignore it (``node_ids``)."""
         key = None
         if self.auth:
             key, pub = make_node_key(self.home / "keys" / name)
             if register:
-                self.register(pub, timeout=timeout)
+                ids = self.register(pub, timeout=timeout)
+                if ours:
+                    self.node_ids.update(ids)
         return self._spawn_supernode(name, node_config, key)
 
     def _spawn_supernode(self, name: str, node_config: str, key: Path | None
@@ -295,9 +303,11 @@ class LocalDeployment:
         rc = self.home / "run-config.toml"
         sets = " ".join(overrides)
         self.run_id_file.unlink(missing_ok=True)  # an earlier run's id is not this one's
+        # with authentication, the nodes this deployment registered: a run uses no other
+        nodes = " ".join(map(str, sorted(self.node_ids))) if self.auth else ""
         rc.write_text(run_config if run_config is not None else
                       f'config = "{config_path or ""}"\nset = "{sets}"\ndb = "{db}"\n'
-                      f'run-id-file = "{self.run_id_file}"\n')
+                      f'run-id-file = "{self.run_id_file}"\nnodes = "{nodes}"\n')
         args = ["flwr", "run", str(app), CONNECTION, "--run-config", str(rc), "--stream"]
         if background:
             return self._spawn("flwr-run", args)

@@ -44,8 +44,12 @@ class FlowerTransport:
     """The engine's transport over a Flower ``Grid``."""
 
     def __init__(self, grid: Grid, cfg: Config, run_key: str,
-                 should_stop: Callable[[], bool] = lambda: False) -> None:
+                 should_stop: Callable[[], bool] = lambda: False,
+                 allowed: set[int] | None = None) -> None:
         self.grid = grid
+        # the node ids this run may use (a deployment's own SuperNodes); None: any
+        self.allowed = allowed
+        self._ignored: set[int] = set()  # strangers already named in the log
         self.should_stop = should_stop  # asked while connect waits: it can take long
         self.cfg = cfg
         self.cfg_json = cfg.to_json()
@@ -66,7 +70,7 @@ class FlowerTransport:
         deadline = time.monotonic() + NODE_WAIT_SECONDS
         want = fleet.node_count(self.cfg)
         while True:
-            nodes = sorted(self.grid.get_node_ids())
+            nodes = self._own(sorted(self.grid.get_node_ids()))
             if len(nodes) >= want:
                 break
             if time.monotonic() > deadline:
@@ -94,6 +98,17 @@ class FlowerTransport:
         if missing:
             raise EngineError(f"workers: no node holds partition(s) {missing}")
         return dict(self.node_of)
+
+    def _own(self, nodes: list[int]) -> list[int]:
+        """``nodes`` less the ones this run was not told about, each named once in the log:
+        a SuperNode registered by someone else is admitted by the SuperLink, not by fedlm."""
+        if self.allowed is None:
+            return nodes
+        for n in sorted(set(nodes) - self.allowed - self._ignored):
+            self._ignored.add(n)
+            log.warning("fedlm: ignoring SuperNode %d: not one of this deployment's "
+                        "(registered by someone else); it gets no message", n)
+        return [n for n in nodes if n in self.allowed]
 
     def _stop_if_asked(self) -> None:
         if self.should_stop():
@@ -202,11 +217,13 @@ def run_on_grid(grid: Grid, cfg: Config, db_path: str,
                 progress: Callable[[Progress], None] | None = None,
                 on_start: Callable[[int], None] | None = None,
                 should_stop: Callable[[], bool] | None = None, resume: int | None = None,
-                pretrain_progress: Callable[[int, int], None] | None = None) -> int:
-    """Run ``cfg`` (or continue run ``resume``) on ``grid``'s nodes; everything lands in
-    the run store. Returns the run id."""
+                pretrain_progress: Callable[[int, int], None] | None = None,
+                allowed: set[int] | None = None) -> int:
+    """Run ``cfg`` (or continue run ``resume``) on ``grid``'s nodes (only those of
+    ``allowed``, if given); everything lands in the run store. Returns the run id."""
     def connect(run_key: str):
-        transport = FlowerTransport(grid, cfg, run_key, should_stop or (lambda: False))
+        transport = FlowerTransport(grid, cfg, run_key, should_stop or (lambda: False),
+                                    allowed)
         return transport, transport.connect()
 
     return execute(cfg, db_path, connect, progress, on_start, should_stop, resume=resume,
@@ -259,5 +276,8 @@ def main(grid: Grid, context: Context) -> None:
             tmp.write_text(f"{run_id}\n")
             os.replace(tmp, report)
 
-    run_id = run_on_grid(grid, cfg, db, log_progress, on_start=stored)
+    # a deployment names its own SuperNodes (fedlm.deploy.local: the ids it registered)
+    nodes = str(rc.get("nodes", "")).split()
+    allowed = {int(n) for n in nodes} if nodes else None
+    run_id = run_on_grid(grid, cfg, db, log_progress, on_start=stored, allowed=allowed)
     log.warning("fedlm: run %d stored in %s", run_id, db)

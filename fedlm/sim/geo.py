@@ -71,6 +71,11 @@ def halos_step_times(regions: list[str], base_step_time: float) -> list[float]:
     return out
 
 
+# What a link of a measured network may be: past these the virtual times stop meaning
+# anything (a 1e-300 Gbit/s link takes 1e297 s to cross; a 1e308 s latency is inf).
+MIN_GBIT, MAX_GBIT, MAX_LATENCY = 1e-6, 1e6, 3600.0
+
+
 def matrix_problem(matrix: dict[str, Any]) -> str | None:
     """Why ``matrix`` is not a usable ``fleet.matrix`` (one line), or None."""
     if not matrix:
@@ -93,8 +98,9 @@ def matrix_problem(matrix: dict[str, Any]) -> str | None:
         values = [v for r in rows for v in r]
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
             return f"{key}: must hold numbers"
-        if key == "gbit" and not all(0 < v < float("inf") for v in values):
-            return "gbit: every bandwidth must be > 0"
-        if key == "latency" and not all(0 <= v < float("inf") for v in values):
-            return "latency: every latency must be >= 0"
+        if key == "gbit" and not all(MIN_GBIT <= v <= MAX_GBIT for v in values):
+            return (f"gbit: every bandwidth must be between {MIN_GBIT:g} and {MAX_GBIT:g} "
+                    f"Gbit/s (1 kbit/s to 1 Pbit/s)")
+        if key == "latency" and not all(0 <= v <= MAX_LATENCY for v in values):
+            return f"latency: every latency must be between 0 and {MAX_LATENCY:g} s"
     return None

@@ -15,7 +15,9 @@ seed S``. ``[quick]``
 holds overrides for ``--quick`` (``base`` added to the shared ones,
 ``profiles`` replacing them). ``[paper]`` maps arm labels to the paper's final
 perplexities per profile, shown beside ours. Finished runs are reused by name,
-so an interrupted sweep resumes where it stopped (``--rerun`` to start over).
+so an interrupted sweep resumes where it stopped (``--rerun`` to start over), and two
+sweeps on one store share the work: each cell is claimed before it runs
+(``fedlm.sweep.claims``), and a sweep takes the result of a cell another one trains.
 ``load_spec`` reads the spec once and checks it whole (its shape, then every
 run's config), so that a bad spec is refused in one line before the first run.
 With the in-process backend ``--jobs N`` trains N runs at once into the one
@@ -46,6 +48,7 @@ from pathlib import Path
 
 from fedlm import store
 from fedlm.errors import ConfigError
+from fedlm.sweep import claims
 from fedlm.sweep.spec import cells_of, overrides, run_name
 
 
@@ -183,9 +186,32 @@ def run_sweep(spec: dict, *, backend: str = "flower", rerun: bool = False, jobs:
     children = _Children()
     failures: list[Failure] = []
     trained: set[str] = set()
+    elsewhere: dict[str, object] = {}  # cells another sweep trains (name -> planned cell)
+
+    def finished_now(name: str) -> bool:
+        return any(r["name"] == name and r["status"] == "finished" for r in store.list_runs(db))
 
     def train(item) -> None:
+        """Claim the cell (``fedlm.sweep.claims``), train it, release it; a cell that
+        another live sweep holds, or has finished since this one started, is its."""
         k, cell = item
+        if children.stopping.is_set():
+            return
+        if not rerun and Path(db).exists() and finished_now(cell.name):
+            log(f"[{k}/{total}] {cell.name}: finished by another sweep meanwhile")
+            elsewhere[cell.name] = cell
+            return
+        claim = claims.take(db, cell.name)
+        if claim is None:
+            log(f"[{k}/{total}] {cell.name}: another sweep is training it; its run is taken")
+            elsewhere[cell.name] = cell
+            return
+        try:
+            _train(k, cell)
+        finally:
+            claim.release()
+
+    def _train(k: int, cell) -> None:
         name = cell.name
         cmd = [sys.executable, "-m", "fedlm", "run", "--quiet", "--backend", backend,
                "--db", db]
@@ -231,15 +257,25 @@ def run_sweep(spec: dict, *, backend: str = "flower", rerun: bool = False, jobs:
                 children.stop()
                 pool.shutdown(wait=True, cancel_futures=True)
                 raise
+        for name in claims.wait_for(db, sorted(elsewhere), finished_now, log):
+            cell = elsewhere[name]  # its owner stopped before it finished
+            failures.append(Failure(cell.arm["label"], cell.profile, "another sweep claimed "
+                                    "it and stopped before it finished", cell.seed))
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, previous)
-    newest = {r["name"]: r["id"] for r in store.list_runs(db)} if trained else {}
+        try:
+            claims.folder_of(db).rmdir()  # once no sweep holds a claim
+        except OSError:
+            pass
+    newest = ({r["name"]: r["id"] for r in store.list_runs(db) if r["status"] == "finished"}
+              if trained or elsewhere else {})
     cells = []
     for cell in planned:
         name = cell.name
-        run_id = newest.get(name) if name in trained else finished.get(name)
-        if run_id is not None and (name in trained or not rerun):
+        ours = name in trained or name in elsewhere
+        run_id = newest.get(name) if ours else finished.get(name)
+        if run_id is not None and (ours or not rerun):
             cells.append(Cell(cell.arm["label"], cell.profile, run_id,
                               store.summarize(db, run_id), cell.seed))
     return SweepResult(cells, failures, stopped=children.stopping.is_set(), not_run=not_run)

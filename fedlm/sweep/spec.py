@@ -109,6 +109,11 @@ def load_spec(path: str | Path, quick: bool, seeds: int | None = None) -> dict:
         spec["seeds"] = list(range(seeds))
         for arm in spec["arm"]:
             arm.pop("seeds", None)
+    for owner, key in [(spec, "seeds"), *((a, "seeds") for a in spec["arm"])]:
+        if len(owner.get(key, [])) > MAX_SEEDS:  # as many as --seeds allows
+            name = "seeds" if owner is spec else f"arm {owner['label']!r}: seeds"
+            raise ConfigError(f"{where}: {name}: at most {MAX_SEEDS} seeds, got "
+                              f"{len(owner[key])}")
     checked = set()
     for cell in cells_of(spec):  # every run's config, as `fedlm run` loads it
         if (cell.profile, cell.arm["label"]) in checked:
@@ -120,6 +125,9 @@ def load_spec(path: str | Path, quick: bool, seeds: int | None = None) -> dict:
             raise ConfigError(f"{where}: arm {cell.arm['label']!r} @ {cell.profile}: "
                               f"{exc}") from None
     return spec
+
+
+MAX_SEEDS = 1024  # --seeds' bound (fedlm/cli/parser.py), for a spec's lists too
 
 
 def check_seeds_count(n: int) -> None:

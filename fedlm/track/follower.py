@@ -6,12 +6,14 @@ the run has an id, ``poll``s it on each progress report (at most every
 (``poll`` says why), and ``end``s it when the run is over, with the run's final
 status. ``fedlm export --track`` (``export``) does begin and end in one go on a
 stored run. Whatever a tracker raises drops that tracker, with one line on
-stderr; the run never fails for it.
+stderr; so does a call that takes longer than ``Follower.timeout``: the run never
+fails, nor waits, for it.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -25,6 +27,8 @@ from fedlm.track.record import TrackedRun
 
 
 class Follower:
+    timeout = 20.0  # seconds a tracker may take to start, log a point or finish
+
     def __init__(self, db: str | Path, cfg: Config, trackers: list, every: float = 2.0) -> None:
         self.db, self.cfg, self.trackers, self.every = db, cfg, list(trackers), every
         self.run_id: int | None = None
@@ -42,12 +46,35 @@ class Follower:
     def _each(self, what: str, call) -> None:
         for tracker in list(self.trackers):
             try:
-                call(tracker)
+                self._bounded(call, tracker)
             except Exception as exc:  # a tracker's trouble is never the run's
                 self.trackers.remove(tracker)
-                print(f"fedlm: tracking: {tracker.name} failed to {what} "
+                # on a line of its own: a progress bar may hold the current one
+                print(f"\nfedlm: tracking: {tracker.name} failed to {what} "
                       f"({type(exc).__name__}: {first_line(exc)}); the run goes on without it",
                       file=sys.stderr, flush=True)
+
+    def _bounded(self, call, tracker) -> None:
+        """``call(tracker)``, given at most ``timeout`` seconds: a tracker whose server
+        does not answer (an MLflow URI nobody listens on retried for minutes) must not
+        hold the run up, nor a stop signal. Past the time it is dropped; its thread,
+        a daemon, is left to finish or die with the process."""
+        outcome: list = []
+
+        def target() -> None:
+            try:
+                call(tracker)
+                outcome.append(None)
+            except BaseException as exc:  # handed to the caller's thread
+                outcome.append(exc)
+
+        thread = threading.Thread(target=target, name=f"tracker-{tracker.name}", daemon=True)
+        thread.start()
+        thread.join(self.timeout)
+        if not outcome:
+            raise TimeoutError(f"no answer within {self.timeout:g} s")
+        if outcome[0] is not None:
+            raise outcome[0]
 
     def begin(self, run_id: int) -> None:
         self.run_id = run_id

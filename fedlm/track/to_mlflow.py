@@ -10,6 +10,7 @@ run as tags, each scalar as a metric at the point's version.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -34,8 +35,14 @@ class MlflowTracker:
     name = "mlflow"
 
     def __init__(self, track: TrackConfig) -> None:
-        for noisy in ("mlflow", "alembic"):  # schema creation logs at INFO
-            logging.getLogger(noisy).setLevel(logging.WARNING)
+        # Schema creation logs at INFO, and a server that does not answer gives a warning
+        # with a traceback per retry: fedlm says what failed in one line of its own.
+        for noisy in ("mlflow", "alembic", "urllib3"):
+            logging.getLogger(noisy).setLevel(logging.ERROR)
+        # MLflow retries a silent server 7 times with back-off (minutes); fewer and shorter,
+        # unless the user set them (Follower bounds every call anyway)
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
         if not track.mlflow_uri:
             Path(track.dir).mkdir(parents=True, exist_ok=True)
         self._client = MlflowClient(tracking_uri=tracking_uri(track))
