@@ -118,16 +118,20 @@ def test_a_worker_that_goes_away_loses_its_job_and_comes_back_for_new_work(tmp_p
     assert back >= 3
 
 
+def _dispatch_span(db, run_id) -> tuple[dict, dict]:
+    """Per worker, when its first and its last job were dispatched."""
+    with sqlite3.connect(db) as conn:
+        spans = conn.execute("SELECT worker, MIN(t_dispatch), MAX(t_dispatch) FROM jobs"
+                             " WHERE run_id=? GROUP BY worker", (run_id,)).fetchall()
+    return {w: a for w, a, _ in spans}, {w: b for w, _, b in spans}
+
+
 def test_a_sync_round_closes_without_a_worker_that_left(tmp_path):
     cfg = tiny_config("strategy=diloco", "updates=6", "fleet.step_times=[1, 1, 1]",
                       "fleet.leave=[0, 0, 10]", "fleet.join=[0, 7, 0]")
     engine, _, run_id = run_engine(cfg, tmp_path / "r.db", evaluate=False)
     db = tmp_path / "r.db"
-    with sqlite3.connect(db) as conn:
-        first = dict(conn.execute("SELECT worker, MIN(t_dispatch) FROM jobs WHERE run_id=?"
-                                  " GROUP BY worker", (run_id,)).fetchall())
-        last = dict(conn.execute("SELECT worker, MAX(t_dispatch) FROM jobs WHERE run_id=?"
-                                 " GROUP BY worker", (run_id,)).fetchall())
+    first, last = _dispatch_span(db, run_id)
     assert first[1] >= 7.0  # joined late
     assert last[2] < 10.0  # left at 10 and never came back
     assert engine.version == 6
@@ -210,11 +214,7 @@ def test_on_the_wall_clock_absences_join_and_leave_in_real_seconds(tmp_path):
                       "fleet.join=[0, 0, 0.3]", "fleet.leave=[0, 0.5, 0]")
     engine, _, run_id = run_engine(cfg, tmp_path / "w.db", evaluate=False)
     db = tmp_path / "w.db"
-    with sqlite3.connect(db) as conn:
-        first = dict(conn.execute("SELECT worker, MIN(t_dispatch) FROM jobs WHERE run_id=?"
-                                  " GROUP BY worker", (run_id,)).fetchall())
-        last = dict(conn.execute("SELECT worker, MAX(t_dispatch) FROM jobs WHERE run_id=?"
-                                 " GROUP BY worker", (run_id,)).fetchall())
+    first, last = _dispatch_span(db, run_id)
     assert engine.version == 80 and engine.now > 0.7  # (80 jobs take longer than that)
     assert first[2] >= 0.3 and last[1] < 0.5
     changes = {c.worker: c for c in store.fleet_changes(db, run_id)}

@@ -10,20 +10,14 @@ runs on the wall clock there (``clock = "wall"``): updates are applied in real
 arrival order, which the operation log records, so ``fedlm replay`` reproduces
 the run.
 
-Secure by default, as a real deployment must be:
-
-* TLS: a CA and a server certificate for 127.0.0.1/localhost are made at start
-  (``HOME/certs``); the SuperLink serves with them (``--ssl-*``), the SuperNodes
-  and the ``flwr`` CLI verify it against the CA (``--root-certificates``,
-  ``root-certificates`` in ``$FLWR_HOME/config.toml``).
-* SuperNode authentication: the SuperLink runs with ``--enable-supernode-auth``;
-  each SuperNode gets its own EC (P-384) key pair (``HOME/keys``), its public key
-  is registered with ``flwr supernode register`` before the node starts, and
-  the node signs its requests with the private key
-  (``--auth-supernode-private-key``). A node whose key is not registered is
-  refused.
-
-``tls=False, auth=False`` (``--insecure``) gives the plain loopback setup.
+Secure by default, as a real deployment must be: TLS (a CA and a server certificate
+for 127.0.0.1/localhost made at start in ``HOME/certs``, which the SuperNodes and the
+``flwr`` CLI verify) and SuperNode authentication (``--enable-supernode-auth``: each
+SuperNode's own EC P-384 key pair in ``HOME/keys``, its public key registered with
+``flwr supernode register`` before it starts; a node whose key is not registered is
+refused). A node someone else registered through the Control API is admitted by the
+SuperLink but not by fedlm: a run uses only the node ids registered here (``node_ids``,
+the run config's ``nodes``). ``tls=False, auth=False`` (``--insecure``): plain loopback.
 
 Per-message overhead: the SuperNodes run as ``python -m fedlm.deploy.supernode``
 (Flower's SuperNode with its hard-coded 3 s idle poll capped; ``node_poll``)
@@ -109,9 +103,7 @@ class LocalDeployment:
     port: int = 0
     procs: list[subprocess.Popen] = field(default_factory=list)
     nodes: dict[str, subprocess.Popen] = field(default_factory=dict)  # name -> SuperNode
-    # the Flower node ids of the SuperNodes this deployment registered (auth): its runs
-    # use these and ignore any other node the SuperLink admits
-    node_ids: set[int] = field(default_factory=set)
+    node_ids: set[int] = field(default_factory=set)  # registered here: runs use only these
     certs: dict[str, Path] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -203,9 +195,7 @@ class LocalDeployment:
     def start_supernode(self, name: str, node_config: str, register: bool = True,
                         timeout: float = 60.0, ours: bool = True) -> subprocess.Popen:
         """Start one more SuperNode; with auth, make its key pair and (if ``register``)
-        register it — an unregistered one is refused by the SuperLink. ``ours=False``
-        registers it as a stranger would (anyone holding ca.crt can reach the Control
-        API): the SuperLink admits it, and fedlm's runs ignore it (``node_ids``)."""
+        register it (an unregistered one is refused), as a stranger would if not ``ours``."""
         key = None
         if self.auth:
             key, pub = make_node_key(self.home / "keys" / name)
