@@ -259,8 +259,6 @@ class WallEvents:
         self.flights, self.inbox, self.pool = flights, inbox, pool
         # absences on the wall clock (fedlm.sim.dynamics; speeds are the machines' own)
         self.dynamics = dynamics
-        self._departs: list[tuple[float, int]] | None = None  # (when, job) of jobs whose
-        # worker goes away, indexed from the jobs in flight at the first look
         self._start = time.monotonic()
         self.deliveries: list[tuple[float, int]] = []  # (when, key): transfers on their way
 
@@ -288,21 +286,10 @@ class WallEvents:
         return False  # a deadline is noticed when it passes
 
     def dispatched(self, f: InFlight) -> None:
-        if f.departs is not None and self._departs is not None:
-            heapq.heappush(self._departs, (f.departs, f.job.job_id))
+        pass
 
     def went_offline(self, w: int, until: float) -> None:
         pass  # noticed when ``until`` has passed
-
-    def _next_departure(self) -> tuple[float, int] | None:
-        """The first (time, job) whose worker goes away while the job is in flight."""
-        if self._departs is None:
-            self._departs = [(f.departs, f.job.job_id) for f in self.flights.flights()
-                             if f.departs is not None]
-            heapq.heapify(self._departs)
-        while self._departs and self._departs[0][1] not in self.flights:
-            heapq.heappop(self._departs)
-        return self._departs[0] if self._departs else None
 
     def deliver_at(self, at: float, key: int) -> None:
         """A transfer's simulated link time runs on the wall clock: it arrives at ``at``."""
@@ -321,21 +308,18 @@ class WallEvents:
                 return BackOnline(min(back))
             if self.deliveries and self.deliveries[0][0] <= now:
                 return Delivery(heapq.heappop(self.deliveries)[1])
-            gone = self._next_departure()
-            if gone is not None and gone[0] <= now:
-                heapq.heappop(self._departs)
-                return JobDone(gone[1], departed(gone[1], self.flights[gone[1]], time.time()))
+            j = self.flights.first_departed(now)
+            if j is not None:
+                return JobDone(j, departed(j, self.flights[j], time.time()))
             j = self.flights.first_overdue(now)
             if j is not None:
                 return JobDone(j, missed_deadline(j, self.flights[j], time.time()))
             if until is not None and now >= until:
                 return None
-            deadline = self.flights.next_deadline()
-            soonest = min(([] if deadline is None else [deadline])
+            times = (self.flights.next_deadline(), self.flights.next_departure(), until)
+            soonest = min([t for t in times if t is not None]
                           + [u for _, u in self.pool.offline.values()]
-                          + [at for at, _ in self.deliveries[:1]]
-                          + ([gone[0]] if gone is not None else [])
-                          + ([until] if until is not None else []), default=now + 1.0)
+                          + [at for at, _ in self.deliveries[:1]], default=now + 1.0)
             self.inbox.receive(min(max(soonest - now, 0.0), 1.0), now=now)
 
     def spans(self, f: InFlight, end: float, compute_seconds: float) -> list[Span]:

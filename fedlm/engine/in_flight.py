@@ -26,12 +26,11 @@ class InFlightJobs:
         self._bases: dict[int, int] = {}  # base version -> jobs in flight started from it
         # jobs handed out at the same moment from the same model: (t_dispatch, base) -> ids
         self._cohorts: dict[tuple[float, int], set[int]] = {}
-        # Only asked on the wall clock (the virtual clock has the deadlines as events),
-        # so kept only once asked: deadlines not yet passed, (deadline, job id), and ids
-        # of jobs whose deadline has passed, both heaps. A job no longer in flight is
-        # dropped when met, and all of them when they outnumber the jobs in flight.
-        self._deadlines: list[tuple[float, int]] | None = None
-        self._overdue: list[int] = []
+        # Only asked on the wall clock (the virtual clock has these times as events):
+        # when each job's deadline passes, and when its worker goes away (a fleet that
+        # changes over time; ``InFlight.departs``)
+        self._deadlines = _Due(lambda f: f.deadline)
+        self._departures = _Due(lambda f: f.departs)
 
     # -- the jobs -------------------------------------------------------------
     def add(self, flight: InFlight) -> None:
@@ -40,8 +39,8 @@ class InFlightJobs:
         self._steps += job.local_steps
         self._bases[job.base_version] = self._bases.get(job.base_version, 0) + 1
         self._cohorts.setdefault((flight.t_dispatch, job.base_version), set()).add(job.job_id)
-        if self._deadlines is not None:
-            heapq.heappush(self._deadlines, (flight.deadline, job.job_id))
+        self._deadlines.add(flight)
+        self._departures.add(flight)
 
     def pop(self, job_id: int) -> InFlight:
         flight = self._jobs.pop(job_id)
@@ -56,9 +55,8 @@ class InFlightJobs:
         cohort.discard(job_id)
         if not cohort:
             del self._cohorts[key]
-        if (self._deadlines is not None
-                and len(self._deadlines) + len(self._overdue) > 2 * len(self._jobs) + 64):
-            self._index_deadlines()
+        self._deadlines.compact(self._jobs)
+        self._departures.compact(self._jobs)
         return flight
 
     def __getitem__(self, job_id: int) -> InFlight:
@@ -95,33 +93,22 @@ class InFlightJobs:
         """The jobs in flight handed out at ``t_dispatch`` from ``base_version``."""
         return set(self._cohorts.get((t_dispatch, base_version), ()))
 
-    def _index_deadlines(self) -> None:
-        self._deadlines = [(f.deadline, j) for j, f in self._jobs.items()]
-        heapq.heapify(self._deadlines)
-        self._overdue = []  # found again: ``now`` never goes back
-
     def first_overdue(self, now: float) -> int | None:
         """The lowest id of the jobs in flight whose deadline is ``now`` or before (``now``
         never goes back), or None."""
-        if self._deadlines is None:
-            self._index_deadlines()
-        while self._deadlines and self._deadlines[0][0] <= now:
-            _, job_id = heapq.heappop(self._deadlines)
-            if job_id in self._jobs:
-                heapq.heappush(self._overdue, job_id)
-        while self._overdue and self._overdue[0] not in self._jobs:
-            heapq.heappop(self._overdue)
-        return self._overdue[0] if self._overdue else None
+        return self._deadlines.first(now, self._jobs)
 
     def next_deadline(self) -> float | None:
         """The earliest deadline of the jobs in flight, or None."""
-        if self._deadlines is None:
-            self._index_deadlines()
-        late = [self._jobs[j].deadline for j in self._overdue if j in self._jobs]
-        while self._deadlines and self._deadlines[0][1] not in self._jobs:
-            heapq.heappop(self._deadlines)
-        soonest = [self._deadlines[0][0]] if self._deadlines else []
-        return min(late + soonest, default=None)
+        return self._deadlines.soonest(self._jobs)
+
+    def first_departed(self, now: float) -> int | None:
+        """The lowest id of the jobs in flight whose worker has gone away by ``now``."""
+        return self._departures.first(now, self._jobs)
+
+    def next_departure(self) -> float | None:
+        """The earliest time a worker of a job in flight goes away, or None."""
+        return self._departures.soonest(self._jobs)
 
     # -- checkpoints ----------------------------------------------------------
     def state_dict(self) -> dict[int, InFlight]:
@@ -133,3 +120,49 @@ class InFlightJobs:
         self._reset()
         for flight in state.values():
             self.add(flight)
+
+
+class _Due:
+    """The jobs in flight by a time each may have (``when``: a deadline, a departure),
+    indexed only once asked: times not yet passed, (time, job id), and the ids of jobs
+    whose time has passed, both heaps. A job no longer in flight is dropped when met,
+    and all of them when they outnumber the jobs in flight."""
+
+    def __init__(self, when) -> None:
+        self.when = when
+        self._pending: list[tuple[float, int]] | None = None
+        self._passed: list[int] = []
+
+    def add(self, flight: InFlight) -> None:
+        t = self.when(flight)
+        if self._pending is not None and t is not None:
+            heapq.heappush(self._pending, (t, flight.job.job_id))
+
+    def compact(self, jobs: dict[int, InFlight]) -> None:
+        if self._pending is not None and \
+                len(self._pending) + len(self._passed) > 2 * len(jobs) + 64:
+            self._index(jobs)
+
+    def _index(self, jobs: dict[int, InFlight]) -> None:
+        self._pending = [(t, j) for j, f in jobs.items() if (t := self.when(f)) is not None]
+        heapq.heapify(self._pending)
+        self._passed = []  # found again: ``now`` never goes back
+
+    def first(self, now: float, jobs: dict[int, InFlight]) -> int | None:
+        if self._pending is None:
+            self._index(jobs)
+        while self._pending and self._pending[0][0] <= now:
+            _, job_id = heapq.heappop(self._pending)
+            if job_id in jobs:
+                heapq.heappush(self._passed, job_id)
+        while self._passed and self._passed[0] not in jobs:
+            heapq.heappop(self._passed)
+        return self._passed[0] if self._passed else None
+
+    def soonest(self, jobs: dict[int, InFlight]) -> float | None:
+        if self._pending is None:
+            self._index(jobs)
+        passed = [self.when(jobs[j]) for j in self._passed if j in jobs]
+        while self._pending and self._pending[0][1] not in jobs:
+            heapq.heappop(self._pending)
+        return min(passed + ([self._pending[0][0]] if self._pending else []), default=None)
