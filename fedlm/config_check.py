@@ -227,14 +227,7 @@ def validate(cfg: Config) -> None:
         total = sum(f.topology.values())
         _require(total == cfg.workers, "fleet.topology", f.topology,
                  f"places {total} workers, but workers = {cfg.workers}")
-    if f.matrix and not f.device_trace:  # a measured network nobody is placed on does nothing
-        placed = {p.region.name for p in fleet.profiles(f, cfg.workers, cfg.inner.batch_size)}
-        if not placed & set(f.matrix["regions"]):
-            raise ConfigError(f"fleet.matrix: no worker is in any of its regions "
-                              f"({', '.join(f.matrix['regions'])}); place them with "
-                              f"fleet.topology or fleet.regions")
-
-    _check_dynamics(cfg)
+    _check_placement(cfg)
 
     n = cfg.network
     _require(n.server_down >= 0, "network.server_down", n.server_down, "must be >= 0")
@@ -329,8 +322,10 @@ def _check_exchange(cfg: Config) -> None:
              "drop network.server_down, server_up and daily_amplitude")
 
 
-def _check_dynamics(cfg: Config) -> None:
-    """A fleet that changes over time (``fedlm.sim.dynamics``) and FedScale traces."""
+def _check_placement(cfg: Config) -> None:
+    """Where the workers are and what they go through: FedScale traces, a measured
+    network that holds a worker, a fleet that changes over time (``fedlm.sim.dynamics``).
+    The workers' profiles are built once, after the traces they may read are checked."""
     from fedlm.sim import dynamics  # numpy only
 
     f = cfg.fleet
@@ -346,6 +341,10 @@ def _check_dynamics(cfg: Config) -> None:
             except ConfigError as exc:  # not a FedScale trace: say which setting named it
                 raise ConfigError(f"fleet.{key}: {exc}") from None
     regions = [p.region.name for p in fleet.profiles(f, cfg.workers, cfg.inner.batch_size)]
+    if f.matrix and not f.device_trace and not set(regions) & set(f.matrix["regions"]):
+        raise ConfigError(f"fleet.matrix: no worker is in any of its regions "  # it does nothing
+                          f"({', '.join(f.matrix['regions'])}); place them with "
+                          f"fleet.topology or fleet.regions")
     dynamics.check(f, cfg.workers, regions)
     if not dynamics.enabled(f):
         return

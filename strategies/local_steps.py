@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import copy
 import heapq
-from collections import Counter
 import math
 import statistics
 from abc import ABC, abstractmethod
+from collections import Counter
 from typing import ClassVar
 
 

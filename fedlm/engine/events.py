@@ -21,7 +21,6 @@ import heapq
 import time
 from dataclasses import dataclass
 from fedlm.config import Config
-from fedlm.sim import dynamics
 from fedlm.sim.clock import VirtualClock
 from fedlm.sim.dynamics import FleetDynamics
 from fedlm.sim.fleet import JobTimer, JobTiming, WorkerProfile
@@ -69,13 +68,12 @@ class VirtualEvents:
     lookahead = True  # the next event's time is known in advance
 
     def __init__(self, cfg: Config, fleet: list[WorkerProfile], flights: InFlightJobs,
-                 inbox: Inbox) -> None:
+                 inbox: Inbox, dynamics: FleetDynamics | None = None) -> None:
         self.fleet, self.flights, self.inbox = fleet, flights, inbox
         self.clock: VirtualClock = VirtualClock()
-        # a fleet that changes over time (None: it does not)
-        self.dynamics = dynamics.build(cfg.fleet, [p.region.name for p in fleet], cfg.seed)
+        # ``dynamics``: a fleet that changes over time (None: it does not)
         self.timer = JobTimer(fleet, cfg.seed, cfg.network.intra_bw, cfg.network.topology,
-                              self.dynamics)
+                              dynamics)
         n = cfg.network
         self.net = (Network(n.server_down, n.server_up, n.daily_amplitude, n.peak_hour)
                     if n.server_down or n.server_up or n.daily_amplitude else None)
@@ -254,11 +252,8 @@ def _exchange_spans(timing: JobTiming, a: float, end: float) -> list[Span]:
 class WallEvents:
     lookahead = False  # nothing is known before it happens
 
-    def __init__(self, flights: InFlightJobs, inbox: Inbox, pool: WorkerPool,
-                 dynamics: FleetDynamics | None = None) -> None:
+    def __init__(self, flights: InFlightJobs, inbox: Inbox, pool: WorkerPool) -> None:
         self.flights, self.inbox, self.pool = flights, inbox, pool
-        # absences on the wall clock (fedlm.sim.dynamics; speeds are the machines' own)
-        self.dynamics = dynamics
         self._start = time.monotonic()
         self.deliveries: list[tuple[float, int]] = []  # (when, key): transfers on their way
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import time
 from typing import Callable, NoReturn
+
 from fedlm.config import Config
 from fedlm.sim import dynamics, faults, wire_sizes
 from fedlm.sim.fleet import WorkerProfile, by_region
@@ -77,14 +78,13 @@ class Engine:
         self.inbox = Inbox(self.transport, self.in_flight, self.log,
                            should_stop=should_stop or (lambda: False),
                            reply_timeout=cfg.sim.reply_timeout, recent=4 * len(fleet) + 64)
+        # a fleet that changes over time, or None (fedlm.sim.dynamics)
+        changes = dynamics.build(cfg.fleet, [p.region.name for p in fleet], cfg.seed)
         # cfg.clock: results in virtual-completion order, or in real arrival order
-        self.events = (VirtualEvents(cfg, fleet, self.in_flight, self.inbox)
-                       if cfg.clock == "virtual" else WallEvents(
-                           self.in_flight, self.inbox, self.pool,
-                           dynamics.build(cfg.fleet, [p.region.name for p in fleet], cfg.seed)))
-        # who is there, on a fleet that changes over time (None: a fleet that does not)
-        self.presence = (Presence(self.events.dynamics, self.pool, self.events, self.log)
-                         if self.events.dynamics is not None else None)
+        self.events = (VirtualEvents(cfg, fleet, self.in_flight, self.inbox, changes)
+                       if cfg.clock == "virtual" else WallEvents(self.in_flight, self.inbox, self.pool))
+        self.presence = (Presence(changes, self.pool, self.events, self.log)
+                         if changes is not None else None)
         self.jobs = JobMaker(cfg, fleet, shard_sizes)
         self.transfers = (ServerTransfers(cfg, servers_fleet, self.events, self.log)
                           if strategy.two_level else None)

@@ -53,7 +53,7 @@ class InFlight:
     expires: bool = False  # virtual clock: it will miss its deadline (its event is the deadline)
     # a two-level strategy's job: the region model it started from (resume sends it again)
     start: object = None
-    # virtual clock, a fleet that changes over time: its worker goes away then, mid-job
+    # a fleet that changes over time: its worker goes away then, mid-job
     departs: float | None = None
 
 
