@@ -11,6 +11,7 @@ import pytest
 
 from fedlm import store
 from fedlm.runner import run_inprocess
+from tests._processes import run_at_once
 from tests.conftest import tiny_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,18 +35,13 @@ def test_concurrent_runs_write_one_store_at_once(tmp_path):
     store.connect(db).close()
     probe = LockProbe(db, period=0.01)
     probe.start()
-    procs = [subprocess.Popen(_run_cmd(db, k), cwd=ROOT, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True) for k in range(4)]
     try:
-        errors = [p.communicate(timeout=300)[1] for p in procs]
+        results = run_at_once([_run_cmd(db, k) for k in range(4)], timeout=300, cwd=ROOT,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
         probe.stop.set()
         probe.join(timeout=10)
-    assert [p.returncode for p in procs] == [0] * 4, errors
+    assert [rc for rc, _, _ in results] == [0] * 4, [err for _, _, err in results]
     runs = store.list_runs(db)
     assert [r["status"] for r in runs] == ["finished"] * 4
     # they trained side by side, not one after another

@@ -6,6 +6,7 @@ import sys
 
 from fedlm import store
 from fedlm.sweep import claims
+from tests._processes import run_at_once
 
 SPEC = """
 db = "{db}"
@@ -47,16 +48,10 @@ def test_two_sweeps_at_once_on_one_store_train_each_cell_once(tmp_path):
     spec = tmp_path / "s.toml"
     spec.write_text(SPEC.format(db=db, out=out))
     cmd = [sys.executable, "-m", "fedlm", "sweep", str(spec), "--backend", "inprocess"]
-    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for _ in range(2)]
-    try:
-        outs = [p.communicate(timeout=400)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    assert [p.returncode for p in procs] == [0, 0], outs
+    results = run_at_once([cmd, cmd], timeout=400, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT)
+    outs = [out for _, out, _ in results]
+    assert [rc for rc, _, _ in results] == [0, 0], outs
     names = [r["name"] for r in store.list_runs(db)]
     assert len(names) == 6 == len(set(names)), names  # 2 arms x 3 seeds, each once
     assert sum("another sweep is training it" in o or "by another sweep" in o
