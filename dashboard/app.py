@@ -43,7 +43,7 @@ HIDDEN = "hidden exchange"
 SLOWED = "slowed"
 OVERLAYS = (HIDDEN, SLOWED)
 TIMELINE_COLORS = {**KIND_COLORS, HIDDEN: "#e377c2", "in flight": "#bbbbbb",
-                   "offline": "#444444", "absent": "#c7c7c7", SLOWED: "#bcbd22",
+                   "offline": "#444444", "absent": "#7f7f7f", SLOWED: "#bcbd22",
                    "lost job": "#ff7f0e"}
 
 

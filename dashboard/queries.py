@@ -154,7 +154,7 @@ def staleness(db: str | Path, run_id: int) -> pd.DataFrame:
 
 
 FAILURE_COLUMNS = ["faults injected", "lost: error", "lost: rejected", "lost: deadline",
-                   "retired", "late or duplicate replies", "offline periods"]
+                   "lost: departed", "retired", "late or duplicate replies", "offline periods"]
 
 
 def failures(db: str | Path, run_id: int) -> pd.DataFrame:
@@ -179,6 +179,8 @@ def failures(db: str | Path, run_id: int) -> pd.DataFrame:
                      "lost: error": int(ls.get("error", 0)),
                      "lost: rejected": int(ls.get("rejected", 0)),
                      "lost: deadline": int(ls.get("deadline", 0)),
+                     # its worker went away mid-job (a fleet that changes over time)
+                     "lost: departed": int(ls.get("departed", 0)),
                      "retired": "yes" if ls.get("retired") else "",
                      "late or duplicate replies": int(ot.get("late_reply", 0)
                                                       + ot.get("duplicate_reply", 0)),
