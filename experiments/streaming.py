@@ -1,10 +1,13 @@
 """Streaming DiLoCo against DiLoCo on the `geo` fleet, at equal inner steps.
 
-    python experiments/streaming.py [--seeds 0 1 2] [--jobs 2] [--smoke]
+    python experiments/streaming.py --role tuning --seeds 100 101 --overlap 1 2 5 --mix 0.5
+    python experiments/streaming.py --seeds 200 201 202 203 204 --overlap 5 2 --mix 0.5
 
 The default run (`small` model, 4 workers in us/eu/asia, H = 30, 10 outer steps)
-with `profile = geo`, as DiLoCo and as Streaming DiLoCo (`outer.fragments = 4`,
-`outer.overlap = 5`, and each `outer.mix` given with --mix), each seed of --seeds.
+with `profile = geo`, as DiLoCo and as Streaming DiLoCo (`outer.fragments = 4`, each
+`outer.overlap` of --overlap and each `outer.mix` of --mix), each seed of --seeds.
+``--role tuning`` writes streaming_tuning.md (the seeds settings are chosen on);
+the default ``--role report`` writes streaming.md, on seeds kept out of the tuning.
 Every run is kept in runs/streaming.db and reused by name. Per arm: final
 perplexity (mean, 95% t-interval over seeds; paired difference to DiLoCo),
 bytes per exchange (the largest a worker sends or receives at once: what the
@@ -33,13 +36,16 @@ BASE = ["profile=geo"]
 STREAM = ["outer.fragments=4", "outer.overlap=5"]
 
 
-def arms(mixes: list[float], ablation: bool = True) -> dict[str, list[str]]:
-    """DiLoCo; streaming with each mix; and (ablation) the fragments without overlap."""
+def arms(mixes: list[float], overlaps: list[int] | None = None,
+         ablation: bool = True) -> dict[str, list[str]]:
+    """DiLoCo; streaming with each overlap and mix; and (ablation) the fragments
+    without overlap."""
     out = {"DiLoCo": []}
-    p, tau = (kv.split("=")[1] for kv in STREAM)
-    for mix in mixes:
-        out[f"Streaming DiLoCo, P {p}, overlap {tau}, mix {mix:g}"] = [*STREAM,
-                                                                     f"outer.mix={mix}"]
+    p, default_tau = (kv.split("=")[1] for kv in STREAM)
+    for tau in overlaps or [int(default_tau)]:
+        for mix in mixes:
+            out[f"Streaming DiLoCo, P {p}, overlap {tau}, mix {mix:g}"] = [
+                STREAM[0], f"outer.overlap={tau}", f"outer.mix={mix}"]
     if ablation:
         out[f"ablation: P {p}, no overlap"] = [STREAM[0]]
     return out
@@ -107,11 +113,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--mix", type=float, nargs="+", default=[1.0, 0.5])
+    ap.add_argument("--overlap", type=int, nargs="+", default=None,
+                    help="outer.overlap values (default: 5)")
+    ap.add_argument("--role", choices=["report", "tuning"], default="report",
+                    help="tuning: the seeds settings are chosen on (streaming_tuning.md)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--db", default=str(ROOT / "runs" / "streaming.db"))
-    ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "streaming"))
+    ap.add_argument("--out", default=None)
     ap.add_argument("--smoke", action="store_true", help="tiny model, one seed, nothing kept")
     args = ap.parse_args()
+    if args.out is None:
+        stem = "streaming_tuning" if args.role == "tuning" else "streaming"
+        args.out = str(ROOT / "experiments" / "results" / stem)
     base = BASE
     if args.smoke:
         import tempfile
@@ -122,7 +135,7 @@ def main() -> None:
         global STREAM
         STREAM = ["outer.fragments=2", "outer.overlap=1"]
     Path(args.db).parent.mkdir(parents=True, exist_ok=True)
-    table = arms(args.mix, ablation=not args.smoke)
+    table = arms(args.mix, args.overlap, ablation=not args.smoke)
     todo = [(f"{label} · seed {s}", [*base, *sets, f"seed={s}"], args.db)
             for label, sets in table.items() for s in args.seeds]
     # one run creates the store first: parallel first writers would race on the schema
@@ -152,7 +165,8 @@ def main() -> None:
                      f"{mean('bytes_total') / 1e6:.1f} MB | "
                      f"{mean('exposed_comm_per_worker'):.2f} | "
                      f"{mean('hidden_comm_per_worker'):.2f} | {mean('virtual_time'):.1f} |")
-    timing = timing_only(base, [1.0, 0.1, 0.02] if not args.smoke else [0.1])
+    timing = [] if args.role == "tuning" else timing_only(
+        base, [1.0, 0.1, 0.02] if not args.smoke else [0.1])
     print("\n".join(lines))
     print("\n".join(timing))
     if args.smoke:
@@ -161,16 +175,23 @@ def main() -> None:
                                                    indent=2))
     head = ["# Streaming DiLoCo against DiLoCo on `geo`, at equal inner steps", "",
             f"`python experiments/streaming.py --seeds {' '.join(map(str, args.seeds))} "
-            f"--mix {' '.join(f'{m:g}' for m in args.mix)}` (runs kept in runs/streaming.db "
-            f"and reused by name). The default run with `profile = geo`: `small` model, 4 "
-            f"workers (us, eu, asia, us), H = 30, 10 outer steps (300 inner steps a worker); "
-            f"streaming `{' '.join(STREAM)}`. Seeds {', '.join(map(str, args.seeds))}; "
-            f"the mix was chosen on seed 100 (streaming_tuning.md). Reading: "
-            f"docs/streaming.md, \"Measured\".", ""]
+            f"--overlap {' '.join(str(t) for t in args.overlap or [5])} "
+            f"--mix {' '.join(f'{m:g}' for m in args.mix)}"
+            f"{' --role tuning' if args.role == 'tuning' else ''}` (runs kept in "
+            f"runs/streaming.db and reused by name). The default run with `profile = geo`: "
+            f"`small` model, 4 workers (us, eu, asia, us), H = 30, 10 outer steps (300 inner "
+            f"steps a worker); streaming with `{STREAM[0]}`. Seeds "
+            f"{', '.join(map(str, args.seeds))}: "
+            + ("the tuning seeds, on which settings are chosen (the report, streaming.md, "
+               "uses other seeds)." if args.role == "tuning" else
+               "held out; every setting was chosen on the tuning seeds "
+               "(streaming_tuning.md).")
+            + " Reading: docs/streaming.md, \"Measured\".", ""]
     timing_head = ["", "Timing only, seed 0 (the engine with the real model's tensors and an "
                    "instant transport: a synchronous run's weights do not depend on its "
                    "timing), at faster compute (`fleet.base_step_time`):", ""]
-    Path(args.out + ".md").write_text("\n".join(head + lines + timing_head + timing) + "\n")
+    Path(args.out + ".md").write_text(
+        "\n".join(head + lines + (timing_head + timing if timing else [])) + "\n")
     print(f"wrote {args.out}.md, {args.out}.json")
 
 
