@@ -5,6 +5,8 @@ store, the W&B offline run file) and compared with the run store's rows."""
 from __future__ import annotations
 
 import glob
+import http.server
+import json
 import subprocess
 import sys
 import threading
@@ -195,26 +197,85 @@ def test_a_tracker_that_does_not_answer_is_dropped_in_time(tmp_path, capsys, mon
         in err
 
 
-def test_an_mlflow_server_nobody_listens_on_costs_one_line_and_no_wait(tmp_path, capfd,
-                                                                      monkeypatch):
-    import socket
+def _cli_run(tmp_path, uri: str, *sets: str) -> list[str]:
+    """``fedlm run`` of a tiny model tracked to MLflow at ``uri``, as a user types it."""
+    cmd = [sys.executable, "-m", "fedlm", "run", "--backend", "inprocess", "--track", "mlflow",
+           "--db", str(tmp_path / "r.db"), "--set", f"track.mlflow_uri={uri}",
+           "--set", f"track.dir={tmp_path / 'track'}"]
+    for kv in ("model=tiny", "workers=2", "inner.steps=3", "inner.batch_size=4",
+               "eval.batches=2", "eval.batch_size=8", "data.seq_len=64", *sets):
+        cmd += ["--set", kv]
+    return cmd
 
-    from fedlm import runner
+
+def test_an_mlflow_server_nobody_listens_on_costs_one_line_and_no_wait(tmp_path):
+    # As a user runs it, in a process of its own: under pytest the root logger has
+    # pytest's handlers, so library warnings would never reach stderr here.
+    import socket
 
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    monkeypatch.setattr(Follower, "timeout", 3.0)
-    cfg = tiny_config("workers=2", "updates=1", f"track.mlflow_uri=http://127.0.0.1:{port}",
-                      f"track.dir={tmp_path / 'track'}", 'track.backends=["mlflow"]')
-    db = tmp_path / "r.db"
-    follower = Follower.of(db, cfg)
     t0 = time.monotonic()
-    runner.run_inprocess(cfg, db, on_start=follower.begin, progress=lambda p: follower.poll())
-    follower.end()
-    assert time.monotonic() - t0 < 60 and store.run_row(db, 1)["status"] == "finished"
-    err = capfd.readouterr().err  # what the terminal shows: library logging included
+    done = subprocess.run(_cli_run(tmp_path, f"http://127.0.0.1:{port}", "updates=1"),
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert time.monotonic() - t0 < 60 and store.run_row(tmp_path / "r.db", 1)["status"] \
+        == "finished"
+    err = done.stderr  # what the terminal shows: library logging included
     assert err.count("fedlm: tracking: mlflow failed to start") == 1, err
+    assert "Traceback" not in err and "Retry" not in err, err
+
+
+class _MlflowThatDies(http.server.BaseHTTPRequestHandler):
+    """Enough of MLflow's REST API to start a run; every metric batch after the first
+    gets its connection dropped, as a server that went down mid-run."""
+
+    batches = 0
+
+    def _answer(self, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):  # experiments/get-by-name
+        self._answer({"experiment": {"experiment_id": "1", "name": "fedlm",
+                                     "lifecycle_stage": "active", "artifact_location": ""}})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
+        if self.path.endswith("runs/create"):
+            return self._answer({"run": {"info": {
+                "run_id": "r1", "run_uuid": "r1", "experiment_id": "1", "status": "RUNNING",
+                "start_time": 0, "lifecycle_stage": "active", "artifact_uri": ""}, "data": {}}})
+        if "metrics" in body:
+            type(self).batches += 1
+            if type(self).batches > 1:
+                self.close_connection = True  # no answer: the connection drops
+                return
+        self._answer({})
+
+    def log_message(self, *args):
+        pass
+
+
+def test_an_mlflow_server_that_dies_mid_run_costs_one_line(tmp_path):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _MlflowThatDies)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        done = subprocess.run(_cli_run(tmp_path, f"http://127.0.0.1:{server.server_port}",
+                                       "updates=4", "eval.every=1"),
+                              cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert done.returncode == 0, done.stderr
+    assert _MlflowThatDies.batches >= 2  # it started, logged, then went down
+    err = done.stderr
+    assert err.count("\nfedlm: tracking: mlflow failed to log (") == 1, err
     assert "Traceback" not in err and "Retry" not in err, err
 
 
