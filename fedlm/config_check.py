@@ -296,7 +296,9 @@ def _check_exchange(cfg: Config) -> None:
                  f"(diloco, fedavg), not {cfg.strategy!r}")
         _require(not shared, "network.topology", n.topology,
                  "has no server: drop network.server_down, server_up and daily_amplitude")
-    if strategy_class(cfg.strategy).two_level:  # halos: a server in every region
+    from fedlm.servers import server_class
+
+    if not server_class(cfg, strategy_class(cfg.strategy)).shared_link:  # servers of its own
         _require(n.topology == "star" and not n.hierarchical, "network.topology", n.topology,
                  f"{cfg.strategy!r} has its own servers (one per region and a global one): "
                  f"use the star topology without network.hierarchical")

@@ -8,8 +8,8 @@ jobs reached the strategy. Replay walks it:
     dispatch op  -> strategy.on_dispatch(worker, version)
     lost op      -> strategy.on_job_lost(worker, job, reason); a version if it
                     returns one (a sync round closing with what it had)
-    transfer op  -> a two-level strategy's transfer arrives (strategy.on_transfer);
-                    a version if the global model changed
+    transfer op  -> a message between servers arrives (server.deliver); a version
+                    if the evaluated model changed
     update op    -> run the job again (worker.run_job) from the model version it
                     started from, with the worker state it started from (the
                     job records which: ``prev_job``), on the data shard and at
@@ -17,9 +17,9 @@ jobs reached the strategy. Replay walks it:
                     ``schedule_step``), and hand it to the strategy with the
                     recorded staleness
 
-It drives the strategy through the engine's own ``GlobalModel``
-(``fedlm.engine.global_model``), so a run and its replay hand updates, lost
-jobs and new versions to the strategy the same way. It starts from the run's
+It drives the strategy through the engine's own server (``fedlm.servers``), so a
+run and its replay hand updates, lost jobs, transfers and new versions to the
+strategy the same way, and send each job what the run sent it. It starts from the run's
 recorded start: the seeded model, ``init.from``'s weights and pretraining,
 recomputed (``fedlm.start``) and checked against the hashes in the ``runs``
 row; it ends with the final weights' hash, to compare with the recorded one.
@@ -30,22 +30,19 @@ some job still to be replayed starts from are kept in memory.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from fedlm.sim import fleet
 from fedlm import start
 from fedlm.config_load import from_json
-from fedlm.engine.global_model import GlobalModel
-from fedlm.engine.streaming import flushing, seen_versions, what_to_send
+from fedlm import servers
 from fedlm.errors import ConfigError
 from fedlm.params import params_hash
-from fedlm.strategies.fragments import Streaming, fragment_names
 from fedlm.store import StoreError, operation_log, replayable_row
 from fedlm.sim import compression
-from fedlm.job import JobSpec
+from fedlm.job import FRESH, JobSpec
 from fedlm.worker.train import job_update
 from fedlm.worker.states import MemoryStates
 from fedlm.strategies import registry
@@ -116,14 +113,10 @@ def replay(db: str | Path, run_id: int,
     if run["start_hash"] and params_hash(params) != run["start_hash"]:
         raise ReplayError("the start of the federated phase differs from the recorded one "
                           "(init.from's weights changed, or the pretraining code did)")
-    model = GlobalModel(registry.build_strategy(cfg.strategy, cfg.outer))
-    model.start(params, num_workers=fleet.node_count(cfg),
-                regions=fleet.by_region(fleet.node_profiles(cfg)))
-    two_level = model.strategy.two_level
-    starts: dict[int, object] = {}  # a two-level strategy's jobs: the model each started from
+    model = servers.build(cfg, registry.build_strategy(cfg.strategy, cfg.outer))
+    model.start(params, model.worker_links(fleet.node_profiles(cfg)))
+    starts: dict[int, object] = {}  # jobs of a server that keeps job starts: each one's
     versions = {0: params}
-    stream = Streaming.from_outer(cfg.outer)
-    groups = fragment_names(list(params), stream.fragments) if stream is not None else []
     held, mismatched = 1, 0
     states = [MemoryStates() for _ in range(fleet.node_count(cfg))]
 
@@ -136,8 +129,8 @@ def replay(db: str | Path, run_id: int,
     for n, (op, kind, row) in enumerate(ops):
         if kind == "dispatch":
             model.dispatched(row["worker"], row["base_version"])
-            if two_level:
-                starts[row["job_id"]] = model.start_params(row["worker"])
+            if model.keeps_job_starts:
+                starts[row["job_id"]] = model.start_of(row["worker"])
         elif kind == "transfer":
             new, staleness = model.deliver(row["key"])
             if staleness != row["staleness"]:
@@ -160,20 +153,15 @@ def replay(db: str | Path, run_id: int,
                           row["data_seed"], prev_job=job["prev_job"],
                           **{k: job[k] for k in ("shard", "cursor", "schedule_step")
                              if job[k] is not None})  # schema 4 and older: none
-            payload = starts.pop(job.job_id) if two_level else versions[base]
-            reference = payload
-            if stream is not None:  # what the engine sent: the fragments the worker lacked
-                sent, fields = what_to_send(stream, groups, list(payload),
-                                            seen_versions(jobs, jobs[job.job_id]), base,
-                                            flushing(cfg, stream, base))
-                job = replace(job, **fields)
-                payload = OrderedDict((n, payload[n]) for n in sent)
-                reference = OrderedDict((n, reference[n]) for n in groups[job.fragment])
+            start_from = starts.pop(job.job_id) if model.keeps_job_starts else versions[base]
+            sent = model.send(job, start_from, _seen(jobs, job))  # what the run sent
+            job = sent.job
             worker_states = states[job.worker]
-            result, new_state = job_update(payload, worker_states.load(job.prev_job), job, cfg)
+            result, new_state = job_update(sent.payload, worker_states.load(job.prev_job), job,
+                                           cfg)
             worker_states.save(job.job_id, new_state)
             worker_states.prune(job.prev_job)
-            grad = compression.decode(result.outer_grad, reference, cfg.network)
+            grad = compression.decode(result.outer_grad, model.reference(job), cfg.network)
             if params_hash(grad) != row["update_hash"]:
                 mismatched += 1
             update = model.update(worker=job.worker, job_id=job.job_id, base_version=base,
@@ -185,7 +173,7 @@ def replay(db: str | Path, run_id: int,
             new = model.apply(update)
             if new is not None:
                 new_version(new)
-        model.strategy.take_transfers()  # timed by the run; here only their arrivals count
+        model.take_transfers()  # timed by the run; here only their arrivals count
         # forget versions no later job starts from (always keep the current one)
         for v in [v for v in versions if v != model.version and last_use.get(v, -1) <= op]:
             del versions[v]
@@ -195,6 +183,13 @@ def replay(db: str | Path, run_id: int,
 
     return ReplayResult(run_id, run["final_hash"], params_hash(model.params), model.version,
                         len(updates), mismatched, held)
+
+
+def _seen(jobs: dict, job: JobSpec) -> int | None:
+    """The base version of the job whose worker state ``job`` started from (None: a
+    fresh state), as the run's server knew it (``Server.seen``)."""
+    prev = job.prev_job
+    return None if prev is None or prev == FRESH else jobs[prev]["base_version"]
 
 
 def describe(result: ReplayResult) -> str:

@@ -18,6 +18,11 @@ The engine's loop, for sync and async alike::
             new = strategy.on_job_lost(w, job_id=j, reason=r, params=params)
             if new is not None: params = new; v += 1   # e.g. a sync round closes
 
+The engine reaches the strategy through a server (``fedlm.servers``): one server
+for a flat strategy, as above; a strategy that needs another kind (servers in
+regions, fragments, peers) names it in ``server``, and that kind's docstring says
+which calls beyond these it makes.
+
 How many local steps a job gets is a separate policy (``fedlm.strategies.local_steps``),
 so any strategy combines with any policy.
 
@@ -54,6 +59,9 @@ class Strategy(ABC):
     # Async: jobs that finish together should be applied together, so their workers
     # restart from the same model (grace = "auto" then opens the adaptive window).
     wants_grace: ClassVar[bool] = False
+    # The server kind the strategy runs on (``fedlm.servers``), as "package.module:Class";
+    # empty: one server, which every flat strategy needs.
+    server: ClassVar[str] = ""
 
     @abstractmethod
     def start(self, params, *, num_workers: int) -> None:
@@ -78,32 +86,6 @@ class Strategy(ABC):
         new global params to make a version now (a sync round closing with the
         replies it has), else None."""
         return None
-
-    # -- two-level strategies (``fedlm.strategies.halos``): servers of their own ----------
-    # The engine then places the workers in regions, asks where each job starts, times
-    # the server-to-server transfers the strategy queues and hands each back on arrival
-    # (an operation of the run log, so replay and resume stay exact).
-    two_level: ClassVar[bool] = False
-
-    def place(self, regions: list[list[int]]) -> None:
-        """The workers of each region of the fleet (``fedlm.sim.fleet.groups``), before
-        ``start``."""
-
-    def start_params(self, worker: int, params) -> Any:
-        """The model a job of ``worker`` starts from: the global one, by default."""
-        return params
-
-    def staleness(self, worker: int, base_version: int, version: int) -> int:
-        """An arriving update's staleness: global versions since its job started."""
-        return version - base_version
-
-    def take_transfers(self) -> list:
-        """Transfers queued since the last call (``fedlm.strategies.halos.Transfer``)."""
-        return []
-
-    def on_transfer(self, key: int, params) -> tuple[Any | None, int]:
-        """Transfer ``key`` arrived: (new global params or None, its staleness)."""
-        raise NotImplementedError(f"{self.name} queues no transfers")
 
     @abstractmethod
     def on_update(self, update: Update, params) -> Any | None:

@@ -21,10 +21,11 @@ LPS) next to its workers, and one *global server* (GPS) sits in one region:
 Nobody blocks: a region's workers keep training while its push and the global
 model travel. The evaluated (and hashed) model is the global server's θ_g.
 
-In fedlm's engine: the strategy keeps every region's model and both levels'
-optimizer states; the engine asks it where each job starts (``start_params``),
-times the server-to-server transfers it asks for (``take_transfers``) over the
-network model, and hands each one back when it arrives (``on_transfer``): a
+In fedlm's engine (through ``fedlm.servers.regions``): the strategy keeps every
+region's model and both levels' optimizer states; the server asks it where each
+job starts (``start_params``), the engine times the server-to-server transfers it
+asks for (``take_transfers``) over the network model, and each one is handed back
+when it arrives (``on_transfer``): a
 delivery is an operation of the run log, so replay and resume are exact. A
 worker update and a push merged at the global server each make a global
 version (the global model is unchanged by the first); staleness is counted
@@ -77,7 +78,7 @@ class Halos(Strategy):
 
     name = "halos"
     synchronous = False
-    two_level = True  # the engine asks for start_params and times transfers
+    server = "fedlm.servers.regions:RegionServers"  # it calls place ... on_transfer below
 
     def __init__(self, *, lr: float = 3.2, momentum: float = 0.9, buffer_size: int = 16,
                  c: float = 0.0, global_lr: float = 0.3, global_momentum: float = 0.5,

@@ -41,7 +41,7 @@ def plugin_strategies() -> dict[str, str]:
     return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
-def _load_dotted(path: str) -> Any:
+def load_dotted(path: str) -> Any:
     module_name, _, attr = path.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -58,9 +58,9 @@ def strategy_class(name: str) -> type[Strategy]:
         return STRATEGIES[name]
     plugins = plugin_strategies()
     if name in plugins:
-        cls = _load_dotted(plugins[name])
+        cls = load_dotted(plugins[name])
     elif ":" in name:
-        cls = _load_dotted(name)
+        cls = load_dotted(name)
     else:
         known = sorted(STRATEGIES) + sorted(plugins)
         raise ConfigError(f"strategy: unknown strategy {name!r} (known: {', '.join(known)}; "

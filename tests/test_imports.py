@@ -283,7 +283,8 @@ def _loaded_after(code: str, packages: set[str]) -> list[str]:
 
 
 @pytest.mark.parametrize("modules", [
-    "fedlm.engine, fedlm.engine.loop, fedlm.engine.events, fedlm.engine.global_model, "
+    "fedlm.engine, fedlm.engine.loop, fedlm.engine.events, fedlm.servers.streamed, "
+    "fedlm.servers.regions, "
     "fedlm.engine.in_flight, fedlm.engine.state",
     "fedlm.job, fedlm.shards, fedlm.params, fedlm.sim.faults, fedlm.sim.fleet, fedlm.sim.network",
 ])

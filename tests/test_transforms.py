@@ -98,7 +98,7 @@ def test_a_dropped_update_leaves_the_rest_of_the_chain_alone():
 
 
 @pytest.mark.parametrize("name", sorted(n for n, c in STRATEGIES.items()
-                                         if not c.synchronous and not c.two_level))
+                                         if not c.synchronous and not c.server))
 def test_async_strategies_are_their_chain(name):
     cls = STRATEGIES[name]
     assert issubclass(cls, AsyncStrategy) and cls.on_update is AsyncStrategy.on_update

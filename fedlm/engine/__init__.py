@@ -3,9 +3,10 @@ and the parts it is made of: what flows through it (``types``), the order
 events happen in (``events``: a virtual clock or the wall clock), the replies
 not yet handed on (``inbox``), the jobs in flight (``in_flight``), the workers'
 lifecycle (``workers``), every store write (``runlog``), when a run has
-diverged (``divergence``) and the global model: its params, version and the
-strategy-facing protocol shared with replay (``global_model``); an engine's
-checkpointed state is composed in ``state``. docs/architecture.md draws how they fit.
+diverged (``divergence``) and the timing of messages between servers
+(``transfers``); an engine's checkpointed state is composed in ``state``. The
+server side (the evaluated model, its version, the strategy and what a job is
+sent) is ``fedlm.servers``, shared with replay. docs/architecture.md draws how they fit.
 """
 
 from fedlm.engine.jobs import data_seed

@@ -11,8 +11,7 @@ def steps_for(engine: Any, w: int) -> int:
     budget (0: no job). A synchronous round is handed out whole while the budget
     is not spent, so the run ends on a whole round; an asynchronous job gets at most
     the steps not yet spent nor in flight, so the run ends on the budget exactly."""
-    steps = (engine.stream.steps(engine.version) if engine.stream is not None
-             else engine.policy.local_steps(w))
+    steps = engine.model.job_steps(w, engine.version, engine.policy)
     budget = engine.cfg.local_step_budget
     if not budget:
         return steps

@@ -101,11 +101,12 @@ class VirtualEvents:
                                timing.compute, region.latency + up / (region.up_bw * m))
         return timing
 
-    def streaming_timing(self, w: int, steps: int, down_bytes: int, up_bytes: int,
-                         overlap: int) -> JobTiming:
-        """A streaming round's job (``JobTimer.streaming_timing``; no shared link)."""
-        return self.timer.streaming_timing(w, steps, self.down_bytes, down_bytes, up_bytes,
-                                           overlap)
+    def overlapped_timing(self, w: int, steps: int, down_bytes: int, up_bytes: int,
+                          overlap: int) -> JobTiming:
+        """A job that waits for the previous round's exchange, overlapped by its first
+        ``overlap`` steps (``JobTimer.overlapped_timing``; no shared link)."""
+        return self.timer.overlapped_timing(w, steps, self.down_bytes, down_bytes, up_bytes,
+                                            overlap)
 
     def transfer_times(self, down_bytes: int, up_bytes: int) -> list[float]:
         """Each worker's nominal seconds of transfers per whole-model job (link model)."""
@@ -132,7 +133,7 @@ class VirtualEvents:
         self.clock.schedule(until, BackOnline(w))
 
     def deliver_at(self, at: float, key: int) -> None:
-        """A two-level strategy's transfer ``key`` arrives at ``at``."""
+        """A message between servers (``key``) arrives at ``at``."""
         self.clock.schedule(at, Delivery(key))
 
     def next_event(self, until: float | None = None, advance: bool = True) -> Event | None:
@@ -217,7 +218,7 @@ class VirtualEvents:
                     (IntervalKind.UPLOAD, comp, comp + f.timing.upload),
                     (IntervalKind.LINK_WAIT, comp + f.timing.upload, up)]
         a = t0 + f.timing.download
-        if f.timing.exchange or f.timing.hidden:  # an all-reduce, or a streaming round
+        if f.timing.exchange or f.timing.hidden:  # an all-reduce, or an overlapped exchange
             return _exchange_spans(f.timing, a, end)
         b = a + f.timing.compute
         return [(IntervalKind.DOWNLOAD, t0, a), (IntervalKind.COMPUTE, a, b),
@@ -270,8 +271,8 @@ class WallEvents:
     def timing(self, w: int, steps: int, index: int = 0) -> None:
         return None  # real transfers and compute take what they take
 
-    def streaming_timing(self, w: int, steps: int, down_bytes: int, up_bytes: int,
-                         overlap: int) -> None:
+    def overlapped_timing(self, w: int, steps: int, down_bytes: int, up_bytes: int,
+                          overlap: int) -> None:
         return None
 
     def transfer_times(self, down_bytes: int, up_bytes: int) -> None:

@@ -5,18 +5,19 @@
             from which model, the local-steps policy how many inner steps; the job's
             data shard, schedule position, fault and deadline are drawn here)
         take the next event: a finished job (its result, its error or its missed
-            deadline), a worker back online, or a two-level strategy's transfer in
+            deadline), a worker back online, or a message between servers in
         a result is checked at the boundary (shapes, dtypes, NaN) and handed to the
             strategy; a new global version may follow (evaluated every eval.every
             versions, checkpointed every reliability.checkpoint_every)
 
-Who owns what: the ``GlobalModel`` the global params, their version and the strategy
-(replay drives it too); the ``WorkerPool`` the workers' lifecycle; the event source
+Who owns what: the server (``fedlm.servers``, of whichever kind the strategy and the
+config ask for) the evaluated params, their version, the strategy and what each job
+is sent (replay drives it too); the ``WorkerPool`` the workers' lifecycle; the event source
 (``VirtualEvents`` or ``WallEvents``) the order of events and the time; the ``Inbox``
 the replies not yet handed on; ``InFlightJobs`` the jobs in flight; the ``RunLog``
 every store write; the ``JobMaker`` what each new job is; ``Presence`` who is there on
-a fleet that changes over time; ``StreamRounds`` a Streaming DiLoCo round's job;
-``ServerTransfers`` a two-level strategy's transfers. The loop owns the totals.
+a fleet that changes over time; ``ServerTransfers`` the timing of messages between
+servers. The loop owns the totals.
 
 A dispatched job goes to a ``Transport`` (Flower's Grid in ``server_app``; an
 in-process trainer in tests, sweeps and replay) and computes while the loop goes on.
@@ -32,15 +33,15 @@ import time
 from typing import Callable, NoReturn
 
 from fedlm.config import Config
+from fedlm import servers
 from fedlm.sim import dynamics, faults, wire_sizes
-from fedlm.sim.fleet import WorkerProfile, by_region
+from fedlm.sim.fleet import WorkerProfile
 from fedlm.params import BadUpdate, check_update, num_bytes
 from fedlm.store import IntervalKind, RunWriter
 from fedlm.strategies.base import Strategy
 from fedlm.strategies.local_steps import LocalSteps
 from fedlm.engine import budget, state
 from fedlm.engine.divergence import DivergenceWatch, hint
-from fedlm.engine.global_model import GlobalModel
 from fedlm.engine.events import VirtualEvents, WallEvents
 from fedlm.engine.grace import grace_for, take_window
 from fedlm.engine.in_flight import InFlightJobs
@@ -48,8 +49,7 @@ from fedlm.engine.inbox import Inbox
 from fedlm.engine.jobs import JobMaker
 from fedlm.engine.presence import Presence
 from fedlm.engine.runlog import RunLog
-from fedlm.engine.streaming import StreamRounds
-from fedlm.engine.transfers import ServerTransfers, local_links
+from fedlm.engine.transfers import ServerTransfers
 from fedlm.engine.types import (BackOnline, Delivery, Diverged, EngineError, Event, InFlight,
                                 Interrupted, Progress, JobResult, Transport)
 from fedlm.engine.workers import WorkerPool
@@ -63,15 +63,14 @@ class Engine:
                  should_stop: Callable[[], bool] | None = None,
                  checkpoint: Callable[[dict], None] | None = None,
                  shard_sizes: list[int] | None = None) -> None:
-        # a two-level strategy's workers talk to their region's server (transfers.py)
-        servers_fleet, fleet = fleet, (local_links(fleet, cfg.network.intra_bw)
-                                       if strategy.two_level else fleet)
+        self.model = servers.build(cfg, strategy)
+        # the links a worker's jobs take: to its server (which may sit in its region)
+        servers_fleet, fleet = fleet, self.model.worker_links(fleet)
         self.cfg, self.fleet, self.policy, self.strategy = cfg, fleet, local_steps, strategy
         self.evaluate, self.progress = evaluate, progress
         self.checkpoint = checkpoint  # called with state_dict() every checkpoint_every versions
         self.transport = (faults.DuplicatingTransport(transport) if cfg.faults.duplicate > 0
                           else transport)
-        self.model = GlobalModel(strategy)
         self.log = RunLog(writer)
         self.pool = WorkerPool(cfg, len(fleet))
         self.in_flight = InFlightJobs()
@@ -86,13 +85,10 @@ class Engine:
         self.presence = (Presence(changes, self.pool, self.events, self.log)
                          if changes is not None else None)
         self.jobs = JobMaker(cfg, fleet, shard_sizes)
-        self.transfers = (ServerTransfers(cfg, servers_fleet, self.events, self.log)
-                          if strategy.two_level else None)
-        self.stream = StreamRounds.of(cfg)  # Streaming DiLoCo's rounds, or None
-        # updates and eval.every count outer steps: P streaming rounds each
-        self.per_update = self.stream.streaming.fragments if self.stream is not None else 1
-        # and streaming ends with P - 1 rounds of no steps that bring every fragment in
-        self.versions_wanted = cfg.updates * self.per_update + (self.per_update - 1)
+        self.transfers = ServerTransfers(cfg, servers_fleet, self.events, self.log)
+        # updates and eval.every count outer steps (a server may make several
+        # versions in one)
+        self.versions_wanted = self.model.versions_wanted(cfg.updates)
         self.grace = grace_for(cfg, strategy, local_steps, fleet)  # again once DyLU knows links
         self.base_params: dict[int, object] = {}  # versions in-flight jobs started from
         self.tokens = self.steps_done = self.jobs_done = 0
@@ -140,9 +136,7 @@ class Engine:
             raise Interrupted(f"interrupted at version {self.version}") from None
 
     def _run(self, params, resume: dict | None):
-        self.model.start(params, num_workers=len(self.fleet), regions=by_region(self.fleet))
-        if self.stream is not None:
-            self.stream.start(params)
+        self.model.start(params, self.fleet)
         transfers = self.events.transfer_times(  # DyLU sizes whole jobs, transfers too
             num_bytes(params), wire_sizes.encoded_bytes(params, self.cfg.network))
         self.policy.start(steps=self.cfg.inner.steps, transfer_times=transfers,
@@ -198,22 +192,19 @@ class Engine:
             if w in self.pool.retired or not self.strategy.wants_job(w, version=self.version):
                 continue
             steps = budget.steps_for(self, w)
-            if steps > 0 or (self.stream is not None and self.stream.flushing(self.version)):
+            if steps > 0 or self.model.sends_empty_job(self.version):
                 self._dispatch(w, now, steps)
 
     def _dispatch(self, w: int, now: float, steps: int) -> None:
         index, free_since = self.pool.take(w)
         job = self.jobs.make(w, version=self.version, steps=steps, index=index,
                              prev_job=self.pool.state_job[w], keep_from=self.pool.keep_from(w))
-        if self.stream is None:
-            payload, down, up = self.model.start_params(w), self.model_bytes, self.up_bytes
-            timing = self.events.timing(w, steps, index)
-        else:  # the fragments the worker lacks, mixed in τ steps into the job
-            job, payload, down, up, timing = self.stream.dispatch(job, self.params, self.events)
+        sent = self.model.send(job, self.model.start_of(w), self.model.seen.get(w))
+        job, payload, timing = sent.job, sent.payload, self.model.timing(sent, self.events, index)
         limit = now + self.jobs.time_allowed(job, timing)
         expires = timing is not None and self.events.will_expire(timing, job.fault, limit)
         flight = InFlight(job, now, timing, index, limit, expires,
-                          payload if self.transfers is not None else None,
+                          payload if self.model.keeps_job_starts else None,
                           self.presence and self.presence.departure(w, index, now, timing))
         self.log.intervals([(w, IntervalKind.IDLE, free_since, now, self.version, None)])
         self.model.dispatched(w, self.version)
@@ -222,7 +213,7 @@ class Engine:
         if self.checkpoint is not None:  # a checkpoint must be able to re-send it
             self.base_params.setdefault(self.version, self.params)
         self.events.dispatched(flight)
-        self.log.dispatched(job, now, down_bytes=down, up_bytes=up)
+        self.log.dispatched(job, now, down_bytes=sent.down, up_bytes=sent.up)
         self.transport.submit(job, payload)
 
     def _handle(self, event: Event) -> InFlight | None:
@@ -251,8 +242,7 @@ class Engine:
                 # The one place tensors are unpacked: torch loads with the first update,
                 # so the scheduling core imports (and is benchmarked) without it.
                 from fedlm.sim import compression
-                ref = (self.params if job.fragment < 0
-                       else self.stream.reference(job.fragment, self.params))
+                ref = self.model.reference(job)
                 grad = compression.decode(reply.outer_grad, ref, self.cfg.network)
                 check_update(grad, ref)
             except BadUpdate as exc:
@@ -261,8 +251,7 @@ class Engine:
             self._lost(flight, error, reason)
             return flight
         self.pool.accepted(w, job_id)
-        if self.stream is not None:
-            self.stream.accepted(w, job.base_version)
+        self.model.accepted(w, job)
         self.grace.observe(flight, now)
         self.inbox.settle(job_id, "done")
         self._release(w, flight.index)
@@ -286,8 +275,7 @@ class Engine:
         new_params = self.model.apply(update)
         if new_params is not None:
             self._new_version(new_params)
-        if self.transfers is not None:
-            self.transfers.send(self.model, now)
+        self.transfers.send(self.model, now)
         self.log.commit(force=False)
         self._report()
         return flight
@@ -326,7 +314,7 @@ class Engine:
             used = self.in_flight.base_versions()
             self.base_params = {v: p for v, p in self.base_params.items() if v in used}
         self.log.applied(self.version, seqs)
-        if self.version % (self.cfg.eval.every * self.per_update) == 0:
+        if self.version % (self.cfg.eval.every * self.model.versions_per_update) == 0:
             self._evaluate()
         every = self.cfg.reliability.checkpoint_every
         if self.checkpoint is not None and every and self.version % every == 0:

@@ -1,7 +1,7 @@
 """The run log: every row the engine writes to the run store goes through here.
 
 It also numbers the operations (``op``): each dispatch, each update handed to
-the strategy, each lost job and each arrival of a two-level strategy's transfer
+the strategy, each lost job and each arrival of a message between servers
 gets the next number, which is the order
 ``fedlm replay`` walks. With no writer (tests, benchmarks) it only counts.
 """
@@ -77,7 +77,7 @@ class RunLog:
                     detail="ignored" + (f" ({reply.error})" if reply.error else ""))
 
     def transferred(self, row: dict) -> None:
-        """A two-level strategy's transfer arrived (the transfers table's columns but
+        """A message between servers arrived (the transfers table's columns but
         ``op``): an operation, replayed in this order."""
         op = self._next_op()
         if self.writer:

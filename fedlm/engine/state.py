@@ -3,17 +3,19 @@
 ``Engine.state_dict()`` is ``capture(engine)``, taken at the top of the loop where
 the whole state is in it; ``Engine.load_state_dict`` is ``restore``. The keys:
 
-    model          the GlobalModel: params, version, seq, held updates, the
-                   strategy's state (``driver`` in checkpoints written before the
-                   class was renamed: still read)
+    model          the server (``fedlm.servers``): params, version, seq, held
+                   updates, the strategy's state, what each worker last saw and
+                   whatever else its kind keeps (``driver`` in checkpoints written
+                   before the class was renamed: still read)
     policy, grace, pool, events, inbox, log, jobs
                    each part's own ``state_dict`` (no ``grace`` in checkpoints
                    written before the grace rule kept state)
     in_flight      job id -> InFlight, in dispatch order
     base_params    the global versions that jobs in flight started from (resume
-                   sends them again; a two-level strategy's jobs carry their own start)
-    transfers      a two-level strategy's transfers on their way (their arrivals are
-                   on the event clock)
+                   sends them again; a job of a server that keeps job starts carries
+                   its own)
+    transfers      messages between servers on their way (their arrivals are on the
+                   event clock)
     model_bytes, up_bytes, tokens, steps_done, jobs_done, last_perplexity,
     last_eval_version   the loop's payload sizes and totals
     position       where the run stands, for the store to be cut back to it
@@ -31,10 +33,7 @@ def capture(engine: Any) -> dict:
     """``engine``'s state (an ``Engine``, at the top of its loop)."""
     st = {name: getattr(engine, name).state_dict() for name in PARTS}
     st.update({name: getattr(engine, name) for name in TOTALS})
-    if engine.stream is not None:
-        st["stream"] = engine.stream.state_dict()
-    if engine.transfers is not None:
-        st["transfers"] = engine.transfers.state_dict()
+    st["transfers"] = engine.transfers.state_dict()
     return {**st, "base_params": dict(engine.base_params),
             "last_eval_version": engine._last_eval_version, "position": position(engine)}
 
@@ -42,7 +41,7 @@ def capture(engine: Any) -> dict:
 def restore(engine: Any, st: dict) -> None:
     """Put ``engine`` where ``capture`` found it (in a checkpoint of this or an older
     version of fedlm)."""
-    engine.model.load_state_dict(st["model"] if "model" in st else st["driver"])
+    engine.model.load_state_dict(st["model"] if "model" in st else st["driver"], st)
     engine.policy.load_state_dict(st["policy"])
     engine.in_flight.load_state_dict(st["in_flight"])
     engine.grace.load_state_dict(st.get("grace", {}), engine.in_flight)  # it indexes them
@@ -50,10 +49,7 @@ def restore(engine: Any, st: dict) -> None:
         getattr(engine, name).load_state_dict(st[name])
     for name in TOTALS:
         setattr(engine, name, st[name])
-    if engine.stream is not None:
-        engine.stream.load_state_dict(st["stream"])
-    if engine.transfers is not None:
-        engine.transfers.load_state_dict(st["transfers"])
+    engine.transfers.load_state_dict(st.get("transfers", {"flying": {}}))
     engine.base_params = dict(st["base_params"])
     engine._last_eval_version = st["last_eval_version"]
     engine.events.set_payload(engine.model_bytes, engine.up_bytes)
@@ -69,10 +65,4 @@ def position(engine: Any) -> dict:
 def resubmit(engine: Any) -> None:
     """Send the jobs in flight at the checkpoint again, each with what it carried."""
     for f in engine.in_flight.flights():
-        if f.start is not None:  # a two-level strategy's job: its region's model then
-            engine.transport.submit(f.job, f.start)
-            continue
-        base = engine.base_params[f.job.base_version]
-        if engine.stream is not None:
-            base = engine.stream.plan(f.job.worker, f.job.base_version, base)[0]
-        engine.transport.submit(f.job, base)
+        engine.transport.submit(f.job, engine.model.resend(f, engine.base_params))

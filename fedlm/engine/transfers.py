@@ -1,39 +1,30 @@
-"""A two-level strategy's servers (``fedlm.strategies.halos``): where they sit, how long
-their transfers take, and what happens when one arrives.
+"""Messages between servers (``Server.take_transfers``: for example between a server
+in each region and a global one, ``fedlm.servers.regions``): how long each takes,
+and what happens when one arrives.
 
-Each region of the fleet has a region server next to its workers, and the global
-server sits where the star topology's server does. So:
+Each region of the fleet may have a server next to its workers; the global server
+sits where the star topology's server does. A transfer names the region at its
+other end, and travels over that region's link to the server: its latency,
+``up_bw`` to the global server (``kind`` "push"), ``down_bw`` from it (any other
+kind), scaled by the daily cycle.
 
-    worker <-> its region server   the region's own link (``network.intra_bw``, or
-                                   the diagonal of ``fleet.matrix``), not the WAN
-    region server <-> global       the region's link to the server (its latency,
-                                   ``up_bw`` for a push, ``down_bw`` for the model
-                                   coming back), scaled by the daily cycle
-
-``ServerTransfers.send`` starts the transfers the strategy queued, each on the event
-clock (virtual, or the wall clock's simulated link time); ``arrived`` hands one back
-to the strategy (through the ``GlobalModel``), makes a version if the global model
-changed, and logs the arrival as an operation: replay walks it in that order.
+``ServerTransfers.send`` starts the transfers the server has queued, each on the
+event clock (virtual, or the wall clock's simulated link time); ``arrived`` hands
+one back to the server, makes a version if the evaluated model changed, and logs
+the arrival as an operation: replay walks it in that order. A server that sends
+none costs nothing here.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Callable
 
 from fedlm.config import Config
-from fedlm.sim.fleet import REGIONS, Region, WorkerProfile, by_region
+from fedlm.servers import Server
+from fedlm.sim.fleet import WorkerProfile, by_region
 from fedlm.sim.network import daily_factor
 
-from fedlm.engine.global_model import GlobalModel
 from fedlm.engine.runlog import RunLog
-
-
-def local_links(fleet: list[WorkerProfile], intra_bw: float) -> list[WorkerProfile]:
-    """The workers' profiles with their region server as the other end of their link."""
-    return [replace(p, region=Region(p.region.name, REGIONS["local"].latency,
-                                     p.region.intra_bw or intra_bw,
-                                     p.region.intra_bw or intra_bw)) for p in fleet]
 
 
 class ServerTransfers:
@@ -50,17 +41,17 @@ class ServerTransfers:
         factor = daily_factor(now, self.amplitude, self.peak_hour) if self.amplitude else 1.0
         return link.latency + nbytes / (bw * factor)
 
-    def send(self, model: GlobalModel, now: float) -> None:
-        """Start every transfer the strategy has queued."""
-        for t in model.strategy.take_transfers():
+    def send(self, model: Server, now: float) -> None:
+        """Start every transfer the server has queued."""
+        for t in model.take_transfers():
             at = now + self.seconds(t.kind, t.region, t.nbytes, now)
             self.flying[t.key] = {"key": t.key, "kind": t.kind, "region": t.region,
                                   "bytes": t.nbytes, "t_sent": now, "t_arrived": at}
             self.events.deliver_at(at, t.key)
 
-    def arrived(self, key: int, model: GlobalModel, now: float,
+    def arrived(self, key: int, model: Server, now: float,
                 new_version: Callable[[object], None]) -> None:
-        """Transfer ``key`` is in: the strategy takes it (maybe a new global version)."""
+        """Transfer ``key`` is in: the server takes it (maybe a new version)."""
         row = self.flying.pop(key)
         params, staleness = model.deliver(key)
         if params is not None:

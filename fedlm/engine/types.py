@@ -2,7 +2,8 @@
 
 Events are typed: the loop handles a ``JobDone`` (a job to hand on: its result,
 its error, or the deadline it missed), a ``BackOnline`` (an offline worker may
-work again) or a ``Delivery`` (a two-level strategy's transfer arrived). Whatever produces them (``fedlm.engine.events``) decides the order.
+work again) or a ``Delivery`` (a message between servers arrived). Whatever
+produces them (``fedlm.engine.events``) decides the order.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class InFlight:
     index: int  # the worker's how-many-th job (seeds its data and faults)
     deadline: float  # the job is lost if it has not finished by then
     expires: bool = False  # virtual clock: it will miss its deadline (its event is the deadline)
-    # a two-level strategy's job: the region model it started from (resume sends it again)
+    # the model it started from, if its server keeps it (resume sends it again)
     start: object = None
     # a fleet that changes over time: its worker goes away then, mid-job
     departs: float | None = None
@@ -75,7 +76,7 @@ class BackOnline:
 
 @dataclass(frozen=True)
 class Delivery:
-    """A two-level strategy's server-to-server transfer ``key`` has arrived."""
+    """A message between servers (``Server.take_transfers``), ``key``, has arrived."""
 
     key: int
 

@@ -139,7 +139,7 @@ def _star(inp: PlanInput) -> _Segment:
     each node's exchange (its fragment's upload and the new one's download) runs
     behind its own first τ steps, so a node of class c takes its compute plus
     max(0, exchange_c − τ·step_c), and the segment is the expected slowest of
-    those (as the simulator times each job: ``JobTimer.streaming_timing``)."""
+    those (as the simulator times each job: ``JobTimer.overlapped_timing``)."""
     seg = segment_input(inp)
     pred = predict_sync(seg)
     c = seg.classes()

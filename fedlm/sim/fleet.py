@@ -258,8 +258,8 @@ class JobTimer:
         return JobTiming(download=_download(p, down_bytes), compute=compute,
                          upload=_upload(p, up_bytes))
 
-    def streaming_timing(self, worker: int, steps: int, model_bytes: int, down_bytes: int,
-                         up_bytes: int, overlap: int) -> JobTiming:
+    def overlapped_timing(self, worker: int, steps: int, model_bytes: int, down_bytes: int,
+                          up_bytes: int, overlap: int) -> JobTiming:
         """A Streaming DiLoCo round's job. The exchange it waits for is the previous
         round's: its fragment's upload (``up_bytes``; 0 on a worker's first job) and
         the new global fragments' download (``down_bytes``), or their all-reduce.

@@ -1,19 +1,18 @@
-"""Streaming DiLoCo rounds as the engine (and replay) hand them out
-(``fedlm.strategies.fragments`` has the algorithm, ``fedlm.worker.streaming`` the
-worker's side).
+"""Streamed fragments: Streaming DiLoCo's server (``fedlm.strategies.fragments`` has
+the algorithm, ``fedlm.worker.streaming`` the worker's side).
 
 A round is a synchronous round at global version v: each job trains
 ``segment_steps(H, P, v)`` inner steps and reports fragment ``v mod P``. What it
 carries is what its worker lacks: the whole model on the worker's first job;
 afterwards only the global fragments changed since the version its state was
 made from (normally the one fragment the previous round synchronised), to be
-mixed in at inner step τ. ``what_to_send`` is the rule; the engine applies it
-with the base version of each worker's last accepted job, replay with the
-same number read from the jobs table, so both send the same.
+mixed in at inner step τ. ``what_to_send`` is the rule, applied with the base
+version of the worker's last accepted job: the engine's (``Server.seen``) or the
+one replay reads from the jobs table, so both send the same.
 
 Timing (virtual clock): the exchange a job waits for is the previous round's
 (its fragment's upload and the new fragments' download, or their all-reduce),
-overlapped by the job's first τ steps (``JobTimer.streaming_timing``). The
+overlapped by the job's first τ steps (``JobTimer.overlapped_timing``). The
 last round's exchange is not timed: the run ends when its version exists.
 """
 
@@ -23,9 +22,11 @@ from collections import OrderedDict
 from dataclasses import replace
 
 from fedlm.config import Config
-from fedlm.job import FRESH, JobSpec
+from fedlm.job import JobSpec
 from fedlm.params import num_bytes
+from fedlm.servers.protocol import Sent, Server
 from fedlm.sim import wire_sizes
+from fedlm.strategies.base import Strategy
 from fedlm.strategies.fragments import (Streaming, changed_since, fragment_names,
                                         round_fragment, segment_steps)
 
@@ -56,68 +57,60 @@ def flushing(cfg: Config, streaming: Streaming, version: int) -> bool:
     return version >= cfg.updates * streaming.fragments
 
 
-class StreamRounds:
-    """The engine's streaming bookkeeping: which version each worker's state is from."""
+class StreamedServer(Server):
+    """Streaming DiLoCo's server: a synchronous round per fragment, each job sent the
+    fragments its worker lacks and reporting one fragment (``what_to_send``)."""
 
-    def __init__(self, cfg: Config, streaming: Streaming) -> None:
-        self.cfg, self.streaming = cfg, streaming
-        self.seen: dict[int, int] = {}  # worker -> base version of its last accepted job
+    def __init__(self, cfg: Config, strategy: Strategy) -> None:
+        super().__init__(cfg, strategy)
+        self.streaming = Streaming.from_outer(cfg.outer)
 
-    @classmethod
-    def of(cls, cfg: Config) -> "StreamRounds | None":
-        streaming = Streaming.from_outer(cfg.outer)
-        return None if streaming is None else cls(cfg, streaming)
-
-    def start(self, params) -> None:
+    def start(self, params, fleet: list) -> None:
+        super().start(params, fleet)
         self.names = list(params)
         self.groups = fragment_names(self.names, self.streaming.fragments)
         parts = [OrderedDict((n, params[n]) for n in g) for g in self.groups]
         self.fragment_bytes = [num_bytes(p) for p in parts]  # fp32, as sent down
         self.encoded_bytes = [wire_sizes.encoded_bytes(p, self.cfg.network) for p in parts]
 
+    @property
+    def versions_per_update(self) -> int:
+        """An outer step is P rounds, one a fragment."""
+        return self.streaming.fragments
+
+    def versions_wanted(self, updates: int) -> int:
+        """... and the run ends with P - 1 rounds of no steps that bring every
+        fragment in (``flushing``)."""
+        return updates * self.streaming.fragments + self.streaming.fragments - 1
+
     def flushing(self, version: int) -> bool:
         return flushing(self.cfg, self.streaming, version)
 
-    def steps(self, version: int) -> int:
+    def job_steps(self, worker: int, version: int, policy) -> int:
         if self.flushing(version):
             return 0
         return segment_steps(self.cfg.inner.steps, self.streaming.fragments, version)
 
-    def plan(self, worker: int, version: int, params):
-        """(payload, spec fields, bytes down, bytes of the previous round's upload)."""
-        seen = self.seen.get(worker)
-        sent, fields = what_to_send(self.streaming, self.groups, self.names, seen, version,
-                                    self.flushing(version))
-        payload = OrderedDict((n, params[n]) for n in sent)
+    def sends_empty_job(self, version: int) -> bool:
+        return self.flushing(version)
+
+    def send(self, job: JobSpec, start, seen: int | None) -> Sent:
+        """The fragments the worker lacks, to mix in τ steps into the job."""
+        sent, fields = what_to_send(self.streaming, self.groups, self.names, seen,
+                                    job.base_version, self.flushing(job.base_version))
+        job = replace(job, **fields)
+        payload = OrderedDict((n, start[n]) for n in sent)
+        return Sent(job, payload, num_bytes(payload) if sent else 0,
+                    self.encoded_bytes[job.fragment])
+
+    def timing(self, sent: Sent, events, index: int):
         # the exchange it waits for starts with the upload of its worker's last report
+        seen = self.seen.get(sent.job.worker)
         prev_up = (self.encoded_bytes[round_fragment(seen, self.streaming.fragments)]
                    if seen is not None else 0)
-        return payload, fields, num_bytes(payload) if sent else 0, prev_up
+        return events.overlapped_timing(sent.job.worker, sent.job.local_steps, sent.down,
+                                       prev_up, sent.job.mix_step)
 
-    def dispatch(self, job: JobSpec, params, events):
-        """A round's job as the engine sends it: (job with its streaming fields, payload,
-        bytes down, bytes up, its timing from ``events`` (None on the wall clock))."""
-        payload, fields, down, prev_up = self.plan(job.worker, job.base_version, params)
-        job = replace(job, **fields)
-        timing = events.streaming_timing(job.worker, job.local_steps, down, prev_up,
-                                         job.mix_step)
-        return job, payload, down, self.encoded_bytes[job.fragment], timing
-
-    def reference(self, fragment: int, params):
-        """The global tensors a reply's outer gradient must match."""
-        return OrderedDict((n, params[n]) for n in self.groups[fragment])
-
-    def accepted(self, worker: int, base_version: int) -> None:
-        self.seen[worker] = base_version
-
-    def state_dict(self) -> dict:
-        return {"seen": dict(self.seen)}
-
-    def load_state_dict(self, st: dict) -> None:
-        self.seen = {int(w): int(v) for w, v in st["seen"].items()}
-
-
-def seen_versions(jobs: dict, job: dict) -> int | None:
-    """Replay's ``seen``: the base version of the job a job's state came from."""
-    prev = job["prev_job"]
-    return None if prev is None or prev == FRESH else jobs[prev]["base_version"]
+    def reference(self, job: JobSpec):
+        """The global tensors of the fragment the reply reports."""
+        return OrderedDict((n, self.params[n]) for n in self.groups[job.fragment])
