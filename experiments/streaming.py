@@ -1,7 +1,8 @@
 """Streaming DiLoCo against DiLoCo on the `geo` fleet, at equal inner steps.
 
     python experiments/streaming.py --role tuning --seeds 100 101 --overlap 1 2 5 --mix 0.5
-    python experiments/streaming.py --seeds 200 201 202 203 204 --overlap 5 2 --mix 0.5
+    python experiments/streaming.py --seeds 200 201 202 203 204 --overlap 1 5 --mix 0.5 \
+        --no-ablation
 
 The default run (`small` model, 4 workers in us/eu/asia, H = 30, 10 outer steps)
 with `profile = geo`, as DiLoCo and as Streaming DiLoCo (`outer.fragments = 4`, each
@@ -115,6 +116,8 @@ def main() -> None:
     ap.add_argument("--mix", type=float, nargs="+", default=[1.0, 0.5])
     ap.add_argument("--overlap", type=int, nargs="+", default=None,
                     help="outer.overlap values (default: 5)")
+    ap.add_argument("--no-ablation", action="store_true",
+                    help="leave out the fragments-without-overlap arm")
     ap.add_argument("--role", choices=["report", "tuning"], default="report",
                     help="tuning: the seeds settings are chosen on (streaming_tuning.md)")
     ap.add_argument("--jobs", type=int, default=2)
@@ -135,7 +138,7 @@ def main() -> None:
         global STREAM
         STREAM = ["outer.fragments=2", "outer.overlap=1"]
     Path(args.db).parent.mkdir(parents=True, exist_ok=True)
-    table = arms(args.mix, args.overlap, ablation=not args.smoke)
+    table = arms(args.mix, args.overlap, ablation=not (args.smoke or args.no_ablation))
     todo = [(f"{label} · seed {s}", [*base, *sets, f"seed={s}"], args.db)
             for label, sets in table.items() for s in args.seeds]
     # one run creates the store first: parallel first writers would race on the schema

@@ -24,6 +24,7 @@ from fedlm.config import Config
 from fedlm.sim.clock import VirtualClock
 from fedlm.sim.dynamics import FleetDynamics
 from fedlm.sim.fleet import JobTimer, JobTiming, WorkerProfile
+from fedlm.sim.links import transfer_seconds
 from fedlm.sim.network import Network
 from fedlm.store import IntervalKind
 
@@ -97,8 +98,9 @@ class VirtualEvents:
         timing = self.timer.timing(w, steps, down, up, start=self.now, index=index)
         if self.net is not None:  # nominal transfer times at this hour's bandwidth
             region, m = self.fleet[w].region, self.net.factor(self.now)
-            timing = JobTiming(region.latency + down / (region.down_bw * m),
-                               timing.compute, region.latency + up / (region.up_bw * m))
+            timing = JobTiming(transfer_seconds(down, region.down_bw * m, region.latency),
+                               timing.compute,
+                               transfer_seconds(up, region.up_bw * m, region.latency))
         return timing
 
     def overlapped_timing(self, w: int, steps: int, down_bytes: int, up_bytes: int,

@@ -22,6 +22,7 @@ from typing import Callable
 from fedlm.config import Config
 from fedlm.servers import Server
 from fedlm.sim.fleet import WorkerProfile, by_region
+from fedlm.sim.links import transfer_seconds
 from fedlm.sim.network import daily_factor
 
 from fedlm.engine.runlog import RunLog
@@ -39,7 +40,7 @@ class ServerTransfers:
         link = self.links[region]
         bw = link.up_bw if kind == "push" else link.down_bw
         factor = daily_factor(now, self.amplitude, self.peak_hour) if self.amplitude else 1.0
-        return link.latency + nbytes / (bw * factor)
+        return transfer_seconds(nbytes, bw * factor, link.latency)
 
     def send(self, model: Server, now: float) -> None:
         """Start every transfer the server has queued."""

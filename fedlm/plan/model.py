@@ -30,6 +30,7 @@ import numpy as np
 
 from fedlm.plan.fluid import fluid_finish_times, mean_crowd, water_level
 from fedlm.plan.inputs import PlanInput
+from fedlm.sim.links import transfer_seconds
 from fedlm.sim.wire_sizes import HOUR, daily_factors
 
 
@@ -170,27 +171,28 @@ def async_cycle(inp: PlanInput, factor: float = 1.0, iterations: int = 500) -> P
     comp, _ = c.compute(inp.H, inp.jitter)  # mean compute seconds
     links = {"down": (c.down_bw * factor, inp.server_down * factor, inp.down_bytes()),
              "up": (c.up_bw * factor, inp.server_up * factor, inp.up_bytes())}
-    xfer = {d: nbytes / cap for d, (cap, _, nbytes) in links.items()}  # at full rate
+    rates = {d: cap for d, (cap, _, _) in links.items()}  # each transfer's: full, at first
     crowd = {d: np.ones(len(k)) for d in links}
     contended = inp.server_down > 0 or inp.server_up > 0
     p = {d: np.zeros(len(k)) for d in links}  # share of time a worker is transferring
     for _ in range(iterations if contended else 0):
-        new_xfer = {}
+        new_xfer, new_rates = {}, {}
         for d, (cap, server, nbytes) in links.items():
             # row j: the flows a transfer of class j sees (its own class on the diagonal)
             weights = np.tile(k * p[d], (len(k), 1))
             np.fill_diagonal(weights, k if inp.jitter == 0 else 1 + (k - 1) * p[d])
-            rate = np.minimum(cap, water_level(weights, cap, server))
+            new_rates[d] = np.minimum(cap, water_level(weights, cap, server))
             crowd[d] = weights.sum(axis=1)
-            new_xfer[d] = nbytes / rate
+            new_xfer[d] = nbytes / new_rates[d]
         cycle = new_xfer["down"] + new_xfer["up"] + 2 * c.latency + comp
         new_p = {d: new_xfer[d] / cycle for d in links}
         delta = max(float(np.max(np.abs(new_p[d] - p[d]))) for d in links)
         p = {d: 0.5 * p[d] + 0.5 * new_p[d] for d in links}
-        xfer = new_xfer
+        rates = new_rates
         if delta < 1e-9:
             break
-    return Phases(k, xfer["down"] + c.latency, comp, xfer["up"] + c.latency, np.zeros(len(k)),
+    down, up = (transfer_seconds(links[d][2], rates[d], c.latency) for d in ("down", "up"))
+    return Phases(k, down, comp, up, np.zeros(len(k)),
                   crowd_down=float(np.average(crowd["down"], weights=k)),
                   crowd_up=float(np.average(crowd["up"], weights=k)))
 

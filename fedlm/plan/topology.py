@@ -41,6 +41,7 @@ from fedlm.plan.model import (_factors, expected_max, predict_async, predict_syn
                               sync_round)
 from fedlm.sim.collectives import (ALLREDUCE, allreduce_seconds, ring_bytes_per_site,
                                    tree_bytes_per_site)
+from fedlm.sim.links import hidden_seconds
 
 
 @dataclass(frozen=True)
@@ -164,7 +165,7 @@ def _star(inp: PlanInput) -> _Segment:
         comm.append(float(np.average(exposed, weights=k)) / span)
         idle.append(max(0.0, 1 - util[-1] - comm[-1]))
         exposed_h.append(float(np.average(exposed, weights=k)))
-        hidden_h.append(float(np.average(np.minimum(per_class, ahead), weights=k)))
+        hidden_h.append(float(np.average(hidden_seconds(per_class, ahead), weights=k)))
         exch_h.append(float(np.average(per_class, weights=k)))
     return _Segment(len(rates) / sum(rates), float(np.average(mean, weights=c.count)),
                     float(np.mean(exposed_h)), float(np.mean(hidden_h)), float(np.mean(util)),
@@ -188,7 +189,7 @@ def _allreduce(inp: PlanInput) -> _Segment:
     for f in _factors(inp):
         cost = allreduce_seconds(inp.topology, nbytes, inp.nodes, bw * f, lat)
         # each node hides what its own first τ steps cover (the simulator's rule)
-        hidden = np.minimum(cost, inp.overlap * c.step_time)
+        hidden = hidden_seconds(cost, inp.overlap * c.step_time)
         t = expected_max(cost - hidden + seg.H * c.allreduce, seg.H * c.step_time, k,
                          seg.jitter)
         u = float(np.average(mean, weights=k)) / t

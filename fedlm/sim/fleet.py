@@ -24,6 +24,7 @@ import numpy as np
 
 from fedlm.config import Config, FleetConfig
 from fedlm.sim import collectives, geo
+from fedlm.sim.links import hidden_seconds, transfer_seconds
 
 
 @dataclass(frozen=True)
@@ -189,11 +190,11 @@ def node_profiles(cfg: Config) -> list[WorkerProfile]:
 
 
 def _download(p: WorkerProfile, nbytes: int) -> float:
-    return p.region.latency + nbytes / p.region.down_bw
+    return transfer_seconds(nbytes, p.region.down_bw, p.region.latency)
 
 
 def _upload(p: WorkerProfile, nbytes: int) -> float:
-    return p.region.latency + nbytes / p.region.up_bw
+    return transfer_seconds(nbytes, p.region.up_bw, p.region.latency)
 
 
 class JobTimer:
@@ -270,11 +271,10 @@ class JobTimer:
         if self.topology in collectives.ALLREDUCE:
             exchange = self.allreduce(up_bytes) if up_bytes else 0.0
         else:
-            exchange = ((p.region.latency + up_bytes / p.region.up_bw if up_bytes else 0.0)
-                        + (p.region.latency + down_bytes / p.region.down_bw
-                           if down_bytes else 0.0))
+            exchange = ((_upload(p, up_bytes) if up_bytes else 0.0)
+                        + (_download(p, down_bytes) if down_bytes else 0.0))
         ahead = compute * overlap / steps if overlap > 0 and steps else 0.0  # τ steps
-        hidden = min(exchange, ahead)
+        hidden = hidden_seconds(exchange, ahead)
         return JobTiming(0.0, compute, 0.0, exchange=exchange - hidden,
                          before_exchange=ahead, hidden=hidden)
 
