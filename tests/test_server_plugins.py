@@ -1,0 +1,118 @@
+"""Families fedlm's core does not have, as plug-ins outside fedlm/ and strategies/
+(docs/examples): each strategy names its own server kind (``Strategy.server``), its
+rule is pinned step by step on a toy, and its runs replay and resume bit for bit."""
+
+import subprocess
+from collections import OrderedDict
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedlm import store
+from fedlm.replay import replay
+from fedlm.runner import run_inprocess
+from fedlm.strategies.base import Update
+from tests.conftest import tiny_config
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "docs" / "examples"
+PLUGINS = ["noloco_example.py"]
+
+
+@pytest.fixture(autouse=True)
+def _examples_on_path(monkeypatch):
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+
+
+def _p(x: float) -> OrderedDict:
+    return OrderedDict(w=torch.tensor([float(x)], dtype=torch.float64))
+
+
+def _v(tree) -> float:
+    return float(tree["w"][0])
+
+
+def _update(worker: int, g: float) -> Update:
+    return Update(worker=worker, job_id=0, base_version=0, outer_grad=_p(g), tokens=1,
+                  local_steps=1, staleness=0)
+
+
+def test_noloco_merges_each_pair_by_its_modified_nesterov_step():
+    from noloco_example import NoLoCo, groups
+
+    s = NoLoCo(lr=0.5, momentum=0.9, gamma=0.25)
+    s.start(_p(1.0), num_workers=4)
+    (a, b), (c, d) = groups(0, [0, 1, 2, 3])  # a seeded shuffle, paired in order
+    assert s.on_update(_update(a, 0.2), None) is None  # its peer has not reported
+    assert not s.wants_job(a, version=0) and s.wants_job(b, version=0)
+    mean = s.on_update(_update(b, 0.6), None)  # the pair merges: m = -0.5·0.4 - 0.25·0
+    assert _v(s.phi[a]) == _v(s.phi[b]) == pytest.approx(1.0 - 0.2)
+    assert _v(mean) == pytest.approx((2 * 0.8 + 2 * 1.0) / 4)  # evaluated: mean of φ
+    assert s.round[a] == s.round[b] == 1 and s.round[c] == s.round[d] == 0
+    # round 1: the pulling term -γ(φ_j - mean φ) shows once the pair's φ differ
+    s.phi[a], s.phi[b] = _p(0.8), _p(0.4)
+    s.mom[a], s.mom[b] = _p(-0.2), _p(-0.2)
+    group = next(g for g in groups(1, [0, 1, 2, 3]) if a in g)
+    peer = next(w for w in group if w != a)
+    s.phi[peer], s.mom[peer], s.round[peer] = _p(0.4), _p(-0.2), 1
+    s.on_update(_update(a, 0.1), None)
+    s.on_update(_update(peer, 0.3), None)
+    # m_a = 0.9·(-0.2) - 0.5·0.2 - 0.25·(0.8 - 0.6) = -0.33;  φ_a = 0.8 - 0.33
+    assert _v(s.mom[a]) == pytest.approx(-0.33) and _v(s.phi[a]) == pytest.approx(0.47)
+    # m_peer = -0.18 - 0.1 - 0.25·(0.4 - 0.6) = -0.23;  φ_peer = 0.4 - 0.23
+    assert _v(s.mom[peer]) == pytest.approx(-0.23) and _v(s.phi[peer]) == pytest.approx(0.17)
+
+
+def test_noloco_lost_jobs_and_retired_workers_never_strand_a_peer():
+    from noloco_example import NoLoCo, groups
+
+    s = NoLoCo(lr=1.0, momentum=0.0, gamma=0.0)
+    s.start(_p(1.0), num_workers=2)
+    (a, b), = groups(0, [0, 1])
+    s.on_update(_update(a, 0.4), None)
+    mean = s.on_job_lost(b, job_id=1, reason="error", params=None)  # b counts as g = 0
+    assert _v(s.phi[a]) == _v(s.phi[b]) == pytest.approx(0.8) and _v(mean) == pytest.approx(0.8)
+    s.on_update(_update(a, 0.2), None)
+    mean = s.on_job_lost(b, job_id=2, reason="retired", params=None)  # a merges alone
+    assert _v(s.phi[a]) == pytest.approx(0.6) and _v(s.phi[b]) == pytest.approx(0.8)
+    assert not s.wants_job(b, version=0) and s.wants_job(a, version=0)
+
+
+NOLOCO = ["strategy=noloco_example:NoLoCo", "workers=4", "updates=5", "eval.every=2"]
+
+
+def test_a_noloco_run_trains_replays_and_resumes_bit_identically(tmp_path):
+    from fedlm.engine import Interrupted
+
+    sets = [*NOLOCO, "reliability.checkpoint_every=3"]
+    ref = tmp_path / "ref.db"
+    run_inprocess(tiny_config(*sets), str(ref))
+    (run,) = store.list_runs(ref)
+    s = store.summarize(ref, 1)
+    assert run["status"] == "finished" and s.updates == 10  # 5 rounds of 2 pairs
+    assert s.final_perplexity < s.first_perplexity - 5
+    assert replay(ref, 1).identical
+
+    db, stop = tmp_path / "stopped.db", []
+    with pytest.raises(Interrupted):
+        run_inprocess(tiny_config(*sets), str(db), should_stop=lambda: bool(stop),
+                      progress=lambda p: stop.append(1) if p.version >= 7 else None)
+    run_inprocess(tiny_config(*sets), str(db), resume=1)
+    (b,) = store.list_runs(db)
+    assert b["status"] == "finished" and b["final_hash"] == run["final_hash"]
+
+
+def test_the_plugins_touch_no_file_of_the_core():
+    # they live in docs/examples and come in by dotted path: git knows no change of
+    # theirs under fedlm/ or strategies/ (their commits add files there only)
+    for name in PLUGINS:
+        log = subprocess.run(["git", "log", "--format=%H", "--", f"docs/examples/{name}"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=30)
+        if log.returncode != 0 or not log.stdout.strip():
+            pytest.skip("no git history here")
+        for commit in log.stdout.split():
+            files = subprocess.run(["git", "show", "--name-only", "--format=", commit],
+                                   cwd=ROOT, capture_output=True, text=True, timeout=30)
+            core = [f for f in files.stdout.split() if f.startswith(("fedlm/", "strategies/"))]
+            assert core == [], (commit, core)
