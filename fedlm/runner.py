@@ -39,6 +39,27 @@ def prepare_data(cfg: Config) -> None:
     data_shards(cfg.data, cfg.shard_count(), cfg.seed)
 
 
+def open_run(cfg: Config, db_path: str, strategy) -> RunWriter:
+    """A new run's row in the store at ``db_path``."""
+    return RunWriter(db_path, name=cfg.name or f"{cfg.strategy}-{cfg.fleet.preset}",
+                     strategy=cfg.strategy, local_steps=cfg.local_steps,
+                     profile=cfg.fleet.preset, model=cfg.model, workers=cfg.workers,
+                     seed=cfg.seed, clock=cfg.clock, config_json=cfg.to_json(),
+                     strategy_summary=strategy.summary())
+
+
+def worker_rows(cfg: Config, fleet: list, node_of: dict | None = None,
+                sizes: list[int] | None = None) -> list[dict]:
+    """The ``workers`` rows of a run on ``fleet``: each worker's profile, the node that
+    holds it (``node_of``; none in one process) and its own shard's sequences (0 when
+    it draws shards, ``data.shard_choice = paper``, or ``sizes`` is not given)."""
+    fixed = sizes is not None and cfg.data.shard_choice == "fixed"
+    return [{"worker": p.worker, "node_id": None if node_of is None else str(node_of[p.worker]),
+             "step_time": p.step_time, "jitter": p.jitter, "region": p.region.name,
+             "latency": p.region.latency, "down_bw": p.region.down_bw, "up_bw": p.region.up_bw,
+             "shard_sequences": sizes[p.worker] if fixed else 0} for p in fleet]
+
+
 def execute(cfg: Config, db_path: str, connect: Connect,
             progress: Callable[[Progress], None] | None = None,
             on_start: Callable[[int], None] | None = None,
@@ -55,11 +76,7 @@ def execute(cfg: Config, db_path: str, connect: Connect,
     state, notes, origin, found = None, [], None, None
     if resume is None:
         origin = start_lib.resolve(cfg, db_path)  # a bad init.from: refused before it is stored
-        writer = RunWriter(db_path, name=cfg.name or f"{cfg.strategy}-{cfg.fleet.preset}",
-                           strategy=cfg.strategy, local_steps=cfg.local_steps,
-                           profile=cfg.fleet.preset, model=cfg.model, workers=cfg.workers,
-                           seed=cfg.seed, clock=cfg.clock, config_json=cfg.to_json(),
-                           strategy_summary=strategy.summary())
+        writer = open_run(cfg, db_path, strategy)
         run_key = uuid.uuid4().hex
     else:
         writer = RunWriter.reopen(db_path, resume)  # refuses a run whose writer is alive
@@ -79,13 +96,7 @@ def execute(cfg: Config, db_path: str, connect: Connect,
         transport, node_of = connect(run_key)
         fleet = fleet_lib.node_profiles(cfg)
         sizes = shard_sizes(cfg)
-        writer.add_workers({"worker": p.worker, "node_id": str(node_of[p.worker]),
-                            "step_time": p.step_time, "jitter": p.jitter,
-                            "region": p.region.name, "latency": p.region.latency,
-                            "down_bw": p.region.down_bw, "up_bw": p.region.up_bw,
-                            # its own shard; 0: it draws shards (data.shard_choice = paper)
-                            "shard_sequences": sizes[p.worker] if cfg.data.shard_choice
-                            == "fixed" else 0} for p in fleet)
+        writer.add_workers(worker_rows(cfg, fleet, node_of, sizes))
         if state is None:  # a new run (or a resume that starts over): where it starts
             begin = start_lib.starting_point(cfg, db_path, resolved=origin,
                                              progress=pretrain_progress)

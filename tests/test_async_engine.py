@@ -6,7 +6,7 @@ import pytest
 
 from fedlm import store
 from tests.conftest import tiny_config
-from tests.test_engine import run_engine
+from tests.support import run_engine
 
 HETERO = ["fleet.step_times=[1.0, 2.0, 4.0]", "fleet.jitter=0.0"]
 

@@ -11,7 +11,7 @@ from fedlm.config import COMPRESSIONS, NetworkConfig
 from fedlm.params import BadUpdate, num_bytes
 from fedlm.replay import replay
 from tests.conftest import tiny_config
-from tests.test_engine import run_engine
+from tests.support import run_engine
 
 GRAD = OrderedDict(w=torch.randn(1000, generator=torch.Generator().manual_seed(0)),
                    b=torch.randn(7, 13, generator=torch.Generator().manual_seed(1)))

@@ -17,7 +17,7 @@ from fedlm.params import params_hash
 from fedlm.strategies import registry
 from fedlm.strategies.base import Update
 from tests.conftest import tiny_config
-from tests.test_engine import run_engine
+from tests.support import run_engine
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "docs" / "examples"

@@ -10,7 +10,7 @@ from streamlit.testing.v1 import AppTest
 
 from fedlm.store import IntervalKind, RunWriter, connect
 from tests.conftest import tiny_config
-from tests.test_engine import run_engine
+from tests.support import run_engine
 
 APP = str(Path(__file__).resolve().parent.parent / "dashboard" / "app.py")
 

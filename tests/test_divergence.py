@@ -14,7 +14,7 @@ from fedlm.engine import Diverged
 from fedlm.engine.divergence import DivergenceWatch
 from fedlm.errors import ConfigError
 from tests.conftest import tiny_config
-from tests.test_engine import run_engine
+from tests.support import run_engine
 
 ROOT = Path(__file__).resolve().parent.parent
 HINT = "the outer learning rate is likely too high for diloco; try a smaller outer.lr (now 9)"

@@ -7,38 +7,12 @@ import pytest
 import torch
 
 from fedlm.sim import fleet
-from fedlm import model as M
-from fedlm.engine import Engine, JobResult
-from fedlm.evaluate import Evaluator
+from fedlm.engine import JobResult
 from fedlm.inprocess import InProcessTransport
 from fedlm.params import num_bytes, params_hash
-from fedlm.model import snapshot
-from fedlm.store import RunWriter, summarize
-from fedlm.strategies import registry
+from fedlm.store import summarize
 from tests.conftest import tiny_config
-
-
-def run_engine(cfg, db, transport=None, evaluate=True):
-    writer = RunWriter(db, name=cfg.name or "t", strategy=cfg.strategy, local_steps=cfg.local_steps,
-                       profile=cfg.fleet.preset, model=cfg.model, workers=cfg.workers,
-                       seed=cfg.seed, clock=cfg.clock, config_json=cfg.to_json())
-    profiles = fleet.node_profiles(cfg)
-    writer.add_workers({"worker": p.worker, "node_id": None, "step_time": p.step_time,
-                        "jitter": p.jitter, "region": p.region.name, "latency": p.region.latency,
-                        "down_bw": p.region.down_bw, "up_bw": p.region.up_bw,
-                        "shard_sequences": 0} for p in profiles)
-    engine = Engine(cfg, strategy=registry.build_strategy(cfg.strategy, cfg.outer),
-                    local_steps=registry.build_local_steps(cfg.local_steps),
-                    transport=transport or InProcessTransport(cfg), fleet=profiles,
-                    writer=writer, evaluate=Evaluator(cfg) if evaluate else None)
-    theta = snapshot(M.build(cfg.model, cfg.data.seq_len, seed=cfg.seed))
-    writer.set_model_info(M.num_parameters(M.build(cfg.model, cfg.data.seq_len, seed=cfg.seed)),
-                          params_hash(theta))
-    final = engine.run(theta)
-    writer.finish(status="finished", virtual_time=engine.now, updates=engine.version,
-                  final_hash=params_hash(final))
-    writer.close()
-    return engine, final, writer.run_id
+from tests.support import run_engine
 
 
 def test_result_does_not_depend_on_real_arrival_order(tmp_path):

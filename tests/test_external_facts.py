@@ -20,7 +20,7 @@ from fedlm.runner import run_inprocess
 from fedlm.strategies.base import Update
 from fedlm.strategies.delayed_nesterov import DelayedNesterov
 from tests.conftest import tiny_config
-from tests.test_engine import run_engine
+from tests.support import run_engine
 
 # The notebook's fleet: its speeds, H = 20, no jitter, links that cost nothing.
 TOY = ["workers=4", "fleet.preset=paper-toy", "inner.steps=20", "fleet.jitter=0.0",

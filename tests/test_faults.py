@@ -9,7 +9,7 @@ from fedlm.config import FAULT_KINDS
 from fedlm.replay import replay
 from fedlm.runner import run_inprocess
 from tests.conftest import tiny_config
-from tests.test_engine import run_engine
+from tests.support import run_engine
 
 ASYNC = ["strategy=async-sgd", "updates=8", "reliability.checkpoint_every=0"]
 # What each fault must lead to: the lost job's reason and words of its job_failed event.

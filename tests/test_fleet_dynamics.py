@@ -14,7 +14,7 @@ from fedlm.replay import replay
 from fedlm.runner import run_inprocess
 from fedlm.sim import dynamics
 from tests.conftest import tiny_config
-from tests.test_engine import run_engine
+from tests.support import run_engine
 
 
 def _dyn(regions=("local",) * 3, seed=0, **fleet) -> dynamics.FleetDynamics:

@@ -9,7 +9,7 @@ import pytest
 
 from fedlm import store
 from tests.conftest import tiny_config
-from tests.test_engine import run_engine
+from tests.support import run_engine
 
 pytestmark = pytest.mark.flower
 

@@ -66,7 +66,7 @@ from fedlm.engine.types import InFlight  # noqa: E402
 from fedlm.model import snapshot  # noqa: E402
 from fedlm.plan.check import InstantTransport  # noqa: E402
 from fedlm.job import JobSpec  # noqa: E402
-from tests.test_engine import run_engine  # noqa: E402
+from tests.support import run_engine  # noqa: E402
 
 # Four workers, H = 20, no jitter: three take 20 s a job, the last 24.9 s, the shape
 # of the job that broke the fixed 4 s window (22 s under jitter, 4.9 s after the first).

@@ -8,7 +8,7 @@ from fedlm.sim import fleet
 from fedlm.sim.network import Flow, Network, fair_rates
 from fedlm.params import num_bytes
 from tests.conftest import tiny_config
-from tests.test_engine import run_engine
+from tests.support import run_engine
 
 
 def test_fair_rates_share_what_is_left_equally():

@@ -21,7 +21,7 @@ from fedlm.shards import data_shards
 from fedlm.worker.train import (_scratch_model, inner_lr, mean_loss, run_job, train_steps,
                                 new_optimizer)
 from tests.conftest import tiny_config
-from tests.test_engine import run_engine
+from tests.support import run_engine
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = JobSpec(job_id=0, worker=1, base_version=0, local_steps=4, data_seed=7)

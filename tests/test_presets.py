@@ -6,7 +6,7 @@ import torch
 from fedlm.sim import fleet
 from fedlm.strategies.registry import STRATEGIES
 from tests.conftest import tiny_config
-from tests.test_engine import run_engine
+from tests.support import run_engine
 
 
 @pytest.mark.parametrize("preset", fleet.PRESETS)

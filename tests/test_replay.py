@@ -7,7 +7,8 @@ import pytest
 
 from fedlm.replay import replay
 from tests.conftest import tiny_config
-from tests.test_engine import FlakyTransport, run_engine
+from tests.support import run_engine
+from tests.test_engine import FlakyTransport
 from fedlm.inprocess import InProcessTransport
 
 HETERO = ["fleet.step_times=[1.0, 2.0, 4.0]", "fleet.jitter=0.2"]

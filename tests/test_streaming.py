@@ -17,7 +17,7 @@ from fedlm.strategies import fragments as F
 from fedlm.strategies.fedavg import FedAvg
 from fedlm.worker.streaming import LOCAL, REF, WorkerStream
 from tests.conftest import tiny_config
-from tests.test_engine import run_engine
+from tests.support import run_engine
 
 NAMES = ["tok_emb.weight", "blocks.0.a", "blocks.0.b", "blocks.1.a", "blocks.2.a",
          "blocks.3.a", "ln_f.weight", "head.weight"]

@@ -1,0 +1,34 @@
+"""Shared by the tests that drive the engine directly: one run built as
+``fedlm.runner`` builds it (``open_run``, ``worker_rows``), over any transport."""
+
+from __future__ import annotations
+
+from fedlm import model as M
+from fedlm.engine import Engine
+from fedlm.evaluate import Evaluator
+from fedlm.inprocess import InProcessTransport
+from fedlm.model import snapshot
+from fedlm.params import params_hash
+from fedlm.runner import open_run, worker_rows
+from fedlm.sim import fleet
+from fedlm.strategies import registry
+
+
+def run_engine(cfg, db, transport=None, evaluate=True):
+    """Run ``cfg`` to the end into the store at ``db``, with ``transport`` (default: the
+    in-process trainer) and (``evaluate``) evaluations: (engine, final params, run id)."""
+    strategy = registry.build_strategy(cfg.strategy, cfg.outer)
+    writer = open_run(cfg, db, strategy)
+    profiles = fleet.node_profiles(cfg)
+    writer.add_workers(worker_rows(cfg, profiles))
+    engine = Engine(cfg, strategy=strategy, local_steps=registry.build_local_steps(cfg.local_steps),
+                    transport=transport or InProcessTransport(cfg), fleet=profiles,
+                    writer=writer, evaluate=Evaluator(cfg) if evaluate else None)
+    net = M.build(cfg.model, cfg.data.seq_len, seed=cfg.seed)
+    theta = snapshot(net)
+    writer.set_model_info(M.num_parameters(net), params_hash(theta))
+    final = engine.run(theta)
+    writer.finish(status="finished", virtual_time=engine.now, updates=engine.version,
+                  final_hash=params_hash(final))
+    writer.close()
+    return engine, final, writer.run_id
