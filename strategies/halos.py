@@ -25,11 +25,12 @@ In fedlm's engine (through ``fedlm.servers.regions``): the strategy keeps every
 region's model and both levels' optimizer states; the server asks it where each
 job starts (``start_params``), the engine times the server-to-server transfers it
 asks for (``take_transfers``) over the network model, and each one is handed back
-when it arrives (``on_transfer``): a
-delivery is an operation of the run log, so replay and resume are exact. A
-worker update and a push merged at the global server each make a global
-version (the global model is unchanged by the first); staleness is counted
-per level: a worker update's in region versions, a push's in global versions.
+when it arrives (``on_transfer``): a delivery is an operation of the run log, so
+replay and resume are exact. Only a push merged at the global server makes a global
+version (the evaluated model changes); a worker update is held until then, so
+``updates`` and ``eval.every`` count what they count for every strategy: changes of
+the evaluated model. Staleness is counted per level: a worker update's in region
+versions, a push's in global versions.
 
 Settings, with HALoS's names (their run_halos.sh for Pythia-70M, 4 x 4):
 
@@ -151,7 +152,7 @@ class Halos(Strategy):
         if self.region_version[r] - self.merged_version[r] == self.push_every:
             delta = T.tree_map(lambda a, b: a - b, self.merged[r], self.models[r])
             self._send("push", r, delta, self.region_version[r])
-        return params  # the global model is unchanged: a version of the worker's update
+        return None  # the global model is unchanged: held until a push is merged
 
     # -- the global level ----------------------------------------------------------
     def _send(self, kind: str, region: int, tensors, region_version: int) -> None:

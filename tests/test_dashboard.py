@@ -222,7 +222,7 @@ def test_a_halos_run_shows_both_levels(monkeypatch, tmp_path):
 
     db = tmp_path / "halos.db"
     run_inprocess(tiny_config("strategy=halos", "workers=4", "fleet.topology={us = 2, eu = 2}",
-                              "updates=16", "outer.push_every=2"), str(db))
+                              "updates=8", "outer.push_every=2"), str(db))
     at = app(monkeypatch, db)
     (table,) = [t.value for t in at.table if "push staleness" in t.value.columns]
     assert list(table.index) == ["us", "eu"]

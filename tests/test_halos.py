@@ -37,7 +37,7 @@ def test_two_regions_two_workers_step_by_step():
     s.place([[0], [1]])
     g = _p(0.0)
     s.start(g, num_workers=2)
-    assert s.on_update(_update(0, 1.0), g) is g  # the global model does not move
+    assert s.on_update(_update(0, 1.0), g) is None  # held: the global model does not move
     assert _v(s.start_params(0, g)) == -1.0 and _v(s.start_params(1, g)) == 0.0
     (push0,) = s.take_transfers()
     assert (push0.kind, push0.region, push0.nbytes) == ("push", 0, 8)
@@ -94,7 +94,7 @@ def test_settings_out_of_range_are_refused():
             Halos(**bad)
 
 
-HALOS = ["strategy=halos", "workers=4", "fleet.topology={us = 2, eu = 2}", "updates=24",
+HALOS = ["strategy=halos", "workers=4", "fleet.topology={us = 2, eu = 2}", "updates=10",
          "outer.push_every=2", "outer.buffer_size=2", "outer.lr=0.7"]
 
 
@@ -108,15 +108,17 @@ def test_one_region_without_pushes_computes_flat_delayed_nesterov_with_dylu(tmp_
     # job starts from the same model and sends the same outer gradient, in the same order.
     # (The region server's link is the 10 Gbit/s one the flat server has here; no grace
     # window: HALoS has none.)
-    common = ["workers=3", "local_steps=dylu", "fleet.preset=moderate", "updates=9",
+    common = ["workers=3", "local_steps=dylu", "fleet.preset=moderate", "updates=1000000",
+              "local_step_budget=30",
               "outer.lr=0.7", "outer.momentum=0.9", "outer.buffer_size=3", "grace=off",
               "network.intra_bw=1.25e9"]
     run_inprocess(tiny_config(*common, "strategy=delayed-nesterov"), str(tmp_path / "dn.db"))
     run_inprocess(tiny_config(*common, "strategy=halos", "outer.push_every=1000"),
                   str(tmp_path / "h.db"))
-    q = "SELECT worker, base_version, staleness, local_steps, update_hash FROM updates ORDER BY op"
+    # (halos makes no global version without a push: its jobs' base versions stay 0)
+    q = "SELECT worker, staleness, local_steps, update_hash FROM updates ORDER BY op"
     flat, halos = _rows(tmp_path / "dn.db", q), _rows(tmp_path / "h.db", q)
-    assert len(flat) == 9 and flat == halos
+    assert len(flat) >= 9 and flat == halos
     assert _rows(tmp_path / "h.db", "SELECT count(*) FROM transfers") == [(0,)]
 
 
@@ -140,7 +142,7 @@ def test_a_halos_run_replays_and_resumes_bit_identically(tmp_path, halos_run):
     db, stop = tmp_path / "stopped.db", []
     with pytest.raises(Interrupted):  # stopped mid-run with transfers on their way
         run_inprocess(tiny_config(*sets), str(db), should_stop=lambda: bool(stop),
-                      progress=lambda p: stop.append(1) if p.version >= 11 else None)
+                      progress=lambda p: stop.append(1) if p.version >= 5 else None)
     run_inprocess(tiny_config(*sets), str(db), resume=1)
     (a,), (b,) = store.list_runs(ref), store.list_runs(db)
     assert b["status"] == "finished" and a["final_hash"] == b["final_hash"]
@@ -180,7 +182,7 @@ def test_a_short_halos_run_with_the_defaults_trains_its_evaluated_model(tmp_path
     # evaluated) never moved; fedlm's default K lets it train.
     db = str(tmp_path / "h.db")
     run_inprocess(tiny_config("strategy=halos", "workers=4", "fleet.topology={us = 2, eu = 2}",
-                              "local_steps=dylu", "updates=24"), db)
+                              "local_steps=dylu", "updates=6"), db)
     assert _rows(db, "SELECT count(*) FROM transfers WHERE kind = 'push'")[0][0] >= 2
     s = store.summarize(db, 1)
     assert s.final_perplexity < s.first_perplexity - 5  # K = 32: equal
