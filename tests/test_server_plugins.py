@@ -17,7 +17,7 @@ from tests.conftest import tiny_config
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "docs" / "examples"
-PLUGINS = ["noloco_example.py"]
+PLUGINS = ["noloco_example.py", "overlap_dc_example.py"]
 
 
 @pytest.fixture(autouse=True)
@@ -116,3 +116,61 @@ def test_the_plugins_touch_no_file_of_the_core():
                                    cwd=ROOT, capture_output=True, text=True, timeout=30)
             core = [f for f in files.stdout.split() if f.startswith(("fedlm/", "strategies/"))]
             assert core == [], (commit, core)
+
+
+def _round(s, grads: dict[int, float], params):
+    for w in grads:
+        assert s.wants_job(w, version=0)
+        s.on_dispatch(w, version=0)
+    out = None
+    for w, g in grads.items():
+        out = s.on_update(_update(w, g), params)
+    return out
+
+
+def test_the_overlapped_outer_step_is_diloco_on_each_gradient_moved_by_dc_asgd():
+    from fedlm.strategies.diloco import DiLoCo
+    from overlap_dc_example import OverlappedDiLoCo
+
+    s, ref = OverlappedDiLoCo(compensation=2.0), DiLoCo()
+    x0 = _p(1.0)
+    s.start(x0, num_workers=2)
+    ref.start(x0, num_workers=2)
+    x1 = _round(s, {0: 0.2, 1: 0.4}, x0)  # round 0: nothing to compensate
+    assert _v(x1) == _v(_round(ref, {0: 0.2, 1: 0.4}, x0))
+    x2 = _round(s, {0: 0.1, 1: 0.3}, x1)  # taken at x0, applied to x1
+    drift, v = _v(x1) - 1.0, 0.95 * 0.1 + 0.05 * 0.05  # v: (0.04+0.16)/2, then (0.01+0.09)/2
+    moved = {w: g + 2.0 * g * g * drift / v ** 0.5 for w, g in {0: 0.1, 1: 0.3}.items()}
+    assert _v(x2) == pytest.approx(_v(_round(ref, moved, x1)), rel=1e-12)
+    assert moved[1] < 0.3  # x moved the way this gradient points: less of it is left
+
+
+OVERLAP = ["strategy=overlap_dc_example:OverlappedDiLoCo", "profile=geo", "workers=4",
+           "updates=4", "inner.steps=6"]
+
+
+def test_an_overlapped_run_starts_each_round_from_the_version_before_and_hides_its_exchange(
+        tmp_path):
+    import sqlite3
+
+    db = tmp_path / "o.db"
+    run_inprocess(tiny_config(*OVERLAP, "reliability.checkpoint_every=2"), str(db))
+    run_inprocess(tiny_config(*OVERLAP[1:], "strategy=diloco"), str(tmp_path / "d.db"))
+    with sqlite3.connect(db) as conn:
+        kinds = dict(conn.execute("SELECT kind, count(*) FROM intervals GROUP BY kind"))
+    # a worker's first job waits for its download; every later one's exchange runs behind
+    assert kinds["exchange"] == 4 and kinds["hidden exchange"] == 4 * 3
+    assert "download" not in kinds and "upload" not in kinds
+    (o,), (d,) = store.list_runs(db), store.list_runs(tmp_path / "d.db")
+    assert o["virtual_time"] < d["virtual_time"]  # later exchanges run behind compute
+    assert replay(db, 1).identical
+    from fedlm.engine import Interrupted
+
+    cut, stop = tmp_path / "stopped.db", []
+    sets = [*OVERLAP, "reliability.checkpoint_every=2"]
+    with pytest.raises(Interrupted):  # stopped mid-run: the server's previous version kept
+        run_inprocess(tiny_config(*sets), str(cut), should_stop=lambda: bool(stop),
+                      progress=lambda p: stop.append(1) if p.version >= 3 else None)
+    run_inprocess(tiny_config(*sets), str(cut), resume=1)
+    (b,) = store.list_runs(cut)
+    assert b["status"] == "finished" and b["final_hash"] == o["final_hash"]
