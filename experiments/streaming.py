@@ -79,7 +79,8 @@ def measure(db: str, name: str) -> dict:
             "hidden_comm_per_worker": sum(w.hidden for w in s.workers) / n}
 
 
-def timing_only(base: list[str], step_times: list[float], seed: int = 0) -> list[str]:
+def timing_only(base: list[str], step_times: list[float], seed: int = 0,
+                overlaps: list[int] | None = None) -> list[str]:
     """Virtual time and exposed communication of DiLoCo and streaming at faster
     compute (``fleet.base_step_time``), from fedlm's engine with the real model's
     tensors and an instant zero-update transport: a synchronous run's weights do not
@@ -96,7 +97,9 @@ def timing_only(base: list[str], step_times: list[float], seed: int = 0) -> list
     lines = ["| s per inner step | arm | virtual time (s) | exposed comm / worker (s) | "
              "hidden comm / worker (s) |", "|---|---|---|---|---|"]
     for step in step_times:
-        for label, sets in (("DiLoCo", []), (f"streaming, {', '.join(STREAM)}", STREAM)):
+        streams = [[STREAM[0], f"outer.overlap={tau}"] for tau in overlaps or [5]]
+        for label, sets in [("DiLoCo", []), *((f"streaming, {', '.join(st)}", st)
+                                               for st in streams)]:
             cfg = load(None, [*base, *sets, f"seed={seed}", f"fleet.base_step_time={step}",
                               "eval.every=1000000", "reliability.checkpoint_every=0"])
             net = M.build(cfg.model, cfg.data.seq_len, seed=0)
@@ -169,7 +172,8 @@ def main() -> None:
                      f"{mean('exposed_comm_per_worker'):.2f} | "
                      f"{mean('hidden_comm_per_worker'):.2f} | {mean('virtual_time'):.1f} |")
     timing = [] if args.role == "tuning" else timing_only(
-        base, [1.0, 0.1, 0.02] if not args.smoke else [0.1])
+        base, [1.0, 0.1, 0.02] if not args.smoke else [0.1],
+        overlaps=[int(STREAM[1].split("=")[1])] if args.smoke else args.overlap)
     print("\n".join(lines))
     print("\n".join(timing))
     if args.smoke:
