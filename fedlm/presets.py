@@ -22,7 +22,7 @@ PRESETS: dict[str, tuple[int, int, int, int]] = {
 def parameter_count(preset: str, block_size: int, vocab_size: int = 256) -> int:
     """Parameters of ``fedlm.model.GPT`` for ``preset``, counted without building it
     (tied embeddings: the output layer adds none); a test checks it
-    against the model (``tests/test_reliability_holes.py``)."""
+    against the model (``tests/test_scale_limits.py``)."""
     n_layer, d_model, n_head, head_dim = PRESETS[preset]
     inner = n_head * head_dim
     block = (4 * d_model  # two LayerNorms, weight and bias

@@ -1,5 +1,5 @@
 """The cost model (fedlm.plan) against closed forms, the network model and the simulator.
-Its wire sizes and daily cycle, shared with the simulator: tests/test_wire.py."""
+Its wire sizes and daily cycle, shared with the simulator: tests/test_wire_sizes.py."""
 
 from __future__ import annotations
 
