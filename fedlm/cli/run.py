@@ -51,16 +51,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     simulation.quiet_libraries(flower)  # before the libraries below read the environment
     from tqdm import tqdm
 
-    from fedlm import runner
-    from fedlm.strategies.fragments import Streaming
+    from fedlm import runner, servers
+    from fedlm.strategies import registry
 
     stop = f"{cfg.updates} updates" + (f" or {cfg.local_step_budget} local steps"
                                        if by_steps else "")
-    stream = Streaming.from_outer(cfg.outer)
-    if stream is not None:  # each update is P rounds, and P - 1 flushing rounds end it
-        stop += (f" (streaming: {stream.fragments} fragment(s), overlap {stream.overlap}, "
-                 f"mix {stream.mix:g}; {cfg.updates * stream.fragments + stream.fragments - 1}"
-                 f" versions)")
+    server = servers.build(cfg, registry.build_strategy(cfg.strategy, cfg.outer))
+    versions = server.versions_wanted(cfg.updates)
+    if versions != cfg.updates:  # e.g. streamed: P rounds an update, P - 1 more end it
+        stop += f" ({'; '.join([*filter(None, [server.describe()]), f'{versions} versions'])})"
     print(f"fedlm: {cfg.workers} workers, {cfg.fleet.preset} profile, {cfg.model} model, "
           f"{cfg.strategy} ({cfg.local_steps} local steps, H={cfg.inner.steps}), "
           f"{stop} -> {db}", flush=True)

@@ -14,6 +14,7 @@
     take_transfers() / deliver(k)  messages between servers, timed by the engine
     new_version(params)            the evaluated model becomes version v + 1
     versions_per_update            versions one of the run's `updates` makes
+    versions_wanted(updates)       the versions a run of ``updates`` makes in all
     resend(flight, base_params)    what a job in flight carried (resume)
 
 ``Server`` is the protocol and the one-server implementation every flat strategy
@@ -86,6 +87,10 @@ class Server:
 
     def versions_wanted(self, updates: int) -> int:
         return updates * self.versions_per_update
+
+    def describe(self) -> str:
+        """What a run of this kind is, in a few words ("" for one server)."""
+        return ""
 
     # -- jobs --------------------------------------------------------------------------
     def job_steps(self, worker: int, version: int, policy) -> int:

@@ -83,6 +83,10 @@ class StreamedServer(Server):
         fragment in (``flushing``)."""
         return updates * self.streaming.fragments + self.streaming.fragments - 1
 
+    def describe(self) -> str:
+        s = self.streaming
+        return f"streaming: {s.fragments} fragment(s), overlap {s.overlap}, mix {s.mix:g}"
+
     def flushing(self, version: int) -> bool:
         return flushing(self.cfg, self.streaming, version)
 
