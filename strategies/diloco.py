@@ -18,7 +18,6 @@ class DiLoCo(FedAvg):
     name = "diloco"
 
     def __init__(self, *, lr: float = 0.7, momentum: float = 0.9, nesterov: bool = True,
-                 weighting: str = "tokens", min_replies: int = 1, fragments: int = 0,
-                 overlap: int = 0, mix: float | str = "auto") -> None:
+                 weighting: str = "tokens", min_replies: int = 1) -> None:
         super().__init__(lr=lr, momentum=momentum, nesterov=nesterov, weighting=weighting,
-                         min_replies=min_replies, fragments=fragments, overlap=overlap, mix=mix)
+                         min_replies=min_replies)

@@ -15,21 +15,16 @@ is dropped from the round; when no job of the round is outstanding any more,
 the round closes with the replies that arrived — if there are at least
 ``min_replies`` of them. Otherwise the round starts over from the same model.
 
-Streaming (``outer.fragments``, ``outer.overlap``, ``outer.mix``; see
-``fedlm.strategies.fragments``): the model is split into fragments, a round's
-jobs report one fragment's outer gradient, and the outer optimizer steps that
-fragment only, with a state of its own per fragment. ``fragments >= 1``,
-``overlap > 0`` or ``mix < 1`` switches it on; ``fragments = 1, overlap = 0,
-mix = 1`` is the plain round, bit for bit.
+Streaming DiLoCo (``outer.fragments``, ``outer.overlap``, ``outer.mix``) is not
+this class's business: its server (``fedlm.servers.streamed``) gives each fragment
+an instance of the strategy of its own, which sees only that fragment's tensors
+(optax's ``multi_transform``, by fragment).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from collections import OrderedDict
-
-from fedlm.strategies import fragments as F
 from fedlm.strategies import transforms as T
 from fedlm.strategies.base import Strategy, Update, check_outer_sgd, momentum_text
 
@@ -49,21 +44,14 @@ class FedAvg(Strategy):
         How the round's outer gradients are averaged.
     min_replies : int
         Fewest replies a round may close with after workers dropped out of it.
-    fragments, overlap, mix : int, int, float
-        Streaming DiLoCo (``fedlm.strategies.fragments``): P fragments (0: whole-model
-        rounds), the inner steps τ an exchange overlaps, the weight α of the global
-        fragment mixed in ("auto": 0.5 with overlap, else 1). P >= 1, τ > 0 or α < 1
-        turns it on.
     """
 
     name = "fedavg"
     synchronous = True
 
     def __init__(self, *, lr: float = 1.0, momentum: float = 0.0, nesterov: bool = False,
-                 weighting: str = "tokens", min_replies: int = 1, fragments: int = 0,
-                 overlap: int = 0, mix: float | str = "auto") -> None:
+                 weighting: str = "tokens", min_replies: int = 1) -> None:
         check_outer_sgd(lr, momentum)
-        self.streaming = F.Streaming.of(fragments, overlap, mix)
         if weighting not in ("tokens", "uniform"):
             raise ValueError(f"outer.weighting: must be tokens or uniform, got {weighting!r}")
         if not (isinstance(min_replies, int) and min_replies >= 1):
@@ -79,12 +67,7 @@ class FedAvg(Strategy):
         self.dropped: set[int] = set()  # out of this round (missed its deadline, retired)
 
     def start(self, params, *, num_workers: int) -> None:
-        if self.streaming is None:
-            self.opt_state = self.optimizer.init(params)
-            return
-        # one outer-optimizer state per fragment: a round steps its own fragment only
-        self.groups = F.fragment_names(list(params), self.streaming.fragments)
-        self.opt_state = [self.optimizer.init(_part(params, g)) for g in self.groups]
+        self.opt_state = self.optimizer.init(params)
 
     def wants_job(self, worker: int, *, version: int) -> bool:
         # A worker takes part once per round; the next round opens at the barrier.
@@ -124,21 +107,8 @@ class FedAvg(Strategy):
         self.dispatched.clear()
         self.results.clear()
         self.dropped.clear()
-        if self.streaming is None:
-            step, self.opt_state = self.optimizer.update(mean, self.opt_state, None)
-            return T.descend(params, step)
-        p = self._fragment_of(mean)
-        step, self.opt_state[p] = self.optimizer.update(mean, self.opt_state[p], None)
-        new = T.descend(_part(params, self.groups[p]), step)
-        return OrderedDict((k, new[k] if k in new else v) for k, v in params.items())
-
-    def _fragment_of(self, grads) -> int:
-        """The fragment a round's outer gradients are of (every reply names the same)."""
-        names = list(grads)
-        for p, group in enumerate(self.groups):
-            if names == group:
-                return p
-        raise ValueError(f"outer gradients of tensors {names[:3]}... form no fragment")
+        step, self.opt_state = self.optimizer.update(mean, self.opt_state, None)
+        return T.descend(params, step)
 
     def state_dict(self) -> dict[str, Any]:
         return {"opt_state": self.opt_state, "round": self.round,
@@ -154,14 +124,5 @@ class FedAvg(Strategy):
         self.failed_rounds = state["failed_rounds"]
 
     def summary(self) -> str:
-        s = self.streaming
-        stream = (f", streaming: {s.fragments} fragment(s), overlap {s.overlap}, mix {s.mix}"
-                  if s is not None else "")
         return (f"{self.name}: sync rounds, outer SGD lr {self.lr}"
-                f"{momentum_text(self.momentum, self.nesterov)}, weighting {self.weighting}"
-                f"{stream}")
-
-
-def _part(tensors, names: list[str]):
-    """The tensors of ``names``, in that order."""
-    return OrderedDict((k, tensors[k]) for k in names)
+                f"{momentum_text(self.momentum, self.nesterov)}, weighting {self.weighting}")

@@ -93,7 +93,9 @@ def changed_since(seen_version: int, version: int, fragments: int) -> list[int]:
 
 
 class Streaming:
-    """Streaming settings as a strategy and the engine read them (None: off)."""
+    """Streaming settings as the server and the worker read them (None: off)."""
+
+    KEYS = ("fragments", "overlap", "mix")  # in ``outer``: the server's, not the strategy's
 
     def __init__(self, fragments: int, overlap: int, mix: float) -> None:
         self.fragments, self.overlap, self.mix = fragments, overlap, mix

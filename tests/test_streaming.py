@@ -14,7 +14,6 @@ from fedlm.job import JobResult, JobSpec
 from fedlm.params import num_bytes
 from fedlm.runner import run_inprocess
 from fedlm.strategies import fragments as F
-from fedlm.strategies.fedavg import FedAvg
 from fedlm.worker.streaming import LOCAL, REF, WorkerStream
 from tests.conftest import tiny_config
 from tests.support import run_engine
@@ -41,7 +40,8 @@ def test_streaming_settings_are_checked_in_one_line():
                       (["outer.mix=0"], "outer.mix: must be in"),
                       (["outer.fragments=2", "local_steps=dylu"], "must be 'fixed'"),
                       (["outer.fragments=2", "network.server_up=1e6"], "shared server link"),
-                      (["outer.fragments=2", "strategy=delayed-nesterov"], "not a setting")]:
+                      (["outer.fragments=2", "strategy=delayed-nesterov"],
+                           "outer.fragments: streaming rounds need a synchronous")]:
         with pytest.raises(ConfigError, match=msg):
             tiny_config("inner.steps=3", *sets)
 
@@ -81,22 +81,32 @@ def test_the_worker_mixes_at_step_tau_and_reports_its_fragment_against_the_globa
 
 
 def test_a_fragment_round_steps_only_its_fragment_with_its_own_momentum():
+    # The streamed server gives each fragment a FedAvg of its own (fedlm.servers.streamed)
+    from fedlm import servers
+    from fedlm.sim import fleet
+    from fedlm.strategies import registry
+
     params = OrderedDict((n, torch.zeros(1)) for n in NAMES)
-    s = FedAvg(lr=1.0, momentum=0.5, nesterov=False, fragments=2)
-    s.start(params, num_workers=1)
-    from fedlm.strategies.base import Update
+    cfg = tiny_config("workers=1", "strategy=fedavg", "outer.lr=1.0", "outer.momentum=0.5",
+                      "outer.fragments=2")
+    s = servers.build(cfg, registry.build_strategy(cfg.strategy, cfg.outer))
+    s.start(params, fleet.node_profiles(cfg))
 
-    def round_(fragment, value, params):
+    def round_(fragment, value):
+        assert s.version % 2 == fragment  # round v is fragment v mod P's
         grad = OrderedDict((n, torch.full((1,), value)) for n in s.groups[fragment])
-        s.on_dispatch(0, version=0)
-        return s.on_update(Update(0, 0, 0, grad, 1, 1, 0), params)
+        s.dispatched(0, s.version)
+        s.new_version(s.apply(s.update(worker=0, job_id=s.version, base_version=s.version,
+                                       outer_grad=grad, tokens=1, local_steps=1)))
+        return s.params
 
-    p1 = round_(0, 1.0, params)  # fragment 0 moves by 1 (momentum 1), fragment 1 not at all
+    p1 = round_(0, 1.0)  # fragment 0 moves by 1 (momentum 1), fragment 1 not at all
     assert [p1[n].item() for n in NAMES] == [-1, -1, -1, 0, -1, 0, 0, 0]
-    p2 = round_(1, 2.0, p1)  # fragment 1's own momentum starts at 0: a step of 2
+    p2 = round_(1, 2.0)  # fragment 1's own momentum starts at 0: a step of 2
     assert [p2[n].item() for n in NAMES] == [-1, -1, -1, -2, -1, -2, -2, -2]
-    p3 = round_(0, 1.0, p2)  # fragment 0's momentum: 0.5·1 + 1 = 1.5
+    p3 = round_(0, 1.0)  # fragment 0's momentum: 0.5·1 + 1 = 1.5
     assert [p3[n].item() for n in s.groups[0]] == [-2.5] * 4
+    assert "fragments" not in registry.build_strategy("fedavg", {}).__dict__  # it knows none
 
 
 class FragmentTransport:

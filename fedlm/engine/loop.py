@@ -189,7 +189,7 @@ class Engine:
                 break
             if self.presence is not None and self.presence.gone_away(w, now, self.version):
                 continue
-            if w in self.pool.retired or not self.strategy.wants_job(w, version=self.version):
+            if w in self.pool.retired or not self.model.wants_job(w, self.version):
                 continue
             steps = budget.steps_for(self, w)
             if steps > 0 or self.model.sends_empty_job(self.version):

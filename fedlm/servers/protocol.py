@@ -2,6 +2,7 @@
 
     start(params, fleet)           the initial model; the workers' profiles
     worker_links(fleet)            the links a worker's jobs are timed over
+    wants_job(w, version)          whether free w gets a job now (the strategy's say)
     job_steps(w, version, policy)  inner steps of w's next job (0: none)
     sends_empty_job(version)       whether a job of 0 steps is still sent
     dispatched(w, version)         a job of w starts now
@@ -93,6 +94,9 @@ class Server:
         return ""
 
     # -- jobs --------------------------------------------------------------------------
+    def wants_job(self, worker: int, version: int) -> bool:
+        return self.strategy.wants_job(worker, version=version)
+
     def job_steps(self, worker: int, version: int, policy) -> int:
         return policy.local_steps(worker)
 
@@ -142,6 +146,10 @@ class Server:
     def apply(self, update: Update):
         self.held.append(self.seq)
         self.seq += 1
+        return self.take(update)
+
+    def take(self, update: Update):
+        """The strategy takes ``update``: new evaluated params, or None."""
         return self.strategy.on_update(update, self.params)
 
     def lose(self, worker: int, *, job_id: int, reason: str):

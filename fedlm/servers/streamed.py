@@ -26,7 +26,7 @@ from fedlm.job import JobSpec
 from fedlm.params import num_bytes
 from fedlm.servers.protocol import Sent, Server
 from fedlm.sim import wire_sizes
-from fedlm.strategies.base import Strategy
+from fedlm.strategies.base import Strategy, Update
 from fedlm.strategies.fragments import (Streaming, changed_since, fragment_names,
                                         round_fragment, segment_steps)
 
@@ -59,19 +59,43 @@ def flushing(cfg: Config, streaming: Streaming, version: int) -> bool:
 
 class StreamedServer(Server):
     """Streaming DiLoCo's server: a synchronous round per fragment, each job sent the
-    fragments its worker lacks and reporting one fragment (``what_to_send``)."""
+    fragments its worker lacks and reporting one fragment (``what_to_send``).
+
+    Each fragment has an instance of the strategy of its own, which sees only that
+    fragment's tensors (optax's ``multi_transform``, by fragment): round v is fragment
+    v mod P's, so its dispatches, replies and lost jobs go to that instance, and the
+    new fragment it returns is put back into the whole model. The strategy itself
+    knows nothing of fragments."""
 
     def __init__(self, cfg: Config, strategy: Strategy) -> None:
+        from fedlm.strategies import registry
+
         super().__init__(cfg, strategy)
         self.streaming = Streaming.from_outer(cfg.outer)
+        self.parts = [strategy] + [registry.build_strategy(cfg.strategy, cfg.outer)
+                                   for _ in range(self.streaming.fragments - 1)]
 
     def start(self, params, fleet: list) -> None:
-        super().start(params, fleet)
         self.names = list(params)
         self.groups = fragment_names(self.names, self.streaming.fragments)
-        parts = [OrderedDict((n, params[n]) for n in g) for g in self.groups]
-        self.fragment_bytes = [num_bytes(p) for p in parts]  # fp32, as sent down
+        parts = [_part(params, g) for g in self.groups]
+        for strategy, part in zip(self.parts, parts):
+            strategy.start(part, num_workers=len(fleet))
+        self.params = params
+        self.model_bytes = num_bytes(params)  # fp32, as sent down
+        self.up_bytes = wire_sizes.encoded_bytes(params, self.cfg.network)
+        self.fragment_bytes = [num_bytes(p) for p in parts]
         self.encoded_bytes = [wire_sizes.encoded_bytes(p, self.cfg.network) for p in parts]
+
+    def _of(self, version: int) -> tuple[int, Strategy]:
+        """The fragment round ``version`` synchronises, and its strategy instance."""
+        p = round_fragment(version, self.streaming.fragments)
+        return p, self.parts[p]
+
+    def _whole(self, fragment) -> "OrderedDict":
+        """The evaluated model with ``fragment``'s new tensors put in."""
+        return OrderedDict((k, fragment[k] if k in fragment else v)
+                           for k, v in self.params.items())
 
     @property
     def versions_per_update(self) -> int:
@@ -89,6 +113,23 @@ class StreamedServer(Server):
 
     def flushing(self, version: int) -> bool:
         return flushing(self.cfg, self.streaming, version)
+
+    def wants_job(self, worker: int, version: int) -> bool:
+        return self._of(version)[1].wants_job(worker, version=version)
+
+    def dispatched(self, worker: int, version: int) -> None:
+        self._of(version)[1].on_dispatch(worker, version=version)
+
+    def take(self, update: Update):
+        p, strategy = self._of(update.base_version)
+        new = strategy.on_update(update, _part(self.params, self.groups[p]))
+        return None if new is None else self._whole(new)
+
+    def lose(self, worker: int, *, job_id: int, reason: str):
+        p, strategy = self._of(self.version)  # a round's jobs are all of its version
+        new = strategy.on_job_lost(worker, job_id=job_id, reason=reason,
+                                   params=_part(self.params, self.groups[p]))
+        return None if new is None else self._whole(new)
 
     def job_steps(self, worker: int, version: int, policy) -> int:
         if self.flushing(version):
@@ -113,8 +154,32 @@ class StreamedServer(Server):
         prev_up = (self.encoded_bytes[round_fragment(seen, self.streaming.fragments)]
                    if seen is not None else 0)
         return events.overlapped_timing(sent.job.worker, sent.job.local_steps, sent.down,
-                                       prev_up, sent.job.mix_step)
+                                        prev_up, sent.job.mix_step)
 
     def reference(self, job: JobSpec):
         """The global tensors of the fragment the reply reports."""
-        return OrderedDict((n, self.params[n]) for n in self.groups[job.fragment])
+        return _part(self.params, self.groups[job.fragment])
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "parts": [p.state_dict() for p in self.parts]}
+
+    def load_state_dict(self, state: dict, checkpoint: dict | None = None) -> None:
+        super().load_state_dict(state, checkpoint)
+        parts = state.get("parts") or _split_legacy(state["strategy"], len(self.parts),
+                                                    round_fragment(state["version"],
+                                                                   len(self.parts)))
+        for strategy, st in zip(self.parts, parts):
+            strategy.load_state_dict(st)
+
+
+def _part(tensors, names: list[str]) -> "OrderedDict":
+    """The tensors of ``names``, in that order."""
+    return OrderedDict((k, tensors[k]) for k in names)
+
+
+def _split_legacy(state: dict, fragments: int, current: int) -> list[dict]:
+    """A checkpoint of an older fedlm kept one strategy with a list of per-fragment
+    optimizer states: the instances' states, the current round's with its replies."""
+    quiet = {"dispatched": [], "results": {}, "dropped": []}
+    return [{**state, "opt_state": state["opt_state"][p], **({} if p == current else quiet)}
+            for p in range(fragments)]
