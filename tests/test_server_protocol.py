@@ -56,3 +56,32 @@ def test_each_run_gets_the_server_kind_its_strategy_and_config_ask_for():
         is StreamedServer
     assert servers.server_class(tiny_config("strategy=halos"), strategy_class("halos")) \
         is RegionServers
+
+
+def test_a_streamed_checkpoint_of_an_older_fedlm_loads_into_the_per_fragment_instances():
+    # Older checkpoints kept one FedAvg with a list of per-fragment optimizer states
+    from collections import OrderedDict
+
+    import torch
+
+    from fedlm.sim import fleet
+    from fedlm.strategies import registry
+
+    cfg = tiny_config("workers=2", "strategy=diloco", "outer.fragments=2")
+    params = OrderedDict((n, torch.zeros(2)) for n in ["tok_emb.weight", "blocks.0.a",
+                                                        "blocks.1.a", "head.weight"])
+
+    def fresh():
+        s = servers.build(cfg, registry.build_strategy(cfg.strategy, cfg.outer))
+        s.start(params, fleet.node_profiles(cfg))
+        return s
+    a = fresh()
+    a.dispatched(0, 0)  # round 0 (fragment 0) is open, with worker 0 dispatched
+    legacy = a.state_dict()
+    parts = legacy.pop("parts")
+    legacy["strategy"] = {**parts[0], "opt_state": [p["opt_state"] for p in parts]}
+    b = fresh()
+    b.load_state_dict(legacy)
+    assert [p.state_dict().keys() for p in b.parts] == [p.keys() for p in parts]
+    assert b.parts[0].dispatched == {0} and b.parts[1].dispatched == set()
+    assert all(pb.opt_state is pa["opt_state"] for pb, pa in zip(b.parts, parts))
