@@ -85,3 +85,16 @@ def test_a_streamed_checkpoint_of_an_older_fedlm_loads_into_the_per_fragment_ins
     assert [p.state_dict().keys() for p in b.parts] == [p.keys() for p in parts]
     assert b.parts[0].dispatched == {0} and b.parts[1].dispatched == set()
     assert all(pb.opt_state is pa["opt_state"] for pb, pa in zip(b.parts, parts))
+
+
+def test_servers_of_their_own_refuse_a_shared_server_link_in_one_line():
+    # region servers' messages go over each region's own link (fedlm.engine.transfers):
+    # the shared server link and the hierarchical network cannot carry them, and say so
+    import pytest
+
+    from fedlm.errors import ConfigError
+
+    for sets, key in ((["network.server_up=1e6"], "network.server_up"),
+                      (["network.hierarchical=true"], "network.topology")):
+        with pytest.raises(ConfigError, match=rf"^{key}: 'halos'"):
+            tiny_config("strategy=halos", *sets)
