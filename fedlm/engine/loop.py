@@ -34,9 +34,9 @@ from typing import Callable, NoReturn
 
 from fedlm.config import Config
 from fedlm import servers
-from fedlm.sim import dynamics, faults, wire_sizes
+from fedlm.sim import dynamics, faults
 from fedlm.sim.fleet import WorkerProfile
-from fedlm.params import BadUpdate, check_update, num_bytes
+from fedlm.params import BadUpdate, check_update
 from fedlm.store import IntervalKind, RunWriter
 from fedlm.strategies.base import Strategy
 from fedlm.strategies.local_steps import LocalSteps
@@ -136,15 +136,14 @@ class Engine:
             raise Interrupted(f"interrupted at version {self.version}") from None
 
     def _run(self, params, resume: dict | None):
-        self.model.start(params, self.fleet)
+        self.model.start(params, self.fleet)  # it sizes what a whole-model job moves
         transfers = self.events.transfer_times(  # DyLU sizes whole jobs, transfers too
-            num_bytes(params), wire_sizes.encoded_bytes(params, self.cfg.network))
+            self.model.model_bytes, self.model.up_bytes)
         self.policy.start(steps=self.cfg.inner.steps, transfer_times=transfers,
                           step_times=[p.step_time for p in self.fleet])
         self.grace = grace_for(self.cfg, self.strategy, self.policy, self.fleet)
         if resume is None:
-            self.model_bytes = num_bytes(params)
-            self.up_bytes = wire_sizes.encoded_bytes(params, self.cfg.network)
+            self.model_bytes, self.up_bytes = self.model.model_bytes, self.model.up_bytes
             self.events.set_payload(self.model_bytes, self.up_bytes)
             self.pool.start(now=0.0)
             self._evaluate()

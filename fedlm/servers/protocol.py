@@ -76,10 +76,14 @@ class Server:
         return fleet
 
     def start(self, params, fleet: list) -> None:
-        self.strategy.start(params, num_workers=len(fleet))
         self.params = params
         self.model_bytes = num_bytes(params)  # fp32, as sent down
         self.up_bytes = wire_sizes.encoded_bytes(params, self.cfg.network)
+        self.start_strategy(params, fleet)
+
+    def start_strategy(self, params, fleet: list) -> None:
+        """The strategy's ``start`` (a kind with more to set up first overrides this)."""
+        self.strategy.start(params, num_workers=len(fleet))
 
     @property
     def versions_per_update(self) -> int:

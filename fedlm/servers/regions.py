@@ -38,9 +38,9 @@ class RegionServers(Server):
     def worker_links(self, fleet: list) -> list:
         return local_links(fleet, self.cfg.network.intra_bw)
 
-    def start(self, params, fleet: list) -> None:
+    def start_strategy(self, params, fleet: list) -> None:
         self.strategy.place(by_region(fleet))
-        super().start(params, fleet)
+        super().start_strategy(params, fleet)
 
     def start_of(self, worker: int):
         return self.strategy.start_params(worker, self.params)

@@ -75,16 +75,13 @@ class StreamedServer(Server):
         self.parts = [strategy] + [registry.build_strategy(cfg.strategy, cfg.outer)
                                    for _ in range(self.streaming.fragments - 1)]
 
-    def start(self, params, fleet: list) -> None:
+    def start_strategy(self, params, fleet: list) -> None:
+        """Each fragment's instance starts on that fragment's tensors."""
         self.names = list(params)
         self.groups = fragment_names(self.names, self.streaming.fragments)
         parts = [_part(params, g) for g in self.groups]
         for strategy, part in zip(self.parts, parts):
             strategy.start(part, num_workers=len(fleet))
-        self.params = params
-        self.model_bytes = num_bytes(params)  # fp32, as sent down
-        self.up_bytes = wire_sizes.encoded_bytes(params, self.cfg.network)
-        self.fragment_bytes = [num_bytes(p) for p in parts]
         self.encoded_bytes = [wire_sizes.encoded_bytes(p, self.cfg.network) for p in parts]
 
     def _of(self, version: int) -> tuple[int, Strategy]:
