@@ -1,7 +1,12 @@
 """Shared by the tests that drive the engine directly: one run built as
-``fedlm.runner`` builds it (``open_run``, ``worker_rows``), over any transport."""
+``fedlm.runner`` builds it (``open_run``, ``worker_rows``), over any transport; and
+one-number models for strategies pinned step by step."""
 
 from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
 
 from fedlm import model as M
 from fedlm.engine import Engine
@@ -12,6 +17,7 @@ from fedlm.params import params_hash
 from fedlm.runner import open_run, worker_rows
 from fedlm.sim import fleet
 from fedlm.strategies import registry
+from fedlm.strategies.base import Update
 
 
 def run_engine(cfg, db, transport=None, evaluate=True):
@@ -32,3 +38,20 @@ def run_engine(cfg, db, transport=None, evaluate=True):
                   final_hash=params_hash(final))
     writer.close()
     return engine, final, writer.run_id
+
+
+# One-number models, for strategies pinned step by step by hand.
+def scalar(x: float) -> OrderedDict:
+    """A model (or an outer gradient) of one float64 tensor holding ``x``."""
+    return OrderedDict(w=torch.tensor([float(x)], dtype=torch.float64))
+
+
+def value(tree) -> float:
+    """The number in a ``scalar`` model."""
+    return float(tree["w"][0])
+
+
+def scalar_update(worker: int, g: float) -> Update:
+    """Worker ``worker``'s finished job with outer gradient ``g``."""
+    return Update(worker=worker, job_id=0, base_version=0, outer_grad=scalar(g), tokens=1,
+                  local_steps=1, staleness=0)

@@ -2,30 +2,15 @@
 (``fedlm.strategies.halos``; the engine's side in ``fedlm/engine/transfers.py``)."""
 
 import sqlite3
-from collections import OrderedDict
 
 import pytest
-import torch
 
 from fedlm import store
 from fedlm.replay import replay
 from fedlm.runner import run_inprocess
-from fedlm.strategies.base import Update
 from fedlm.strategies.halos import Halos
 from tests.conftest import tiny_config
-
-
-def _p(x: float) -> OrderedDict:
-    return OrderedDict(w=torch.tensor([float(x)], dtype=torch.float64))
-
-
-def _v(params) -> float:
-    return float(params["w"][0])
-
-
-def _update(worker: int, g: float) -> Update:
-    return Update(worker=worker, job_id=0, base_version=0, outer_grad=_p(g), tokens=1,
-                  local_steps=1, staleness=0)
+from tests.support import scalar as _p, scalar_update as _update, value as _v
 
 
 def test_two_regions_two_workers_step_by_step():

@@ -3,17 +3,15 @@
 rule is pinned step by step on a toy, and its runs replay and resume bit for bit."""
 
 import subprocess
-from collections import OrderedDict
 from pathlib import Path
 
 import pytest
-import torch
 
 from fedlm import store
 from fedlm.replay import replay
 from fedlm.runner import run_inprocess
-from fedlm.strategies.base import Update
 from tests.conftest import tiny_config
+from tests.support import scalar as _p, scalar_update as _update, value as _v
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "docs" / "examples"
@@ -23,19 +21,6 @@ PLUGINS = ["noloco_example.py", "overlap_dc_example.py"]
 @pytest.fixture(autouse=True)
 def _examples_on_path(monkeypatch):
     monkeypatch.syspath_prepend(str(EXAMPLES))
-
-
-def _p(x: float) -> OrderedDict:
-    return OrderedDict(w=torch.tensor([float(x)], dtype=torch.float64))
-
-
-def _v(tree) -> float:
-    return float(tree["w"][0])
-
-
-def _update(worker: int, g: float) -> Update:
-    return Update(worker=worker, job_id=0, base_version=0, outer_grad=_p(g), tokens=1,
-                  local_steps=1, staleness=0)
 
 
 def test_noloco_merges_each_pair_by_its_modified_nesterov_step():
