@@ -5,8 +5,8 @@
         --no-ablation
 
 The default run (`small` model, 4 workers in us/eu/asia, H = 30, 10 outer steps)
-with `profile = geo`, as DiLoCo and as Streaming DiLoCo (`outer.fragments = 4`, each
-`outer.overlap` of --overlap and each `outer.mix` of --mix), each seed of --seeds.
+with `profile = geo`, as DiLoCo and as Streaming DiLoCo (`stream.fragments = 4`, each
+`stream.overlap` of --overlap and each `stream.mix` of --mix), each seed of --seeds.
 ``--role tuning`` writes streaming_tuning.md (the seeds settings are chosen on);
 the default ``--role report`` writes streaming.md, on seeds kept out of the tuning.
 Every run is kept in runs/streaming.db and reused by name. Per arm: final
@@ -34,7 +34,7 @@ from fedlm.runner import run_inprocess  # noqa: E402
 from fedlm.sweep.uncertainty import estimate, paired_estimate  # noqa: E402
 
 BASE = ["profile=geo"]
-STREAM = ["outer.fragments=4", "outer.overlap=5"]
+STREAM = ["stream.fragments=4", "stream.overlap=5"]
 
 
 def arms(mixes: list[float], overlaps: list[int] | None = None,
@@ -46,7 +46,7 @@ def arms(mixes: list[float], overlaps: list[int] | None = None,
     for tau in overlaps or [int(default_tau)]:
         for mix in mixes:
             out[f"Streaming DiLoCo, P {p}, overlap {tau}, mix {mix:g}"] = [
-                STREAM[0], f"outer.overlap={tau}", f"outer.mix={mix}"]
+                STREAM[0], f"stream.overlap={tau}", f"stream.mix={mix}"]
     if ablation:
         out[f"ablation: P {p}, no overlap"] = [STREAM[0]]
     return out
@@ -97,7 +97,7 @@ def timing_only(base: list[str], step_times: list[float], seed: int = 0,
     lines = ["| s per inner step | arm | virtual time (s) | exposed comm / worker (s) | "
              "hidden comm / worker (s) |", "|---|---|---|---|---|"]
     for step in step_times:
-        streams = [[STREAM[0], f"outer.overlap={tau}"] for tau in overlaps or [5]]
+        streams = [[STREAM[0], f"stream.overlap={tau}"] for tau in overlaps or [5]]
         for label, sets in [("DiLoCo", []), *((f"streaming, {', '.join(st)}", st)
                                                for st in streams)]:
             cfg = load(None, [*base, *sets, f"seed={seed}", f"fleet.base_step_time={step}",
@@ -118,7 +118,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--mix", type=float, nargs="+", default=[1.0, 0.5])
     ap.add_argument("--overlap", type=int, nargs="+", default=None,
-                    help="outer.overlap values (default: 5)")
+                    help="stream.overlap values (default: 5)")
     ap.add_argument("--no-ablation", action="store_true",
                     help="leave out the fragments-without-overlap arm")
     ap.add_argument("--role", choices=["report", "tuning"], default="report",
@@ -139,7 +139,7 @@ def main() -> None:
         base = [*BASE, "model=tiny", "updates=1", "inner.steps=8", "eval.batches=2",
                 "data.seq_len=64", "inner.batch_size=4"]
         global STREAM
-        STREAM = ["outer.fragments=2", "outer.overlap=1"]
+        STREAM = ["stream.fragments=2", "stream.overlap=1"]
     Path(args.db).parent.mkdir(parents=True, exist_ok=True)
     table = arms(args.mix, args.overlap, ablation=not (args.smoke or args.no_ablation))
     todo = [(f"{label} · seed {s}", [*base, *sets, f"seed={s}"], args.db)

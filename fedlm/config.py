@@ -242,6 +242,17 @@ class ReliabilityConfig:
 
 
 @dataclass(frozen=True)
+class StreamConfig:
+    """Streaming DiLoCo's rounds (``fedlm.strategies.fragments``; the streamed server,
+    ``fedlm.servers.streamed``): for a synchronous strategy on one server. The
+    defaults are whole-model rounds; ``outer.fragments/overlap/mix`` is the old spelling."""
+
+    fragments: int = 0  # P: exchange the model one fragment at a time (0: whole model)
+    overlap: int = 0  # τ: inner steps an exchange overlaps before its fragment is mixed in
+    mix: float | str = "auto"  # α, in (0, 1]; auto: 0.5 with overlap, 1 without
+
+
+@dataclass(frozen=True)
 class TrackConfig:
     """Experiment trackers that also get the run's metrics, as they are written
     (``fedlm.track``; ``pip install 'fedlm[track]'``). Off by default."""
@@ -290,6 +301,7 @@ class Config:
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     reliability: ReliabilityConfig = field(default_factory=ReliabilityConfig)
     track: TrackConfig = field(default_factory=TrackConfig)
+    stream: StreamConfig = field(default_factory=StreamConfig)
 
     # -- serialisation -------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -344,7 +356,8 @@ class Config:
 SECTIONS: dict[str, type] = {
     "init": InitConfig, "inner": InnerConfig, "data": DataConfig, "eval": EvalConfig,
     "fleet": FleetConfig, "sim": SimConfig, "faults": FaultsConfig,
-    "reliability": ReliabilityConfig, "network": NetworkConfig, "track": TrackConfig}
+    "reliability": ReliabilityConfig, "network": NetworkConfig, "track": TrackConfig,
+    "stream": StreamConfig}
 
 # Keys spelt differently in TOML than in Python (``from`` is a Python keyword).
 SPELLING = {"from_": "from"}

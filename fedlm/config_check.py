@@ -49,6 +49,11 @@ def coerce(path: str, value: Any, typ: Any) -> Any:
     elif typ == dict[str, Any]:
         if isinstance(value, dict):
             return dict(value)
+    elif typ == float | str:  # a number or a word (stream.mix: 0.5 or "auto")
+        if isinstance(value, str):
+            return coerce(path, value, str)
+        if _is_number(value):
+            return _finite(path, value)
     name = _TYPE_NAMES.get(typ) or getattr(typ, "__name__", str(typ))
     raise ConfigError(f"{path}: expected {name}, got {shown(value)}")
 
@@ -58,7 +63,8 @@ def _is_number(v: Any) -> bool:
 
 
 _TYPE_NAMES = {list[float]: "a list of numbers", list[int]: "a list of integers",
-               list[str]: "a list of strings", dict[str, Any]: "a table"}
+               list[str]: "a list of strings", dict[str, Any]: "a table",
+               float | str: "a number or a word"}
 
 
 def _int64(path: str, value: int) -> int:
@@ -288,6 +294,10 @@ def _check_exchange(cfg: Config) -> None:
     from fedlm.strategies import fragments
     from fedlm.strategies.registry import strategy_class
 
+    try:
+        stream = fragments.Streaming.of_config(cfg)
+    except ValueError as exc:
+        raise ConfigError(str(exc).splitlines()[0]) from None
     n = cfg.network
     shared = n.server_down > 0 or n.server_up > 0 or n.daily_amplitude > 0
     if n.topology in ("ring", "tree"):
@@ -305,21 +315,24 @@ def _check_exchange(cfg: Config) -> None:
         _require(not (n.server_down or n.server_up), "network.server_up",
                  n.server_up or n.server_down, f"{cfg.strategy!r}'s workers talk to their "
                  f"region's server, not a shared one: drop network.server_down and server_up")
-    stream = fragments.Streaming.from_outer(cfg.outer)
     if stream is None:
         return
+    cls = strategy_class(cfg.strategy)
+    _require(cls.synchronous and not cls.server, "stream.fragments", cfg.stream.fragments,
+             f"streaming rounds need a synchronous strategy on one server (diloco, fedavg), "
+             f"not {cfg.strategy!r}")
     blocks = presets.PRESETS[cfg.model][0]
-    _require(stream.fragments <= blocks, "outer.fragments", stream.fragments,
+    _require(stream.fragments <= blocks, "stream.fragments", stream.fragments,
              f"must be at most the {blocks} blocks of layers of model {cfg.model!r}")
     shortest = cfg.inner.steps // stream.fragments
-    _require(shortest >= 1, "outer.fragments", stream.fragments,
+    _require(shortest >= 1, "stream.fragments", stream.fragments,
              f"must be at most inner.steps ({cfg.inner.steps})")
-    _require(stream.overlap < shortest, "outer.overlap", stream.overlap,
+    _require(stream.overlap < shortest, "stream.overlap", stream.overlap,
              f"must be less than the {shortest} inner steps of a round "
-             f"(inner.steps {cfg.inner.steps} / outer.fragments {stream.fragments})")
+             f"(inner.steps {cfg.inner.steps} / stream.fragments {stream.fragments})")
     _require(cfg.local_steps == "fixed", "local_steps", cfg.local_steps,
-             "must be 'fixed' with streaming rounds (outer.fragments/overlap/mix)")
-    _require(not shared, "outer.fragments", stream.fragments,
+             "must be 'fixed' with streaming rounds (stream.fragments/overlap/mix)")
+    _require(not shared, "stream.fragments", stream.fragments,
              "streaming rounds are timed without a shared server link or daily cycle: "
              "drop network.server_down, server_up and daily_amplitude")
 

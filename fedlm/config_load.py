@@ -37,6 +37,8 @@ _ATTRIBUTE = {v: k for k, v in SPELLING.items()}
 # specs written before, and the config every stored run keeps), as the new one.
 RENAMED = {"concurrency": "max_in_flight", "sim.actors": "sim.ray_actors",
            "sim.concurrent_jobs": "sim.job_threads"}
+# Keys that moved to another section: the old place still reads, as the new one.
+MOVED = {f"outer.{k}": f"stream.{k}" for k in ("fragments", "overlap", "mix")}
 # Text keys that may hold a bare number (``--set init.from=7`` parses 7 as an int).
 _NUMBER_AS_TEXT = {"from_", "grace"}
 
@@ -70,8 +72,26 @@ def _build(cls: type, raw: dict[str, Any], prefix: str) -> Any:
     return cls(**kwargs)
 
 
+def _moved(raw: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` with the keys of ``MOVED`` at their new place (a copy where any moved)."""
+    if not isinstance(raw, dict):
+        return raw  # _build says what is wrong with it
+    for old, new in MOVED.items():
+        (osec, okey), (nsec, nkey) = old.split("."), new.split(".")
+        if not (isinstance(raw.get(osec), dict) and okey in raw[osec]):
+            continue
+        if not isinstance(raw.get(nsec, {}), dict):
+            continue  # _build says what is wrong with it
+        if nkey in raw.get(nsec, {}):
+            raise ConfigError(f"{old}: the old name of {new}; give only one")
+        raw = {**raw, osec: {k: v for k, v in raw[osec].items() if k != okey},
+               nsec: {**raw.get(nsec, {}), nkey: raw[osec][okey]}}
+    return raw
+
+
 def from_dict(raw: dict[str, Any]) -> Config:
     """Build a ``Config`` from plain data and validate it."""
+    raw = _moved(raw)
     cfg = _build(Config, raw, "")
     # a strategy may name its own local-steps policy (diloco-dylu: dylu) and refuse some
     policy = registry.local_steps_for(cfg.strategy, cfg.local_steps, given="local_steps" in raw)
@@ -116,7 +136,7 @@ def apply_override(raw: dict[str, Any], assignment: str) -> None:
         raise ConfigError(f"--set {shown_key(assignment)}: expected key=value")
     key, text = assignment.split("=", 1)
     key = ALIASES.get(key.strip(), key.strip())
-    key = RENAMED.get(key, key)
+    key = MOVED.get(key, RENAMED.get(key, key))
     if not key:
         raise ConfigError(f"--set {shown_key(assignment)}: empty key")
     parts = key.split(".")

@@ -21,7 +21,7 @@ outer.weighting=tokens``, bit for bit (a test pins the final weights):
   arrival is in delayed Nesterov) ended behind or level on every tuning run;
   docs/async_local_sgd.md has the measurement.
 
-No streaming settings (``outer.fragments``, ``overlap``, ``mix``): streaming rounds
+No streaming settings (``stream.fragments``, ``overlap``, ``mix``): streaming rounds
 need the same H for every worker.
 """
 

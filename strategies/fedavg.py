@@ -15,7 +15,7 @@ is dropped from the round; when no job of the round is outstanding any more,
 the round closes with the replies that arrived — if there are at least
 ``min_replies`` of them. Otherwise the round starts over from the same model.
 
-Streaming DiLoCo (``outer.fragments``, ``outer.overlap``, ``outer.mix``) is not
+Streaming DiLoCo (``stream.fragments``, ``stream.overlap``, ``stream.mix``) is not
 this class's business: its server (``fedlm.servers.streamed``) gives each fragment
 an instance of the strategy of its own, which sees only that fragment's tensors
 (optax's ``multi_transform``, by fragment).

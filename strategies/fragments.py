@@ -4,7 +4,7 @@ which fragment a synchronous round synchronises. Names only, no tensors.
 Douillard et al., "Streaming DiLoCo with overlapping communication: Towards a
 Distributed Free Lunch", 2025, https://arxiv.org/abs/2501.18512
 
-``outer.fragments = P`` splits the model into P fragments by blocks of
+``stream.fragments = P`` splits the model into P fragments by blocks of
 layers, *strided* (the paper's better pattern): transformer block i belongs
 to fragment i mod P. Tensors outside the blocks go with their nearest block:
 those before the first block (the token and position embeddings) with block
@@ -17,9 +17,9 @@ An outer step of H inner steps becomes P rounds: round r trains
 synchronises fragment ``r mod P``. Every fragment is thus synchronised once
 per H inner steps, as in DiLoCo, but only 1/P of the model travels at a time.
 
-``outer.overlap = τ``: the exchange of round r's fragment overlaps the first
+``stream.overlap = τ``: the exchange of round r's fragment overlaps the first
 τ inner steps of round r + 1; the worker mixes the new global fragment in at
-inner step τ: θ_p ← α·θ_p^global + (1 − α)·θ_p^local, ``outer.mix = α``
+inner step τ: θ_p ← α·θ_p^global + (1 − α)·θ_p^local, ``stream.mix = α``
 (α = 1: take the global fragment, as DiLoCo does). ``mix = "auto"`` (the default)
 is the paper's 0.5 with overlap and 1 without: chosen on a tuning seed,
 experiments/results/streaming.md has the held-out seeds. P = 1, τ = 0, α = 1 is
@@ -49,9 +49,9 @@ def assign(names: list[str], fragments: int) -> list[int]:
     """The fragment of each tensor, in ``names``' order (the model's order)."""
     blocks = blocks_in(names)
     if fragments < 1:
-        raise ValueError(f"outer.fragments: must be >= 1, got {fragments!r}")
+        raise ValueError(f"stream.fragments: must be >= 1, got {fragments!r}")
     if fragments > max(1, blocks):
-        raise ValueError(f"outer.fragments: must be at most the model's {blocks} blocks of "
+        raise ValueError(f"stream.fragments: must be at most the model's {blocks} blocks of "
                          f"layers, got {fragments}")
     out, seen_block = [], False
     for name in names:
@@ -95,23 +95,21 @@ def changed_since(seen_version: int, version: int, fragments: int) -> list[int]:
 class Streaming:
     """Streaming settings as the server and the worker read them (None: off)."""
 
-    KEYS = ("fragments", "overlap", "mix")  # in ``outer``: the server's, not the strategy's
-
     def __init__(self, fragments: int, overlap: int, mix: float) -> None:
         self.fragments, self.overlap, self.mix = fragments, overlap, mix
 
     @classmethod
     def of(cls, fragments=0, overlap=0, mix="auto") -> "Streaming | None":
-        """From the ``outer.*`` values; None (whole-model rounds) when they are the
+        """From the ``stream.*`` values; None (whole-model rounds) when they are the
         defaults: fragments 0, overlap 0, mix "auto" (or 1)."""
         if not (isinstance(fragments, int) and not isinstance(fragments, bool)
                 and fragments >= 0):
-            raise ValueError(f"outer.fragments: must be an int >= 1 (0: off), got {fragments!r}")
+            raise ValueError(f"stream.fragments: must be an int >= 1 (0: off), got {fragments!r}")
         if not (isinstance(overlap, int) and not isinstance(overlap, bool) and overlap >= 0):
-            raise ValueError(f"outer.overlap: must be an int >= 0 (inner steps), got {overlap!r}")
+            raise ValueError(f"stream.overlap: must be an int >= 0 (inner steps), got {overlap!r}")
         if mix != "auto" and (isinstance(mix, bool) or not isinstance(mix, (int, float))
                               or not 0 < mix <= 1):
-            raise ValueError(f"outer.mix: must be in (0, 1] or 'auto', got {mix!r}")
+            raise ValueError(f"stream.mix: must be in (0, 1] or 'auto', got {mix!r}")
         if fragments == 0 and overlap == 0 and mix in ("auto", 1):
             return None
         if mix == "auto":  # the paper's 0.5 keeps half of the overlapped steps' progress
@@ -119,7 +117,7 @@ class Streaming:
         return cls(max(1, fragments), overlap, float(mix))
 
     @classmethod
-    def from_outer(cls, outer: dict) -> "Streaming | None":
-        """From a config's ``outer`` table (the worker's and the engine's view)."""
-        return cls.of(outer.get("fragments", 0), outer.get("overlap", 0),
-                      outer.get("mix", "auto"))
+    def of_config(cls, cfg) -> "Streaming | None":
+        """From a config's ``[stream]`` section (the worker's and the servers' view)."""
+        s = cfg.stream
+        return cls.of(s.fragments, s.overlap, s.mix)

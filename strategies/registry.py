@@ -24,7 +24,6 @@ from fedlm.strategies.diloco import DiLoCo
 from fedlm.strategies.diloco_dylu import DiLoCoDyLU
 from fedlm.strategies.fedavg import FedAvg
 from fedlm.strategies.fedbuff import FedBuff
-from fedlm.strategies.fragments import Streaming
 from fedlm.strategies.halos import Halos
 from fedlm.strategies.local_steps import DyLU, DyLUFloor, DyLUOnline, Fixed, LocalSteps
 from fedlm.strategies.poly import Poly, PolyThres
@@ -77,33 +76,21 @@ def strategy_class(name: str) -> type[Strategy]:
 
 
 def check_strategy(name: str, outer: dict[str, Any]) -> None:
-    """Refuse an unknown strategy or an ``outer.*`` key its constructor lacks; the
-    streaming keys (``Streaming.KEYS``) are the streamed server's, for a synchronous
-    strategy on one server only."""
+    """Refuse an unknown strategy or an ``outer.*`` key its constructor lacks."""
     cls = strategy_class(name)
     accepted = inspect.signature(cls.__init__).parameters
     for key in outer:
-        if key in Streaming.KEYS:
-            if not cls.synchronous or cls.server:
-                raise ConfigError(f"outer.{key}: streaming rounds need a synchronous strategy "
-                                  f"on one server (diloco, fedavg), not {name!r}")
-            continue
         if key not in accepted or key == "self":
             known = ", ".join(k for k in accepted if k != "self") or "none"
             raise ConfigError(f"outer.{key}: not a setting of {name!r} (known: {known})")
-    try:
-        Streaming.from_outer(outer)
-    except ValueError as exc:
-        raise ConfigError(str(exc).splitlines()[0]) from None
     build_strategy(name, outer)  # range checks live in the constructor
 
 
 def build_strategy(name: str, outer: dict[str, Any]) -> Strategy:
-    """Strategy ``name`` with its ``outer.*`` settings (the streaming keys are the
-    streamed server's: ``fedlm.servers.streamed``)."""
+    """Strategy ``name`` with its ``outer.*`` settings."""
     cls = strategy_class(name)
     try:
-        return cls(**{k: v for k, v in outer.items() if k not in Streaming.KEYS})
+        return cls(**outer)
     except (TypeError, ValueError) as exc:
         raise ConfigError(str(exc).splitlines()[0]) from None
 

@@ -157,7 +157,7 @@ def test_a_streaming_run_shows_its_hidden_and_exposed_communication(monkeypatch,
 
     db = tmp_path / "stream.db"
     run_inprocess(tiny_config("workers=2", "updates=2", "inner.steps=4", "fleet.preset=geo",
-                              "outer.fragments=2", "outer.overlap=1"), str(db))
+                              "stream.fragments=2", "stream.overlap=1"), str(db))
     at = app(monkeypatch, db)
     (table,) = [t.value for t in at.table if "hidden comm s" in t.value.columns]
     assert all(float(v) > 0 for v in table["hidden comm s"])

@@ -52,7 +52,7 @@ def test_every_optional_hook_of_the_strategy_base_is_used_by_several_strategies(
 
 def test_each_run_gets_the_server_kind_its_strategy_and_config_ask_for():
     assert servers.server_class(tiny_config(), strategy_class("diloco")) is servers.Server
-    assert servers.server_class(tiny_config("outer.fragments=2"), strategy_class("diloco")) \
+    assert servers.server_class(tiny_config("stream.fragments=2"), strategy_class("diloco")) \
         is StreamedServer
     assert servers.server_class(tiny_config("strategy=halos"), strategy_class("halos")) \
         is RegionServers
@@ -67,7 +67,7 @@ def test_a_streamed_checkpoint_of_an_older_fedlm_loads_into_the_per_fragment_ins
     from fedlm.sim import fleet
     from fedlm.strategies import registry
 
-    cfg = tiny_config("workers=2", "strategy=diloco", "outer.fragments=2")
+    cfg = tiny_config("workers=2", "strategy=diloco", "stream.fragments=2")
     params = OrderedDict((n, torch.zeros(2)) for n in ["tok_emb.weight", "blocks.0.a",
                                                         "blocks.1.a", "head.weight"])
 

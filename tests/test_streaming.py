@@ -1,14 +1,15 @@
-"""Streaming DiLoCo (outer.fragments, outer.overlap, outer.mix): fragments, what each
+"""Streaming DiLoCo (stream.fragments, stream.overlap, stream.mix): fragments, what each
 round's job carries and when, the worker's mix-in, the per-fragment outer step, and
 that one fragment without overlap is DiLoCo bit for bit."""
 
+import json
 import sqlite3
 from collections import OrderedDict
 
 import pytest
 import torch
 
-from fedlm.config_load import load
+from fedlm.config_load import from_dict, from_json, load
 from fedlm.errors import ConfigError
 from fedlm.job import JobResult, JobSpec
 from fedlm.params import num_bytes
@@ -35,20 +36,33 @@ def test_fragments_are_strided_blocks_with_the_outer_tensors_at_the_ends():
 
 
 def test_streaming_settings_are_checked_in_one_line():
-    for sets, msg in [(["outer.fragments=3"], "at most the 2 blocks"),
-                      (["outer.fragments=2", "outer.overlap=1"], "less than the 1 inner steps"),
-                      (["outer.mix=0"], "outer.mix: must be in"),
-                      (["outer.fragments=2", "local_steps=dylu"], "must be 'fixed'"),
-                      (["outer.fragments=2", "network.server_up=1e6"], "shared server link"),
-                      (["outer.fragments=2", "strategy=delayed-nesterov"],
-                           "outer.fragments: streaming rounds need a synchronous")]:
+    for sets, msg in [(["stream.fragments=3"], "at most the 2 blocks"),
+                      (["stream.fragments=2", "stream.overlap=1"], "less than the 1 inner steps"),
+                      (["stream.mix=0"], "stream.mix: must be in"),
+                      (["stream.fragments=2", "local_steps=dylu"], "must be 'fixed'"),
+                      (["stream.fragments=2", "network.server_up=1e6"], "shared server link"),
+                      (["stream.fragments=2", "strategy=delayed-nesterov"],
+                           "stream.fragments: streaming rounds need a synchronous")]:
         with pytest.raises(ConfigError, match=msg):
             tiny_config("inner.steps=3", *sets)
 
 
+def test_the_old_spelling_outer_fragments_still_reads_as_the_stream_section():
+    # configs, sweep specs and the config every stored run keeps were written with the
+    # streaming keys in ``outer``; they load as ``[stream]`` (and replay through it)
+    old = load(None, ["model=tiny", "outer.fragments=2", "outer.overlap=1", "outer.mix=0.5"])
+    assert (old.stream.fragments, old.stream.overlap, old.stream.mix, old.outer) == (2, 1, 0.5, {})
+    stored = json.loads(old.to_json())
+    stored.pop("stream")
+    stored["outer"] = {"fragments": 2, "overlap": 1, "mix": 0.5}  # an older fedlm's run
+    assert from_json(json.dumps(stored)) == old
+    with pytest.raises(ConfigError, match=r"^outer.fragments: the old name of stream.fragments"):
+        from_dict({"outer": {"fragments": 2}, "stream": {"fragments": 2}})
+
+
 def test_the_worker_mixes_at_step_tau_and_reports_its_fragment_against_the_global():
     """Two fragments (blocks 0 | 1), α = ½, τ = 1, three fake inner steps of −1 each."""
-    cfg = load(None, ["model=tiny", "outer.fragments=2", "outer.overlap=1", "outer.mix=0.5"])
+    cfg = load(None, ["model=tiny", "stream.fragments=2", "stream.overlap=1", "stream.mix=0.5"])
     names = ["blocks.0.w", "blocks.1.w"]
     state = {LOCAL + "blocks.0.w": torch.tensor([10.0]), LOCAL + "blocks.1.w": torch.tensor([20.0]),
              REF + "blocks.0.w": torch.tensor([12.0]), REF + "blocks.1.w": torch.tensor([21.0])}
@@ -88,7 +102,7 @@ def test_a_fragment_round_steps_only_its_fragment_with_its_own_momentum():
 
     params = OrderedDict((n, torch.zeros(1)) for n in NAMES)
     cfg = tiny_config("workers=1", "strategy=fedavg", "outer.lr=1.0", "outer.momentum=0.5",
-                      "outer.fragments=2")
+                      "stream.fragments=2")
     s = servers.build(cfg, registry.build_strategy(cfg.strategy, cfg.outer))
     s.start(params, fleet.node_profiles(cfg))
 
@@ -146,7 +160,7 @@ def test_a_two_fragment_overlap_one_schedule_step_by_step(tmp_path):
 
     latency, bw = 0.25, 2e5  # bytes/s: an exchange takes longer than the one overlapped step
     cfg = tiny_config("workers=2", "updates=2", "inner.steps=4", "strategy=fedavg",
-                      "outer.fragments=2", "outer.overlap=1", "fleet.preset=homogeneous",
+                      "stream.fragments=2", "stream.overlap=1", "fleet.preset=homogeneous",
                       "fleet.jitter=0", "fleet.regions=['slow', 'slow']",
                       f"fleet.links.slow={{latency = {latency}, down_bw = {bw}, up_bw = {bw}}}")
     theta = snapshot(M.build(cfg.model, cfg.data.seq_len, seed=cfg.seed))
@@ -193,14 +207,14 @@ def test_a_two_fragment_overlap_one_schedule_step_by_step(tmp_path):
 def test_one_fragment_without_overlap_is_diloco_bit_for_bit(tmp_path):
     sets = ["workers=2", "updates=3", "fleet.preset=moderate"]
     plain = run_inprocess(tiny_config(*sets), str(tmp_path / "a.db"))
-    streamed = run_inprocess(tiny_config(*sets, "outer.fragments=1"), str(tmp_path / "b.db"))
+    streamed = run_inprocess(tiny_config(*sets, "stream.fragments=1"), str(tmp_path / "b.db"))
     hashes = [sqlite3.connect(tmp_path / d).execute("SELECT final_hash FROM runs").fetchone()[0]
               for d in ("a.db", "b.db")]
     assert hashes[0] == hashes[1] and plain is not None and streamed is not None
 
 
-STREAMED = ["workers=3", "updates=4", "inner.steps=4", "outer.fragments=2", "outer.overlap=1",
-            "outer.mix=0.5", "network.compression=int8", "fleet.preset=geo",
+STREAMED = ["workers=3", "updates=4", "inner.steps=4", "stream.fragments=2", "stream.overlap=1",
+            "stream.mix=0.5", "network.compression=int8", "fleet.preset=geo",
             "reliability.checkpoint_every=2", "eval.every=2"]
 
 

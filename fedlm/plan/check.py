@@ -36,7 +36,7 @@ class InstantTransport:
     def __init__(self, params, cfg) -> None:
         zeros = OrderedDict((k, torch.zeros_like(v)) for k, v in params.items())
         self.payload, _ = compression.encode(zeros, {}, cfg.network)
-        stream = Streaming.from_outer(cfg.outer)  # a streaming job reports one fragment
+        stream = Streaming.of_config(cfg)  # a streaming job reports one fragment
         self.fragments = [] if stream is None else [
             compression.encode(OrderedDict((k, zeros[k]) for k in names), {}, cfg.network)[0]
             for names in fragment_names(list(zeros), stream.fragments)]
@@ -92,7 +92,7 @@ def simulate(cfg, params: int) -> dict[str, float]:
     global model, and the shares of all workers' time spent computing, communicating
     (link waits included) and idle.
     """
-    stream = Streaming.from_outer(cfg.outer)
+    stream = Streaming.of_config(cfg)
     if stream is None:
         zeros = OrderedDict(w=torch.zeros(int(params)))
     else:  # one tensor per fragment, as blocks of layers (fedlm.strategies.fragments)
@@ -171,22 +171,22 @@ TOPOLOGY_CASES: list[tuple[str, list[str], int]] = [
                                     "fleet.regions=['near','mid','far','near','mid','far']",
                                     "network.topology=tree"], 2_500),
     ("streaming star, P 2, overlap 1, comm-heavy",
-     [HOM, ONE, "model=small", "inner.steps=6", "outer.fragments=2", "outer.overlap=1"],
+     [HOM, ONE, "model=small", "inner.steps=6", "stream.fragments=2", "stream.overlap=1"],
      10_000),
     ("streaming star, P 4, overlap 2, 3 regions",
-     [HET, THREE, "model=small", "inner.steps=12", "outer.fragments=4", "outer.overlap=2"],
+     [HET, THREE, "model=small", "inner.steps=12", "stream.fragments=4", "stream.overlap=2"],
      5_000),
     ("streaming ring, P 2, overlap 2, 3 regions",
-     [HET, THREE, "model=small", "inner.steps=6", "outer.fragments=2", "outer.overlap=2",
+     [HET, THREE, "model=small", "inner.steps=6", "stream.fragments=2", "stream.overlap=2",
       "network.topology=ring"], 10_000),
     ("streaming ring, P 4, overlap 1, int4",
-     [HOM, THREE, "model=small", "inner.steps=8", "outer.fragments=4", "outer.overlap=1",
+     [HOM, THREE, "model=small", "inner.steps=8", "stream.fragments=4", "stream.overlap=1",
       "network.topology=ring", "network.compression=int4"], 10_000),
     ("streaming tree, P 2, overlap 2", [HOM, ONE, "model=small", "inner.steps=6",
-                                        "outer.fragments=2", "outer.overlap=2",
+                                        "stream.fragments=2", "stream.overlap=2",
                                         "network.topology=tree"], 10_000),
     ("streaming star, P 2, no overlap", [HET, ONE, "model=small", "inner.steps=6",
-                                         "outer.fragments=2"], 5_000),
+                                         "stream.fragments=2"], 5_000),
 ]
 # one virtual day under a daily bandwidth cycle: slower, so not in the test suite
 DAILY = ("daily bandwidth cycle 50%, step times 1-3 s, 3 regions, shared uplink",

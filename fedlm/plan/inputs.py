@@ -194,7 +194,7 @@ def from_config(cfg, params: float, tensors: int = 1) -> PlanInput:
 
     net = cfg.network
     nodes = fleet.node_profiles(cfg)
-    stream = Streaming.from_outer(cfg.outer)
+    stream = Streaming.of_config(cfg)
     return PlanInput(
         params=float(params), data_centres=len(nodes),
         workers_per_dc=tuple(p.members for p in nodes),

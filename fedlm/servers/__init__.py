@@ -1,8 +1,8 @@
 """The server side of a run: one protocol (``protocol.Server``) and its kinds.
 
     Server          one server (every flat strategy)
-    StreamedServer  Streaming DiLoCo's rounds of fragments (``outer.fragments``,
-                    ``outer.overlap``, ``outer.mix``)
+    StreamedServer  Streaming DiLoCo's rounds of fragments (``stream.fragments``,
+                    ``stream.overlap``, ``stream.mix``)
     RegionServers   a server in every region and a global one (``strategy = halos``)
 
 A strategy names the kind it needs in ``Strategy.server`` (a dotted path
@@ -26,7 +26,7 @@ def server_class(cfg: Config, strategy: type[Strategy] | Strategy) -> type[Serve
 
     if strategy.server:
         return load_dotted(strategy.server)
-    if Streaming.from_outer(cfg.outer) is not None:
+    if Streaming.of_config(cfg) is not None:
         from fedlm.servers.streamed import StreamedServer
         return StreamedServer
     return Server

@@ -71,7 +71,7 @@ class StreamedServer(Server):
         from fedlm.strategies import registry
 
         super().__init__(cfg, strategy)
-        self.streaming = Streaming.from_outer(cfg.outer)
+        self.streaming = Streaming.of_config(cfg)
         self.parts = [strategy] + [registry.build_strategy(cfg.strategy, cfg.outer)
                                    for _ in range(self.streaming.fragments - 1)]
 

@@ -4,7 +4,7 @@ In a streaming run the worker keeps its own parameters from job to job: the
 server sends only the global fragments it lacks, and the job mixes them in at
 inner step ``job.mix_step`` (τ: the steps the exchange overlaps),
 
-    θ_p ← α·θ_p^global + (1 − α)·θ_p       (α = ``outer.mix``; α = 1: a copy)
+    θ_p ← α·θ_p^global + (1 − α)·θ_p       (α = ``stream.mix``; α = 1: a copy)
 
 and reports one fragment's outer gradient against the global value it last
 received: Δ_p = θ_p^global − θ_p^end. Between jobs the worker's state (the
@@ -37,7 +37,7 @@ class WorkerStream:
         self.on = job.fragment >= 0
         if not self.on:
             return
-        settings = Streaming.from_outer(cfg.outer)
+        settings = Streaming.of_config(cfg)
         self.alpha = settings.mix
         self.mix_step = job.mix_step
         self.report = fragment_names(names, settings.fragments)[job.fragment]
