@@ -90,7 +90,7 @@ def timing_only(base: list[str], step_times: list[float], seed: int = 0,
     import torch
 
     from fedlm import model as M
-    from fedlm.plan.check import run_clock
+    from fedlm.engine.dry_run import run_clock
     from fedlm.sim import fleet
     from fedlm.store.schema import EXPOSED_COMM_KINDS
 

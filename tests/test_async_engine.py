@@ -93,7 +93,7 @@ def _budget_run(tmp_path, *overrides):
     """A timing-only run (zero updates) under a local-step budget: the jobs table."""
     from fedlm import model as M
     from fedlm.model import snapshot
-    from fedlm.plan.check import InstantTransport
+    from fedlm.engine.dry_run import InstantTransport
 
     cfg = tiny_config("updates=100000", "fleet.jitter=0.05", *overrides)
     theta = snapshot(M.build(cfg.model, cfg.data.seq_len, seed=cfg.seed))

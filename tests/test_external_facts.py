@@ -15,7 +15,7 @@ import torch
 
 from fedlm import checkpoint, model as M
 from fedlm.model import snapshot
-from fedlm.plan.check import InstantTransport
+from fedlm.engine.dry_run import InstantTransport
 from fedlm.runner import run_inprocess
 from fedlm.strategies.base import Update
 from fedlm.strategies.delayed_nesterov import DelayedNesterov

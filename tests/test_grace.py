@@ -64,7 +64,7 @@ from fedlm.engine.grace import AdaptiveGrace, FixedGrace, NoGrace, grace_rule  #
 from fedlm.engine.in_flight import InFlightJobs  # noqa: E402
 from fedlm.engine.types import InFlight  # noqa: E402
 from fedlm.model import snapshot  # noqa: E402
-from fedlm.plan.check import InstantTransport  # noqa: E402
+from fedlm.engine.dry_run import InstantTransport  # noqa: E402
 from fedlm.job import JobSpec  # noqa: E402
 from tests.support import run_engine  # noqa: E402
 

@@ -17,7 +17,7 @@ import pytest
 from fedlm import config_load, presets
 from fedlm.config import Config
 from fedlm.errors import ConfigError
-from fedlm.plan import memory
+from fedlm.sim import memory
 from tests._cli import assert_refused, no_work_fixture, run_cli  # noqa: F401 (a fixture)
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -168,7 +168,7 @@ def test_the_model_follows_the_vocabulary_and_bits_per_byte_counts_bytes(tmp_pat
 
     from fedlm import model, start
     from fedlm.evaluate import Evaluator
-    from fedlm.plan.memory import estimate
+    from fedlm.sim.memory import estimate
 
     source = write_plays(tmp_path / "plays", n=4, size=12_000)
     cfg = _tiny(source, "bpe:300")

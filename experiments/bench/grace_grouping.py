@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))  # this tree's fedlm, not whichever is installed
 from fedlm import config_load  # noqa: E402
 from fedlm.sim import fleet  # noqa: E402
 from fedlm.engine import Engine  # noqa: E402
-from fedlm.plan.check import InstantTransport  # noqa: E402
+from fedlm.engine.dry_run import InstantTransport  # noqa: E402
 from fedlm.strategies import registry  # noqa: E402
 
 FLEETS = [(4, "moderate", []), (4, "very", []), (8, "moderate", []), (8, "very", []),

@@ -41,7 +41,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     cfg = with_trackers(cfg, args.track)
     by_steps = cfg.local_step_budget > 0
-    from fedlm.plan import memory
+    from fedlm.sim import memory
 
     memory.check_fits(cfg, args.backend)  # what cannot fit is refused before it starts
     check_installed(cfg.track.backends)  # a tracker not installed: refused in one line,

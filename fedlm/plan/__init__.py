@@ -24,7 +24,6 @@ bandwidth cycle (``fedlm.sim.wire_sizes``). The parts, in the order they build o
     walltime    the wall-clock model of the DiLoCo scaling-laws paper (``--walltime``)
     plots       the scaling figures (``--plot``; ``python -m fedlm.plan.plots``)
     check       the plan against fedlm's real engine (imports torch; not imported here)
-    memory      what a run holds in memory; ``fedlm run`` refuses one that cannot fit
 
 Everything imported here is plain numpy and arithmetic: no torch, no
 simulation. Bandwidths are bytes per second, like ``fedlm.sim.fleet`` (the CLI,
