@@ -1,5 +1,7 @@
 """One rule for how long a link takes (``fedlm.sim.links``): the simulator's jobs, the
-engine's messages between servers and the planner all compute a transfer with it."""
+engine's messages between servers and the planner all compute a transfer with it. And
+one place for collectives (``fedlm.sim.collectives``): the paper's wall-clock model
+(``fedlm.plan.walltime``) times its all-reduces there too."""
 
 import ast
 import re
@@ -10,7 +12,7 @@ import pytest
 
 from fedlm.plan import inputs as plan_inputs
 from fedlm.plan.model import async_cycle
-from fedlm.sim import fleet, links
+from fedlm.sim import collectives, fleet, links
 from tests.conftest import tiny_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,3 +86,33 @@ def test_no_transfer_divides_bytes_by_a_bandwidth_beside_its_own_latency(path):
     code = ast.unparse(tree)
     assert "transfer_seconds" in code or "hidden_seconds" in code
     assert not re.search(r"latency \+ [\w.\[\]'\"]+ / \(?\w+", code), path
+
+
+@pytest.mark.parametrize("n", [2, 3, 8, 100, 4096])
+def test_the_papers_allreduce_bound_is_the_rings_bandwidth_term(n):
+    # latency charged once (A.2's ε) where the ring pays it at each of its 2(n - 1) hops
+    assert collectives.allreduce_bound_seconds(3e9, n, 1.25e9, 0.0) == \
+        pytest.approx(collectives.ring_seconds(3e9, n, 1.25e9, 0.0), rel=1e-12)
+    assert collectives.allreduce_bound_seconds(3e9, n, 1.25e9, 0.01) == pytest.approx(
+        collectives.ring_seconds(3e9, n, 1.25e9, 0.0) + 0.01, rel=1e-12)
+
+
+def test_the_wall_clock_model_times_its_allreduces_in_collectives(monkeypatch):
+    from fedlm.plan import walltime
+
+    inp = walltime.WallInput(params=1e9, tokens=2e10, batch=1e6, chips=100, replicas=4)
+    before = {a: walltime.walltime(inp, a).total for a in walltime.algorithms(inp)}
+    calls, real = [], collectives.allreduce_bound_seconds
+
+    def doubled(nbytes, n, bw, latency):
+        calls.append((nbytes, n, bw, latency))
+        return 2 * real(nbytes, n, bw, latency)
+    monkeypatch.setattr(collectives, "allreduce_bound_seconds", doubled)
+    after = {a: walltime.walltime(inp, a) for a in before}
+    for a, w in after.items():
+        assert w.total > before[a]
+        assert w.total == pytest.approx(w.compute + 2 * (before[a] - w.compute), rel=1e-12)
+    # the model (2 bytes a parameter) over W1 = 10 Gbit/s among all 100 chips: 2 GB
+    assert (2e9, 100, 1.25e9, 1e-2) in calls
+    code = (ROOT / "fedlm/plan/walltime.py").read_text()
+    assert not re.search(r"\(1 - 1 / ", code)  # A.2 not written again beside it

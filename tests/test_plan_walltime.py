@@ -17,6 +17,7 @@ appendix makes about its own model (H ≥ W0/W1 ⇒ outer ≤ half of communicat
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import pytest
@@ -25,23 +26,28 @@ from fedlm.plan import walltime
 from fedlm.plan.walltime import WallInput
 from tests._cli import run_cli
 
-# N = 1e9, D = 2e10, B = 1e6 -> T = 2e4 steps; R = 100 chips of 1e14 FLOP/s
+GBIT = 1e9 / 8  # bytes/s
+# N = 1e9, D = 2e10, B = 1e6 -> T = 2e4 steps; R = 100 chips of 1e14 FLOP/s; W0 = 400 Gbit/s,
+# W1 = 10 Gbit/s; 2 bytes (bf16) a parameter
 CASE = WallInput(params=1e9, tokens=2e10, batch=1e6, chips=100, flops_per_chip=1e14,
-                 replicas=4, H=30, intra_bw=4e11, intra_latency=1e-4, inter_bw=1e10,
-                 inter_latency=1e-2, bits=16)
+                 replicas=4, H=30, intra_bw=400 * GBIT, intra_latency=1e-4, inter_bw=10 * GBIT,
+                 inter_latency=1e-2, bytes_per_param=2)
 
 
 def test_the_appendix_constants():
     # A.3: Q = 300 teraflops; high 400 Gbit/s, 1e-4 s; medium 100, 1e-3; low 10, 1e-2
+    # (here in bytes/s, as the rest of fedlm)
     assert walltime.PAPER_Q == 300e12
-    assert walltime.NETWORKS == {"high": (400e9, 1e-4), "medium": (100e9, 1e-3),
-                                 "low": (10e9, 1e-2)}
+    assert walltime.NETWORKS == {"high": (50e9, 1e-4), "medium": (12.5e9, 1e-3),
+                                 "low": (1.25e9, 1e-2)}
+    assert WallInput(1, 1, 1, 2).bytes_per_param == 2  # bf16, as the paper trains
 
 
 def test_hand_computed_times():
     compute = 6 * 1e9 * 2e10 / (100 * 1e14)  # = 12,000 s
-    across = 2 * 1e9 * 16 / 1e10 * (1 - 1 / 100) + 1e-2  # = 3.178 s, over all R chips
-    inside = 2 * 1e9 * 16 / 4e11 * (1 - 4 / 100) + 1e-4  # = 0.0769 s, over R/M chips
+    # 2 GB of bf16 over 1.25 GB/s (10 Gbit/s) and 50 GB/s (400 Gbit/s)
+    across = 2 * 2e9 / 1.25e9 * (1 - 1 / 100) + 1e-2  # = 3.178 s, over all R chips
+    inside = 2 * 2e9 / 5e10 * (1 - 4 / 100) + 1e-4  # = 0.0769 s, over R/M chips
     assert compute == pytest.approx(12_000) and across == pytest.approx(3.178)
     dp = walltime.walltime(CASE, "data-parallel")
     assert dp.compute == pytest.approx(compute)
@@ -58,11 +64,11 @@ def test_hand_computed_times():
 
 def test_streaming_and_overlap_as_read_here():
     # P fragments: the same bytes, P latencies per H steps
-    frag = 2 * 2.5e8 * 16 / 1e10 * (1 - 1 / 100) + 1e-2
+    frag = 2 * 5e8 / 1.25e9 * (1 - 1 / 100) + 1e-2  # a quarter of the 2 GB
     p4 = walltime.walltime(replace(CASE, H=32, fragments=4), "diloco")
     assert p4.outer_comm == pytest.approx(2e4 / 32 * 4 * frag)
     # overlap τ = 2: each fragment hides behind 2 inner steps (compute 0.6 s + 0.0769 s)
-    step = 0.6 + 2 * 1e9 * 16 / 4e11 * 0.96 + 1e-4
+    step = 0.6 + 2 * 2e9 / 5e10 * 0.96 + 1e-4
     o = walltime.walltime(replace(CASE, H=32, fragments=4, overlap=2), "diloco")
     assert o.outer_comm == pytest.approx(2e4 / 32 * 4 * max(0, frag - 2 * step))
     assert o.outer_hidden == pytest.approx(2e4 / 32 * 4 * min(frag, 2 * step))
@@ -99,7 +105,30 @@ def test_cli_walltime(tmp_path, monkeypatch):
     assert rc == 0, err
     data = json.loads(out)
     assert set(data["algorithms"]) == {"data-parallel", "diloco-m1", "diloco"}
-    assert data["input"]["tokens"] == 2e11 and data["input"]["bits"] == 16
+    assert data["input"]["tokens"] == 2e11 and data["input"]["bytes_per_param"] == 2
+    # the flags' and the table's bit/s, the JSON's bytes/s, said so in the JSON
+    assert data["input"]["inter_bw"] == 10e9 / 8 and data["input"]["intra_bw"] == 400e9 / 8
+    assert data["units"]["intra_bw, inter_bw, inter_bw_for"] == "bytes/s"
+    rc, out, err = run_cli(["plan", "--walltime", "--params", "10B", "--chips", "1e4",
+                            "--inter-bandwidth", "100Gbit", "--compression", "int8", "--json"])
+    assert rc == 0, err
+    assert json.loads(out)["input"]["inter_bw"] == 100e9 / 8
+    assert json.loads(out)["input"]["bytes_per_param"] == 1
     rc, out, err = run_cli(["plan", "--walltime", "--params", "10B"])
     assert rc == 0, err
     assert "Data-Parallel" in out and "appendix A" in out
+    assert "between 10 Gbit/s" in out and "16 bits a parameter" in out
+
+
+def test_the_docs_10b_case_in_bits_per_second(tmp_path, monkeypatch):
+    # docs/scaling.md's comparison with Table 6: 10B Chinchilla, 0.8 s a step, outer only
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = run_cli(["plan", "--walltime", "--params", "10B", "--chips", "1e3",
+                            "--replicas", "1000", "--intra-latency", "0", "--H", "100"])
+    assert rc == 0, err
+    need = out.split("compute utilisation of:")[1]  # label, then 50/80/90/95/99%
+    rows = {cells[0]: cells[1:] for cells in
+            (re.split(r"\s{2,}", line.strip()) for line in need.splitlines()[2:])}
+    assert rows["Data-Parallel"][0] == "405 Gbit/s" and rows["Data-Parallel"][2] == "4.05 Tbit/s"
+    assert rows["DiLoCo M=1000, H=100"][0] == "4 Gbit/s"
+    assert rows["DiLoCo M=1000, H=100"][2] == "36 Gbit/s"

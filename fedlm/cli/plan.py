@@ -253,7 +253,8 @@ def derived_step(args: argparse.Namespace) -> tuple[float, str]:
 
 
 def wall_input(args: argparse.Namespace):
-    """A checked ``fedlm.plan.walltime.WallInput`` from ``fedlm plan --walltime``'s flags."""
+    """A checked ``fedlm.plan.walltime.WallInput`` from ``fedlm plan --walltime``'s flags
+    (bandwidths given in bits/s like every ``fedlm plan`` flag, parsed to bytes/s)."""
     from fedlm.plan.walltime import NETWORKS, WallInput
     from fedlm.sim.wire_sizes import BYTES_PER_VALUE
 
@@ -270,13 +271,14 @@ def wall_input(args: argparse.Namespace):
         chips=parse_count(args.chips, "--chips"),
         flops_per_chip=parse_count(args.flops_per_chip, "--flops-per-chip"),
         replicas=replicas, H=args.H,
-        intra_bw=8 * parse_bandwidth(args.intra_bandwidth, "--intra-bandwidth")
+        intra_bw=parse_bandwidth(args.intra_bandwidth, "--intra-bandwidth")
         if args.intra_bandwidth else high[0],
         intra_latency=args.intra_latency,
-        inter_bw=8 * parse_bandwidth(args.inter_bandwidth, "--inter-bandwidth")
+        inter_bw=parse_bandwidth(args.inter_bandwidth, "--inter-bandwidth")
         if args.inter_bandwidth else low[0],
         inter_latency=args.inter_latency if args.inter_latency is not None else low[1],
-        bits=8 * BYTES_PER_VALUE[compression], fragments=args.fragments, overlap=args.overlap)
+        bytes_per_param=BYTES_PER_VALUE[compression], fragments=args.fragments,
+        overlap=args.overlap)
     try:
         return inp.check()
     except ConfigError as exc:  # name the flag, not the field
@@ -286,4 +288,4 @@ def wall_input(args: argparse.Namespace):
 
 
 _WALL_FLAGS = {"intra_bw": "--intra-bandwidth", "inter_bw": "--inter-bandwidth",
-               "bits": "--compression"}
+               "bytes_per_param": "--compression"}

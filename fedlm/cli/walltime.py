@@ -6,7 +6,9 @@ Its flags: --params N, --tokens D (default 20 N), --batch B (tokens), --chips R,
 --flops-per-chip Q, --replicas M (default: --data-centres, or 2), --H,
 --intra-bandwidth / --intra-latency (W0, ε0; default the paper's high network),
 --inter-bandwidth / --inter-latency (W1, ε1; default its low one), --compression
-(bits per parameter on the wire; default bf16, the paper's), --fragments, --overlap.
+(a parameter's size on the wire; default bf16, the paper's), --fragments, --overlap.
+Bandwidths are taken and printed in bit/s, as the paper quotes them; the model and
+its JSON work in bytes/s (its "units" entry says so).
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ def print_walltime(inp, as_json: bool) -> int:
     print(f"{human(inp.params)} parameters, {human(inp.tokens)} tokens, batch "
           f"{human(inp.batch)} tokens (T = {inp.steps:,.0f} steps of {seconds(step)} compute), "
           f"{human(inp.chips)} chips x {human(inp.flops_per_chip, 'FLOP/s')}, M = "
-          f"{inp.replicas}, H = {inp.H}; inside a data centre {human(inp.intra_bw, 'bit/s')}, "
-          f"{seconds(inp.intra_latency)}; between {human(inp.inter_bw, 'bit/s')}, "
-          f"{seconds(inp.inter_latency)}; {inp.bits:g} bits a parameter\n"
+          f"{inp.replicas}, H = {inp.H}; inside a data centre "
+          f"{human(8 * inp.intra_bw, 'bit/s')}, {seconds(inp.intra_latency)}; between "
+          f"{human(8 * inp.inter_bw, 'bit/s')}, {seconds(inp.inter_latency)}; "
+          f"{8 * inp.bytes_per_param:g} bits a parameter\n"
           "(Charles et al. 2025, appendix A: idealized wall-clock time)\n")
     width = max(len(a["label"]) for a in rep["algorithms"].values())
     print(f"{'':<{width}}  {'compute':>9}  {'inner comm':>10}  {'outer comm':>10}  "
@@ -44,7 +47,7 @@ def print_walltime(inp, as_json: bool) -> int:
     print(f"\nbandwidth between data centres (W1) for a compute utilisation of:")
     print(f"{'':<{width}}  " + "  ".join(f"{float(u):>11.0%}" for u in walltime.TARGETS))
     for a in rep["algorithms"].values():
-        cells = ["unreachable" if not math.isfinite(b) else human(b, "bit/s")
+        cells = ["unreachable" if not math.isfinite(b) else human(8 * b, "bit/s")
                  for b in a["inter_bw_for"].values()]
         print(f"{a['label']:<{width}}  " + "  ".join(f"{c:>11}" for c in cells))
     return 0

@@ -10,7 +10,8 @@ A.2 communication, A.3 total). Its symbols:
 
     compute       = 6 N D / (R Q)                                   (A.1)
     all-reduce    = 2 N / W · (1 − 1/n) + ε      over n nodes        (A.2, the
-                                                   bandwidth-optimal lower bound)
+                                                   bandwidth-optimal lower bound;
+                                                   N here in bytes: Units below)
     Data-Parallel : T · (2N/W1 · (1 − 1/R) + ε1)
     DiLoCo, M = 1 : T · (1 + 1/H) · (2N/W1 · (1 − 1/R) + ε1)
     DiLoCo, M ≥ 2 : T · (2N/W0 · (1 − M/R) + ε0) + T/H · (2N/W1 · (1 − 1/R) + ε1)
@@ -20,12 +21,21 @@ and compute utilisation = compute / total. The paper's defaults (A.3): Q =
 300 TFLOP/s; networks of 400 Gbit/s and 1e-4 s (high: always inside a data
 centre), 100 Gbit/s and 1e-3 s (medium), 10 Gbit/s and 1e-2 s (low).
 
+Every all-reduce here is ``fedlm.sim.collectives.allreduce_bound_seconds``, the
+home of the simulator's collectives: it is the simulator's ring
+(``ring_seconds``) with the latency ε charged once per all-reduce instead of
+at each of the ring's 2(n − 1) hops, which is A.2's formula, so this model
+reproduces the paper's numbers rather than the simulator's ring.
+
 What the appendix leaves open, and how it is read here (each says so where used):
 
-- **Units.** 2N/W divides parameters by bits/s; the paper trains in bfloat16
-  ("bfloat16 representation of model weights and gradients throughout"), so
-  a parameter is ``bits`` = 16 bits on the wire by default (``bits=1`` is the
-  formula taken literally).
+- **Units.** Bytes and bytes/s, as everywhere in fedlm (``fedlm.sim.links``,
+  ``fedlm.plan``); the paper's networks are quoted in Gbit/s and kept so in
+  ``NETWORKS``' comments and the command line's flags and table. 2N/W divides
+  parameters by a bandwidth; the paper trains in bfloat16 ("bfloat16
+  representation of model weights and gradients throughout"), so a parameter
+  is ``bytes_per_param`` = 2 bytes on the wire by default (1/8 is the formula
+  taken literally, a parameter per bit).
 - **Streaming** (P fragments): the appendix says the cost "applies to the
   Streaming DiLoCo as well" — the same bytes, a fragment of N/P every H/P
   steps. Here each fragment's all-reduce also pays its own latency ε1
@@ -44,15 +54,22 @@ import math
 from dataclasses import asdict, dataclass, replace
 
 from fedlm.errors import ConfigError
+from fedlm.sim import collectives
 
-NETWORKS = {"high": (400e9, 1e-4), "medium": (100e9, 1e-3), "low": (10e9, 1e-2)}  # bits/s, s
+GBIT = 1e9 / 8  # bytes/s in a Gbit/s: the paper quotes its networks in bits
+# (bandwidth in bytes/s, latency in s): A.3's 400, 100 and 10 Gbit/s
+NETWORKS = {"high": (400 * GBIT, 1e-4), "medium": (100 * GBIT, 1e-3),
+            "low": (10 * GBIT, 1e-2)}
 PAPER_Q = 300e12  # FLOP/s per chip (A.3: between TPU v5e's and v6e's at 50% of peak)
 TARGETS = (0.5, 0.8, 0.9, 0.95, 0.99)  # compute utilisations Table 6 asks for
+# said in ``report`` (and so in ``fedlm plan --walltime --json``), whose keys carry no unit
+UNITS = {"intra_bw, inter_bw, inter_bw_for": "bytes/s", "bytes_per_param": "bytes",
+         "latencies and times": "s", "flops_per_chip": "FLOP/s"}
 
 
 @dataclass(frozen=True)
 class WallInput:
-    """Appendix A's inputs. Bandwidths in bits/s, latencies in seconds."""
+    """Appendix A's inputs. Bandwidths in bytes/s, latencies in seconds."""
 
     params: float  # N
     tokens: float  # D
@@ -65,7 +82,7 @@ class WallInput:
     intra_latency: float = NETWORKS["high"][1]  # ε0
     inter_bw: float = NETWORKS["low"][0]  # W1
     inter_latency: float = NETWORKS["low"][1]  # ε1
-    bits: float = 16.0  # bits per parameter on the wire (bfloat16, the paper's)
+    bytes_per_param: float = 2.0  # a parameter's size on the wire (bfloat16, the paper's)
     fragments: int = 1  # P (Streaming DiLoCo)
     overlap: int = 0  # τ, inner steps an outer all-reduce may hide behind
 
@@ -75,7 +92,7 @@ class WallInput:
                 raise ConfigError(f"{name}: {why}, got {value!r}")
 
         for name in ("params", "tokens", "batch", "chips", "flops_per_chip", "intra_bw",
-                     "inter_bw", "bits"):
+                     "inter_bw", "bytes_per_param"):
             v = getattr(self, name)
             need(math.isfinite(v) and v > 0, name, v, "must be > 0")
         for name in ("intra_latency", "inter_latency"):
@@ -97,12 +114,6 @@ class WallInput:
         return self.tokens / self.batch
 
 
-def allreduce(params: float, bits: float, nodes: float, bw: float, latency: float) -> float:
-    """A.2: the bandwidth-optimal all-reduce of ``params`` values over ``nodes``:
-    2 N b / W · (1 − 1/n) + ε."""
-    return 2 * params * bits / bw * (1 - 1 / nodes) + latency
-
-
 @dataclass(frozen=True)
 class WallTime:
     """One algorithm's idealized training time, in seconds."""
@@ -120,10 +131,12 @@ class WallTime:
 def walltime(inp: WallInput, algorithm: str) -> WallTime:
     """``algorithm``: "data-parallel", "diloco-m1" (M = 1) or "diloco" (M replicas)."""
     inp.check()
-    n, b, r, t = inp.params, inp.bits, inp.chips, inp.steps
+    n, r, t = inp.params, inp.chips, inp.steps
+    allreduce = collectives.allreduce_bound_seconds  # A.2's (module doc)
+    model_bytes = n * inp.bytes_per_param
     compute = 6 * n * inp.tokens / (r * inp.flops_per_chip)
     step_compute = compute / t  # 6 N B / (R Q)
-    across = allreduce(n, b, r, inp.inter_bw, inp.inter_latency)  # all R chips, over W1
+    across = allreduce(model_bytes, r, inp.inter_bw, inp.inter_latency)  # all R chips, over W1
     hidden = 0.0
     if algorithm == "data-parallel":
         inner, outer = t * across, 0.0
@@ -131,12 +144,13 @@ def walltime(inp: WallInput, algorithm: str) -> WallTime:
         if algorithm == "diloco-m1":
             inner_step = across  # the one replica spans the data centres
         elif algorithm == "diloco":
-            inner_step = allreduce(n, b, r / inp.replicas, inp.intra_bw, inp.intra_latency)
+            inner_step = allreduce(model_bytes, r / inp.replicas, inp.intra_bw,
+                                   inp.intra_latency)
         else:
             raise ValueError(f"unknown algorithm {algorithm!r}")
         inner = t * inner_step
         p = inp.fragments
-        frag = allreduce(n / p, b, r, inp.inter_bw, inp.inter_latency)
+        frag = allreduce(n / p * inp.bytes_per_param, r, inp.inter_bw, inp.inter_latency)
         window = inp.overlap * (step_compute + inner_step)
         syncs = t / inp.H * p  # fragment exchanges in all
         outer = syncs * max(0.0, frag - window)
@@ -158,12 +172,12 @@ def label(inp: WallInput, algorithm: str) -> str:
 
 
 def bandwidth_for(inp: WallInput, algorithm: str, utilisation: float) -> float:
-    """The W1 (bits/s) at which ``algorithm`` reaches ``utilisation`` (Table 6's question,
+    """The W1 (bytes/s) at which ``algorithm`` reaches ``utilisation`` (Table 6's question,
     in this model): bisection on log W1; inf if latency alone forbids it."""
     def util(bw: float) -> float:
         return walltime(replace(inp, inter_bw=bw), algorithm).compute_utilisation
 
-    lo, hi = 1e3, 1e18
+    lo, hi = 1e3 / 8, 1e18 / 8  # 1 kbit/s to 1 Ebit/s: past any network, either way
     if util(hi) < utilisation:
         return math.inf
     if util(lo) >= utilisation:
@@ -181,7 +195,8 @@ def bandwidth_for(inp: WallInput, algorithm: str, utilisation: float) -> float:
 def report(inp: WallInput) -> dict:
     """Every algorithm's time and the W1 each needs for Table 6's utilisations."""
     inp.check()
-    return {"input": {**asdict(inp), "steps": inp.steps,
+    return {"units": UNITS,
+            "input": {**asdict(inp), "steps": inp.steps,
                       "step_compute": 6 * inp.params * inp.batch
                       / (inp.chips * inp.flops_per_chip)},
             "algorithms": {a: {**asdict(walltime(inp, a)), "label": label(inp, a),

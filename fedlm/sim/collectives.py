@@ -54,6 +54,21 @@ def ring_seconds(nbytes: float, n: int, bw_min: float, latency: float) -> float:
     return 2 * (n - 1) * (nbytes / (n * bw_min) + latency)
 
 
+def allreduce_bound_seconds(nbytes: float, n: float, bw: float, latency: float) -> float:
+    """The bandwidth-optimal all-reduce of ``nbytes`` among ``n`` nodes, the lower
+    bound Charles et al. 2025 (appendix A.2) time theirs by::
+
+        seconds = 2 · nbytes / bw · (1 − 1/n) + latency
+
+    Its first term is ``ring_seconds``' bandwidth term (2(n − 1) steps of
+    ``nbytes / n``); the latency is charged once per all-reduce (the paper's ε),
+    where the simulator's ring pays a hop's latency at each of its 2(n − 1) steps.
+    With ``latency`` 0 the two agree. ``n`` may be fractional (a planner's chip
+    count); at ``n`` = 1 only the latency is left, as in the paper's formula.
+    """
+    return 2 * nbytes / bw * (1 - 1 / n) + latency
+
+
 def ring_bytes_per_site(nbytes: float, n: int) -> float:
     """What each site sends (and receives) in a ring all-reduce."""
     return 2 * (n - 1) / n * nbytes if n > 1 else 0.0
