@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from fedlm import plan
-from fedlm.plan import PlanInput, scan, topology_report
+from fedlm.plan import PlanInput, scan
 from fedlm.plan.report import prediction_dict
 from fedlm.plan.topology import plan_topology, predict_topology, topology_bandwidth
 from fedlm.sim.collectives import ring_bytes_per_site, ring_seconds, tree_seconds
@@ -18,6 +18,9 @@ from fedlm.sim.wire_sizes import payload_bytes
 from tests._cli import assert_refused, run_cli
 
 GBIT = 1e9 / 8
+# The fields an exchange adds to a prediction (``fedlm.plan.topology.plan_topology``).
+EXCHANGE = {"topology", "fragments", "overlap", "exposed", "hidden", "exchange_seconds",
+            "bytes_per_exchange", "bytes_per_site", "bytes_total", "peak_bandwidth", "site"}
 BASE = PlanInput(params=1e9, data_centres=8, step_time=(0.5,), H=100, latency=(0.05,),
                  down_bw=(GBIT,), up_bw=(GBIT,), compression="int8")
 
@@ -35,18 +38,24 @@ BASE = PlanInput(params=1e9, data_centres=8, step_time=(0.5,), H=100, latency=(0
 def test_one_fragment_no_overlap_is_todays_plan_exactly(inp):
     tp = plan_topology(inp)
     old = plan.predict_sync(inp)
-    assert tp.time_per_outer_step == old.time_per_update
+    assert tp.time_per_update == old.time_per_update
     assert tp.compute_utilisation == old.compute_utilisation
     assert tp.comm_fraction == old.comm_fraction
     assert tp.idle_fraction == old.idle_fraction
     assert tp.hidden == 0.0
     assert topology_bandwidth(inp) == plan.bandwidth_needed(inp, "sync")
     out = predict_topology(inp)
-    d = topology_report.report_dict(inp, out)
-    assert d["sync"] == plan.jsonable(prediction_dict(old))
+    d = plan.report_dict(inp, out)
+    # the one result type: today's prediction, field for field, with its exchange's bytes
+    today = plan.jsonable(prediction_dict(old))
+    assert {k: d["sync"][k] for k in today if k not in EXCHANGE} \
+        == {k: v for k, v in today.items() if k not in EXCHANGE}
+    assert d["sync"]["bytes_per_site"] > 0 and d["sync"]["hidden"] == 0.0
     assert d["async"] == plan.jsonable(prediction_dict(plan.predict_async(inp)))
-    # the table is today's, with the bytes under it
-    assert topology_report.table(inp, out).startswith(plan.table(inp) + "\n")
+    # the table: per job, sync beside async, the crossovers, the bytes under it
+    text = plan.table(inp, out).splitlines()
+    assert text[0] == plan.describe(inp) and any("download per job" in t for t in text)
+    assert text[-2].startswith("async: ") and text[-1].startswith("bytes per outer step: ")
 
 
 # ---------------------------------------------------------------------------
@@ -85,7 +94,7 @@ def test_cli_ring_per_site_traffic_is_independent_of_the_sites(tmp_path, monkeyp
         data = json.loads(out)
         assert data["input"]["workers"] == d and data["async"] is None
         assert data["crossovers"]["async"] is None
-        got[d] = data["topology"]
+        got[d] = data["sync"]
     payload = payload_bytes(1e14, "int8")
     assert got[20]["bytes_per_site"] == pytest.approx(1.9 * payload)
     assert got[100]["bytes_per_site"] == pytest.approx(1.98 * payload)
@@ -106,11 +115,11 @@ def test_ring_and_tree_time_is_compute_plus_the_allreduce():
                       latency=(0.05, 0.2))
         c = formula(inp.up_bytes(), 6, GBIT, 0.2)  # slowest link, largest latency
         tp = plan_topology(inp)
-        assert tp.time_per_outer_step == pytest.approx(50 + c)
+        assert tp.time_per_update == pytest.approx(50 + c)
         assert tp.comm_fraction == pytest.approx(c / (50 + c))
         # the ring's time grows with D only through its 2(D − 1) latencies
-    r20 = plan_topology(replace(BASE, topology="ring", data_centres=20)).time_per_outer_step
-    r100 = plan_topology(replace(BASE, topology="ring", data_centres=100)).time_per_outer_step
+    r20 = plan_topology(replace(BASE, topology="ring", data_centres=20)).time_per_update
+    r100 = plan_topology(replace(BASE, topology="ring", data_centres=100)).time_per_update
     bw_part = lambda d: 2 * (d - 1) / d * BASE.up_bytes() / GBIT  # noqa: E731
     assert r100 - r20 == pytest.approx(bw_part(100) - bw_part(20) + 2 * 80 * 0.05)
 
@@ -128,7 +137,7 @@ def test_exposed_communication_is_what_the_overlap_cannot_hide(tau):
     assert tp.exchange_seconds == pytest.approx(c)
     assert tp.exposed == pytest.approx(4 * max(0.0, c - tau))
     assert tp.hidden == pytest.approx(4 * min(c, tau))
-    assert tp.time_per_outer_step == pytest.approx(4 * (25 + max(0.0, c - tau)))
+    assert tp.time_per_update == pytest.approx(4 * (25 + max(0.0, c - tau)))
     assert tp.bytes_per_exchange == pytest.approx(ring_bytes_per_site(frag, 4))
     assert tp.bytes_per_site == pytest.approx(4 * tp.bytes_per_exchange)
 
@@ -139,7 +148,7 @@ def test_streaming_a_star_hides_the_fragment_exchange():
     c = frag_down / GBIT + frag_up / GBIT + 2 * 0.05
     tp = plan_topology(inp)
     assert tp.exchange_seconds == pytest.approx(c)
-    assert tp.time_per_outer_step == pytest.approx(4 * (25 * 0.5 + max(0, c - 5 * 0.5)))
+    assert tp.time_per_update == pytest.approx(4 * (25 * 0.5 + max(0, c - 5 * 0.5)))
     assert tp.hidden == pytest.approx(4 * 2.5)
 
 

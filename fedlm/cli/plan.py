@@ -39,14 +39,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
         from fedlm.plan import scan
 
         return scan.run(inp, json_out=args.json, plot=args.plot, command=command_line(args))
-    from fedlm.plan import topology_report
+    from fedlm.plan import predict_topology, report
 
-    out = topology_report.predict_topology(inp)
+    out = predict_topology(inp)
     modes = ("sync", "async") if args.mode == "both" else (args.mode,)
     if args.json:
-        print(json.dumps(topology_report.report_dict(inp, out), indent=2))
+        print(json.dumps(report.report_dict(inp, out), indent=2))
     else:
-        print(topology_report.table(inp, out, modes))
+        print(report.table(inp, out, modes))
     if args.plot:
         from fedlm.plan import plots
 

@@ -15,15 +15,15 @@ bandwidth cycle (``fedlm.sim.wire_sizes``). The parts, in the order they build o
 
     inputs      PlanInput (what is planned), its nodes grouped into Classes
     fluid       sharing a link: max-min fair levels, transfers through a shared link
-    model       one sync round, one async job cycle -> Prediction; predict()
+    model       one sync round, one async job cycle -> Prediction (the one result type)
     crossovers  the model size / bandwidth at which communication takes a given share
-    report      the text table and the JSON of ``fedlm plan``
     topology    the outer step over star / ring / tree / hierarchical, streamed in fragments
-    topology_report  its table and JSON
+    report      the text table and the JSON of ``fedlm plan``, any topology
     scan        model size x data centres x topology x streaming (``--scan``; scan_plots)
     walltime    the wall-clock model of the DiLoCo scaling-laws paper (``--walltime``)
     plots       the scaling figures (``--plot``; ``python -m fedlm.plan.plots``)
-    check       the plan against fedlm's real engine (imports torch; not imported here)
+    check       the plan against fedlm's real engine (``fedlm.engine.dry_run``: torch;
+                not imported here)
 
 Everything imported here is plain numpy and arithmetic: no torch, no
 simulation. Bandwidths are bytes per second, like ``fedlm.sim.fleet`` (the CLI,
@@ -35,10 +35,10 @@ from fedlm.plan.fluid import fluid_finish_times, mean_crowd, water_level
 from fedlm.plan.inputs import Classes, PlanInput, from_config
 from fedlm.plan.model import (Phases, Prediction, async_cycle, expected_max, predict,
                               predict_async, predict_sync, sync_round)
-from fedlm.plan.topology import (TopologyPlan, plan_topology, predict_topology,
-                                 topology_bandwidth, topology_crossovers)
+from fedlm.plan.topology import (plan_topology, predict_topology, topology_bandwidth,
+                                 topology_crossovers)
 from fedlm.plan.report import (describe, human, input_dict, jsonable, prediction_dict,
-                               report_dict, seconds, table)
+                               report_dict, seconds, table, what)
 from fedlm.sim.wire_sizes import daily_factors, payload_bytes
 
 __all__ = [
@@ -47,9 +47,9 @@ __all__ = [
     "Phases", "Prediction", "sync_round", "async_cycle", "expected_max",
     "predict", "predict_sync", "predict_async",
     "crossover_params", "bandwidth_needed", "crossovers",
-    "human", "seconds", "describe", "table", "input_dict", "prediction_dict", "jsonable",
-    "report_dict",
+    "human", "seconds", "describe", "what", "table", "input_dict", "prediction_dict",
+    "jsonable", "report_dict",
     "payload_bytes", "daily_factors",
-    "TopologyPlan", "plan_topology", "predict_topology", "topology_bandwidth",
+    "plan_topology", "predict_topology", "topology_bandwidth",
     "topology_crossovers",
 ]

@@ -129,7 +129,7 @@ def validate_case(name: str, overrides: list[str], params: int, strategy: str,
         per_update = pred.time_per_update
     else:  # an all-reduce or streaming rounds: a version per fragment's round
         pred = plan_topology(inp)
-        per_update = pred.time_per_outer_step / inp.fragments
+        per_update = pred.time_per_update / inp.fragments
     return {"case": name, "strategy": strategy, "mode": mode, "params": params,
             "updates": sim["updates"],
             "predicted": per_update, "simulated": sim["time_per_update"],

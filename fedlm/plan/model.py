@@ -203,19 +203,34 @@ def async_cycle(inp: PlanInput, factor: float = 1.0, iterations: int = 500) -> P
 
 @dataclass(frozen=True)
 class Prediction:
-    """One strategy family's outlook. Fractions are of all workers' time."""
+    """One strategy family's outlook: the planner's one result type. Fractions are of
+    all workers' time. The exchange's fields say how the outer step's communication
+    travels (``fedlm.plan.topology`` fills them for a synchronous outer step over any
+    topology, streamed or not; an async prediction keeps the star's defaults)."""
 
     mode: str  # "sync" | "async"
-    time_per_update: float  # seconds between new global models (sync: a round)
-    time_per_round: float  # sync: a round; async: N arrivals (one per worker on average)
+    time_per_update: float  # seconds between new global models (sync: an outer step)
+    time_per_round: float  # sync: an outer step; async: N arrivals (one per worker on average)
     compute_utilisation: float  # share of worker-time spent computing
-    comm_fraction: float  # share spent downloading/uploading (latency, link waits included)
+    comm_fraction: float  # share spent communicating, exposed (latency, link waits included)
     idle_fraction: float  # share spent waiting for others (sync's barrier; async: 0)
-    download: float  # mean seconds per job: download
-    compute: float  # mean seconds per job: compute
-    upload: float  # mean seconds per job: upload
+    download: float  # mean seconds per job: download (star; 0 for an all-reduce)
+    compute: float  # mean seconds per job (sync: per outer step): compute
+    upload: float  # mean seconds per job: upload (star; 0 for an all-reduce)
     crowd_down: float  # transfers sharing the server's egress, as a transfer sees it
     crowd_up: float
+    # -- the exchange (per outer step unless named per exchange; bytes per node: ``site``)
+    topology: str = "star"
+    fragments: int = 1  # P (Streaming DiLoCo)
+    overlap: int = 0  # τ, inner steps
+    exposed: float = 0.0  # communication nobody's compute hides
+    hidden: float = 0.0  # communication that overlaps the next segment's compute
+    exchange_seconds: float = 0.0  # one fragment's exchange at the given bandwidth
+    bytes_per_exchange: float = 0.0  # per node, one fragment's exchange
+    bytes_per_site: float = 0.0  # per node, per outer step
+    bytes_total: float = 0.0  # all links together (star: what the server moves)
+    peak_bandwidth: float = 0.0  # bytes/s: bytes_per_exchange / the time it is given
+    site: str = ""  # what bytes_per_site counts
 
     @property
     def updates_per_hour(self) -> float:

@@ -1,8 +1,11 @@
-"""What ``fedlm plan`` prints: the text table and the JSON.
+"""What ``fedlm plan`` prints: the text table and the JSON, for any topology.
 
 ``human`` and ``seconds`` format numbers; ``describe`` says in one paragraph
-what was planned; ``table`` sets sync beside async with the crossovers;
-``report_dict`` is everything ``--json`` prints (inf and nan as null).
+what was planned, ``what`` the topology and streaming; ``table`` sets sync beside
+async with the crossovers: a plain star (no streaming) its rows per job and a line
+of bytes, anything else the exchange's rows, the async column "n/a" where there is
+no async variant (ring, tree, streaming: JSON null); ``report_dict`` is everything
+``--json`` prints (inf and nan as null).
 """
 
 from __future__ import annotations
@@ -10,9 +13,11 @@ from __future__ import annotations
 import math
 from dataclasses import asdict
 
-from fedlm.plan.crossovers import crossovers
 from fedlm.plan.inputs import PlanInput
-from fedlm.plan.model import Prediction, predict
+from fedlm.plan.model import Prediction
+from fedlm.plan.topology import is_plain, predict_topology, topology_crossovers
+
+MODES = ("sync", "async")
 
 
 # ---------------------------------------------------------------------------
@@ -70,33 +75,88 @@ def describe(inp: PlanInput) -> str:
             + (f", daily bandwidth dip {inp.daily_amplitude:.0%}" if inp.daily_amplitude else ""))
 
 
-def table(inp: PlanInput, preds: dict[str, Prediction] | None = None) -> str:
-    """The plan as a text table, sync beside async, with the crossovers."""
-    preds = preds or predict(inp)
-    rows = [
-        ("time per outer step (sync: round; async: arrival)",
-         lambda p: seconds(p.time_per_update)),
-        (f"time for N = {inp.nodes} updates", lambda p: seconds(p.time_per_round)),
-        ("outer steps per hour", lambda p: f"{p.updates_per_hour:,.1f}"),
-        ("compute utilisation", lambda p: f"{p.compute_utilisation:.1%}"),
-        ("communication fraction", lambda p: f"{p.comm_fraction:.1%}"),
-        ("idle fraction", lambda p: f"{p.idle_fraction:.1%}"),
-        ("download per job", lambda p: seconds(p.download)),
-        ("compute per job", lambda p: seconds(p.compute)),
-        ("upload per job", lambda p: seconds(p.upload)),
-    ]
-    if inp.server_down or inp.server_up:
-        rows.append(("transfers sharing the server (down/up)",
-                     lambda p: f"{p.crowd_down:.1f} / {p.crowd_up:.1f}"))
-    width = max(len(r[0]) for r in rows)
-    lines = [describe(inp), "",
-             f"{'':<{width}}  {'sync':>14}  {'async':>14}",
-             f"{'':<{width}}  {'(diloco,fedavg)':>14}  {'(async-sgd,..)':>14}"]
-    for label, fmt in rows:
-        lines.append(f"{label:<{width}}  {fmt(preds['sync']):>14}  {fmt(preds['async']):>14}")
-    lines.append("")
+def what(inp: PlanInput) -> str:
+    """The topology and streaming, in words."""
+    top = {"star": "star (parameter server)", "ring": "ring all-reduce, no server",
+           "tree": "binary-tree all-reduce, no server",
+           "hierarchical": "hierarchical (a star of pods)"}[inp.topology]
+    if inp.fragments == 1 and inp.overlap == 0:
+        return f"topology {top}"
+    return (f"topology {top}; streamed in {inp.fragments} fragment(s) of "
+            f"{human(inp.params / inp.fragments)} parameters, one every "
+            f"{inp.H // inp.fragments} inner steps, overlapping {inp.overlap} step(s)")
 
-    for mode, c in crossovers(inp).items():
+
+def table(inp: PlanInput, preds: dict | None = None, modes=MODES) -> str:
+    """The plan as text, sync beside async, with the crossovers. ``preds``:
+    ``predict_topology(inp)``."""
+    preds = preds or predict_topology(inp)
+    s, a = preds["sync"], preds["async"]
+    na = "n/a"
+    if is_plain(inp):  # per job: the parameter server's view
+        rows = [
+            ("time per outer step (sync: round; async: arrival)",
+             lambda p: seconds(p.time_per_update)),
+            (f"time for N = {inp.nodes} updates", lambda p: seconds(p.time_per_round)),
+            ("outer steps per hour", lambda p: f"{p.updates_per_hour:,.1f}"),
+            ("compute utilisation", lambda p: f"{p.compute_utilisation:.1%}"),
+            ("communication fraction", lambda p: f"{p.comm_fraction:.1%}"),
+            ("idle fraction", lambda p: f"{p.idle_fraction:.1%}"),
+            ("download per job", lambda p: seconds(p.download)),
+            ("compute per job", lambda p: seconds(p.compute)),
+            ("upload per job", lambda p: seconds(p.upload)),
+        ]
+        if inp.server_down or inp.server_up:
+            rows.append(("transfers sharing the server (down/up)",
+                         lambda p: f"{p.crowd_down:.1f} / {p.crowd_up:.1f}"))
+        head, tail = describe(inp), [f"bytes per outer step: {human(s.bytes_per_site, 'B')} per "
+                                     f"site ({s.site}); {human(s.bytes_total, 'B')} in total"]
+    else:  # per outer step of P segments: the exchange's view
+        def sync_only(fmt):
+            return lambda p: fmt(p) if p is s else na
+
+        rows = [
+            ("time per outer step", lambda p: seconds(p.time_per_update)),
+            ("outer steps per hour", lambda p: f"{p.updates_per_hour:,.1f}"),
+            ("compute utilisation", lambda p: f"{p.compute_utilisation:.1%}"),
+            ("communication fraction (exposed)", lambda p: f"{p.comm_fraction:.1%}"),
+            ("idle fraction", lambda p: f"{p.idle_fraction:.1%}"),
+            ("compute per outer step", lambda p: seconds(p.compute)),
+            ("communication exposed per outer step", sync_only(lambda p: seconds(p.exposed))),
+            ("communication hidden per outer step", sync_only(lambda p: seconds(p.hidden))),
+            ("one exchange (one fragment)", sync_only(lambda p: seconds(p.exchange_seconds))),
+            ("bytes per site per outer step", sync_only(lambda p: human(p.bytes_per_site, "B"))),
+            ("bytes in total per outer step", sync_only(lambda p: human(p.bytes_total, "B"))),
+            ("bytes per site per exchange",
+             sync_only(lambda p: human(p.bytes_per_exchange, "B"))),
+            ("peak bandwidth per site",
+             sync_only(lambda p: human(8 * p.peak_bandwidth, "bit/s"))),
+        ]
+        head = f"{describe(inp)}; {what(inp)}"
+        tail = ["", f"bytes per site: {s.site}; peak bandwidth: one exchange's bytes over "
+                + (f"the {inp.overlap} inner step(s) it may hide behind" if inp.overlap
+                   else "the time it takes (no overlap: the link's own rate)")]
+    width = max(len(r[0]) for r in rows)
+    label = {"sync": ("sync", "(diloco,fedavg)"), "async": ("async", "(async-sgd,..)")}
+    lines = [head, "", f"{'':<{width}}" + "".join(f"  {label[m][0]:>14}" for m in modes),
+             f"{'':<{width}}" + "".join(f"  {label[m][1]:>14}" for m in modes)]
+    for name, fmt in rows:
+        cells = [fmt(s) if m == "sync" else (fmt(a) if a is not None else na) for m in modes]
+        lines.append(f"{name:<{width}}" + "".join(f"  {c:>14}" for c in cells))
+    lines.append("")
+    if is_plain(inp):
+        crossing = topology_crossovers(inp)
+        lines += [crossover_line(m, c) for m, c in crossing.items() if m in modes] + tail
+        return "\n".join(lines)
+    lines += tail[1:] + [""]
+    for mode, c in topology_crossovers(inp).items():
+        if mode not in modes:
+            continue
+        if c is None:
+            why = ([f"a {inp.topology} all-reduce"] if inp.topology in ("ring", "tree") else []) \
+                + (["streaming"] if inp.fragments > 1 or inp.overlap > 0 else [])
+            lines.append(f"{mode:>5}: n/a ({' and '.join(why)}: synchronous only)")
+            continue
         lines.append(crossover_line(mode, c))
     return "\n".join(lines)
 
@@ -143,10 +203,12 @@ def jsonable(value):
     return value
 
 
-def report_dict(inp: PlanInput, preds: dict[str, Prediction] | None = None) -> dict:
-    """Everything ``fedlm plan --json`` prints: the input, both predictions and
-    the crossovers (None where there is none: never, or at any size)."""
-    preds = preds or predict(inp)
+def report_dict(inp: PlanInput, preds: dict | None = None) -> dict:
+    """Everything ``fedlm plan --json`` prints: the input, "sync" and "async" (null
+    where there is no async variant), each with its exchange (bytes, exposed and
+    hidden communication, peak bandwidth), and the crossovers (None where there is
+    none: never, or at any size)."""
+    preds = preds or predict_topology(inp)
     return jsonable({"input": input_dict(inp),
-                     **{m: prediction_dict(p) for m, p in preds.items()},
-                     "crossovers": crossovers(inp)})
+                     **{m: None if p is None else prediction_dict(p) for m, p in preds.items()},
+                     "crossovers": topology_crossovers(inp)})

@@ -63,7 +63,7 @@ def row(v: PlanInput, stream: bool) -> dict:
             "streamed": stream, "fragments": v.fragments, "overlap": v.overlap,
             "step_time": v.step_time[0], "bytes_per_site": tp.bytes_per_site,
             "bytes_total": tp.bytes_total, "bytes_per_exchange": tp.bytes_per_exchange,
-            "time_per_outer_step": tp.time_per_outer_step,
+            "time_per_outer_step": tp.time_per_update,
             "compute_utilisation": tp.compute_utilisation, "comm_fraction": tp.comm_fraction,
             "exposed": tp.exposed, "hidden": tp.hidden, "peak_bandwidth": tp.peak_bandwidth,
             "bandwidth_10pct": topology_bandwidth(v, 0.1)}

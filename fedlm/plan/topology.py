@@ -31,44 +31,17 @@ exchange P-fold, and with τ > 0 spreads them over τ steps.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from fedlm.plan.crossovers import _solve_log, bandwidth_needed, crossover_params
 from fedlm.plan.inputs import PlanInput
-from fedlm.plan.model import (_factors, expected_max, predict_async, predict_sync,
-                              sync_round)
+from fedlm.plan.model import (Prediction, _factors, expected_max, predict_async,
+                              predict_sync, sync_round)
 from fedlm.sim.collectives import (ALLREDUCE, allreduce_seconds, ring_bytes_per_site,
                                    tree_bytes_per_site)
 from fedlm.sim.links import hidden_seconds
-
-
-@dataclass(frozen=True)
-class TopologyPlan:
-    """One outer step (P segments) of a synchronous strategy over a topology.
-    Seconds are per outer step unless named per exchange; bytes per outer step."""
-
-    topology: str
-    fragments: int  # P
-    overlap: int  # τ, inner steps
-    time_per_outer_step: float
-    compute: float  # mean seconds a node computes (H steps; a pod's all-reduce included)
-    exposed: float  # communication nobody's compute hides (P exchanges)
-    hidden: float  # communication that overlaps the next segment's compute
-    compute_utilisation: float
-    comm_fraction: float  # exposed / time
-    idle_fraction: float  # waiting for slower nodes
-    exchange_seconds: float  # C_frag: one fragment's exchange at the given bandwidth
-    bytes_per_exchange: float  # per node, one fragment's exchange
-    bytes_per_site: float  # per node (see ``site``), per outer step
-    bytes_total: float  # all links together (star: what the server moves), per outer step
-    peak_bandwidth: float  # bytes/s: bytes_per_exchange / the time it is given (module doc)
-    site: str  # what bytes_per_site counts
-
-    @property
-    def updates_per_hour(self) -> float:
-        return 3600.0 / self.time_per_outer_step
 
 
 def is_plain(inp: PlanInput) -> bool:
@@ -206,36 +179,45 @@ def _allreduce(inp: PlanInput) -> _Segment:
                     float(np.mean(comm)), float(np.mean(idle)), float(np.mean(exch)), step)
 
 
-def plan_topology(inp: PlanInput) -> TopologyPlan:
-    """The synchronous outer step over ``inp.topology``, streamed as asked."""
+def plan_topology(inp: PlanInput) -> Prediction:
+    """The synchronous outer step over ``inp.topology``, streamed as asked: a plain
+    star is ``predict_sync`` exactly, with its exchange's bytes."""
     inp.check()
-    s = _allreduce(inp) if inp.topology in ALLREDUCE else _star(inp)
     one, per_site, total, site = exchange_bytes(inp)
+    if is_plain(inp):
+        pred = predict_sync(inp)
+        exchange = pred.download + pred.upload
+        return replace(pred, exposed=exchange, exchange_seconds=exchange,
+                       bytes_per_exchange=one, bytes_per_site=per_site, bytes_total=total,
+                       peak_bandwidth=one / exchange if exchange > 0 else 0.0, site=site)
+    star = inp.topology not in ALLREDUCE
+    s = _star(inp) if star else _allreduce(inp)
     window = inp.overlap * s.step if inp.overlap else s.exchange
     p = inp.fragments
-    return TopologyPlan(
-        topology=inp.topology, fragments=p, overlap=inp.overlap,
-        time_per_outer_step=p * s.seconds, compute=p * s.compute, exposed=p * s.exposed,
-        hidden=p * s.hidden, compute_utilisation=s.util, comm_fraction=s.comm,
-        idle_fraction=s.idle, exchange_seconds=s.exchange, bytes_per_exchange=one,
-        bytes_per_site=per_site,
-        bytes_total=total, peak_bandwidth=one / window if window > 0 else 0.0, site=site)
+    seg = predict_sync(segment_input(inp)) if star else None
+    return Prediction(
+        mode="sync", time_per_update=p * s.seconds, time_per_round=p * s.seconds,
+        compute_utilisation=s.util, comm_fraction=s.comm, idle_fraction=s.idle,
+        download=seg.download if seg else 0.0, compute=p * s.compute,
+        upload=seg.upload if seg else 0.0, crowd_down=seg.crowd_down if seg else 1.0,
+        crowd_up=seg.crowd_up if seg else 1.0,
+        topology=inp.topology, fragments=p, overlap=inp.overlap, exposed=p * s.exposed,
+        hidden=p * s.hidden, exchange_seconds=s.exchange, bytes_per_exchange=one,
+        bytes_per_site=per_site, bytes_total=total,
+        peak_bandwidth=one / window if window > 0 else 0.0, site=site)
 
 
-def predict_topology(inp: PlanInput) -> dict:
-    """{"sync": TopologyPlan, "async": Prediction or None (no async variant)}; and,
-    for a plain star, the sync ``Prediction`` of today's model under "prediction"."""
-    out = {"sync": plan_topology(inp), "async": predict_async(inp) if has_async(inp) else None}
-    if is_plain(inp):
-        out["prediction"] = predict_sync(inp)
-    return out
+def predict_topology(inp: PlanInput) -> dict[str, Prediction | None]:
+    """{"sync": ``plan_topology``, "async": ``predict_async`` or None (a plain star
+    alone has an async variant)}."""
+    return {"sync": plan_topology(inp), "async": predict_async(inp) if has_async(inp) else None}
 
 
 # ---------------------------------------------------------------------------
 # When is the network fast enough?
 # ---------------------------------------------------------------------------
 
-def _excess(tp: TopologyPlan, share: float) -> float:
+def _excess(tp: Prediction, share: float) -> float:
     return tp.comm_fraction - share * (tp.comm_fraction + tp.compute_utilisation)
 
 
@@ -276,7 +258,3 @@ def topology_crossovers(inp: PlanInput) -> dict:
     return {"sync": sync, "async": {"params_equal": crossover_params(inp, "async", 0.5),
                                     "params_10pct": crossover_params(inp, "async", 0.1),
                                     "bandwidth_10pct": bandwidth_needed(inp, "async", 0.1)}}
-
-
-def plan_dict(tp: TopologyPlan) -> dict:
-    return {**asdict(tp), "updates_per_hour": tp.updates_per_hour}
