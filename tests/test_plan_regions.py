@@ -1,6 +1,6 @@
 """The plan of ``strategy = "halos"`` (fedlm/plan/regions.py) against fedlm's real
-engine clock (``fedlm.engine.dry_run.simulate``: instant zero updates, only the
-virtual clock matters), on ``fedlm.plan.check``'s small configs: H = 5, tiny
+engine clock (``fedlm.plan.check.simulate`` over ``fedlm.engine.dry_run``: instant
+zero updates, only the virtual clock matters), on ``fedlm.plan.check``'s small configs: H = 5, tiny
 models on links slow enough that a few thousand values take seconds, the links
 inside a region slowed with ``network.intra_bw``.
 
@@ -22,10 +22,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedlm.engine.dry_run import simulate
 from fedlm.errors import ConfigError
 from fedlm.plan import regions
-from fedlm.plan.check import case_config
+from fedlm.plan.check import case_config, simulate  # the engine's clock (fedlm.engine.dry_run)
 from fedlm.plan.model import async_cycle
 
 HET = "fleet.step_times=[1.0, 1.5, 2.0, 3.0]"
