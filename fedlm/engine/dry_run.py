@@ -2,9 +2,9 @@
 
 ``InstantTransport`` answers every job the moment it is submitted with a zero outer
 gradient (of the configured encoding), so nothing trains and only the virtual clock
-matters; ``run_clock`` runs fedlm's real engine on a config with it, and ``simulate``
-reads back what the planner predicts (``fedlm.plan.check`` compares the two). Tests
-and benchmarks of the engine's timing use the transport too.
+matters; ``run_clock`` runs fedlm's real engine on a config with it (``fedlm.plan.check``
+reads back what the planner predicts and compares). Tests and benchmarks of the
+engine's timing use the transport too.
 """
 
 from __future__ import annotations
@@ -16,28 +16,29 @@ import torch
 from fedlm.engine.loop import Engine
 from fedlm.engine.types import JobResult
 from fedlm.sim import compression, fleet
-from fedlm.store.schema import EXPOSED_COMM_KINDS
 from fedlm.strategies import registry
-from fedlm.strategies.fragments import Streaming, fragment_names
 
 
 class InstantTransport:
-    """Every job done the moment it is submitted, with a zero outer gradient shaped
-    like ``params`` (in the config's encoding): only the virtual clock matters."""
+    """Every job done the moment it is submitted, with a zero outer gradient (in the
+    config's encoding): only the virtual clock matters. The reply is shaped like
+    ``reference(job)`` (the run's server's ``reference``: ``run_clock`` sets it), or
+    like ``params`` when nothing else is given."""
 
-    def __init__(self, params, cfg) -> None:
-        zeros = OrderedDict((k, torch.zeros_like(v)) for k, v in params.items())
-        self.payload, _ = compression.encode(zeros, {}, cfg.network)
-        stream = Streaming.of_config(cfg)  # a streaming job reports one fragment
-        self.fragments = [] if stream is None else [
-            compression.encode(OrderedDict((k, zeros[k]) for k in names), {}, cfg.network)[0]
-            for names in fragment_names(list(zeros), stream.fragments)]
+    def __init__(self, params, cfg, reference=None) -> None:
+        self.network = cfg.network
+        self.reference = reference or (lambda job: params)
+        self.replies: dict[tuple, object] = {}  # tensor names -> the encoded zero reply
         self.ready: list = []
 
     def submit(self, job, params_) -> None:
-        payload = self.payload if job.fragment < 0 else self.fragments[job.fragment]
-        self.ready.append(JobResult(job.job_id, payload, steps=job.local_steps, tokens=1,
-                                    train_loss=0.0))
+        shape = self.reference(job)
+        names = tuple(shape)
+        if names not in self.replies:
+            zeros = OrderedDict((k, torch.zeros_like(v)) for k, v in shape.items())
+            self.replies[names] = compression.encode(zeros, {}, self.network)[0]
+        self.ready.append(JobResult(job.job_id, self.replies[names], steps=job.local_steps,
+                                    tokens=1, train_loss=0.0))
 
     def collect(self, timeout: float) -> list:
         out, self.ready = self.ready, []
@@ -65,10 +66,11 @@ def run_clock(cfg, zeros) -> tuple[Engine, dict[str, float]]:
     virtual clock matters; returns the engine (its ``now`` and ``version``) and the
     seconds of each kind of interval, summed over the workers."""
     spans = _Spans()
+    transport = InstantTransport(zeros, cfg)
     engine = Engine(cfg, strategy=registry.build_strategy(cfg.strategy, cfg.outer),
                     local_steps=registry.build_local_steps(cfg.local_steps),
-                    transport=InstantTransport(zeros, cfg), fleet=fleet.node_profiles(cfg),
-                    writer=spans)
+                    transport=transport, fleet=fleet.node_profiles(cfg), writer=spans)
+    transport.reference = engine.model.reference  # what the run's server compares to
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # small tensors: threads only get in each other's way
     try:
@@ -76,23 +78,3 @@ def run_clock(cfg, zeros) -> tuple[Engine, dict[str, float]]:
     finally:
         torch.set_num_threads(threads)
     return engine, spans.seconds
-
-
-def simulate(cfg, params: int) -> dict[str, float]:
-    """``run_clock`` with a model of ``params`` fp32 values (one tensor, or one per
-    fragment when streaming). Returns what the plan predicts: virtual seconds per new
-    global model, and the shares of all workers' time spent computing, communicating
-    (link waits included) and idle.
-    """
-    stream = Streaming.of_config(cfg)
-    if stream is None:
-        zeros = OrderedDict(w=torch.zeros(int(params)))
-    else:  # one tensor per fragment, as blocks of layers (fedlm.strategies.fragments)
-        p = stream.fragments
-        zeros = OrderedDict((f"blocks.{i}.w", torch.zeros(int(params) // p)) for i in range(p))
-    engine, sec = run_clock(cfg, zeros)
-    total = engine.now * len(fleet.node_profiles(cfg))
-    comm = sum(sec.get(k, 0.0) for k in EXPOSED_COMM_KINDS)
-    return {"time_per_update": engine.now / engine.version, "virtual_time": engine.now,
-            "updates": engine.version, "compute_utilisation": sec.get("compute", 0.0) / total,
-            "comm_fraction": comm / total, "idle_fraction": sec.get("idle", 0.0) / total}

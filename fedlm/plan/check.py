@@ -1,8 +1,8 @@
 """The plan against the simulator: fedlm's real engine, timed on its virtual clock.
 
-``fedlm.engine.dry_run.simulate`` runs ``fedlm.engine.Engine`` on a config with a
-transport that answers every job at once with a zero update, so only the virtual
-clock matters, and reads back what the plan predicts: time per global update and
+``simulate`` runs ``fedlm.engine.Engine`` on a config with a transport that answers
+every job at once with a zero update (``fedlm.engine.dry_run``), so only the
+virtual clock matters, and reads back what the plan predicts: time per global update and
 the shares of compute, communication and idle time. ``CASES`` are small
 configurations from light to heavy communication (run by tests/test_plan.py);
 ``validation_rows`` and ``validation_table`` give docs/scaling.md's table
@@ -14,11 +14,38 @@ where it is used, not from ``fedlm.plan``.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
+import torch
+
 from fedlm import config_load
-from fedlm.engine.dry_run import simulate
+from fedlm.engine.dry_run import run_clock
 from fedlm.plan.inputs import from_config
 from fedlm.plan.model import predict
 from fedlm.plan.topology import is_plain, plan_topology
+from fedlm.sim import fleet
+from fedlm.store.schema import EXPOSED_COMM_KINDS
+from fedlm.strategies.fragments import Streaming
+
+
+def simulate(cfg, params: int) -> dict[str, float]:
+    """``run_clock`` with a model of ``params`` fp32 values (one tensor, or one per
+    fragment when streaming). Returns what the plan predicts: virtual seconds per new
+    global model, and the shares of all workers' time spent computing, communicating
+    (link waits included) and idle.
+    """
+    stream = Streaming.of_config(cfg)
+    if stream is None:
+        zeros = OrderedDict(w=torch.zeros(int(params)))
+    else:  # one tensor per fragment, as blocks of layers (fedlm.strategies.fragments)
+        p = stream.fragments
+        zeros = OrderedDict((f"blocks.{i}.w", torch.zeros(int(params) // p)) for i in range(p))
+    engine, sec = run_clock(cfg, zeros)
+    total = engine.now * len(fleet.node_profiles(cfg))
+    comm = sum(sec.get(k, 0.0) for k in EXPOSED_COMM_KINDS)
+    return {"time_per_update": engine.now / engine.version, "virtual_time": engine.now,
+            "updates": engine.version, "compute_utilisation": sec.get("compute", 0.0) / total,
+            "comm_fraction": comm / total, "idle_fraction": sec.get("idle", 0.0) / total}
 
 
 # ---------------------------------------------------------------------------
