@@ -14,6 +14,7 @@ simulator is seeded, the plan's draws of phases too).
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -131,3 +132,52 @@ def test_planning_imports_no_torch():
                          timeout=120, cwd=Path(__file__).resolve().parent.parent)
     assert out.returncode == 0, out.stderr
     assert float(out.stdout) > 0
+
+
+# ---------------------------------------------------------------------------
+# fedlm plan --config / --set: a run config planned, halos included
+# ---------------------------------------------------------------------------
+
+HALOS = ["--set", "strategy=halos", "--set", "profile=halos", "--set", "workers=16"]
+
+
+def test_fedlm_plan_plans_a_halos_config_with_its_region_servers():
+    from fedlm import config_load, presets
+    from tests._cli import run_cli
+
+    rc, out, err = run_cli(["plan", *HALOS, "--json"])
+    assert rc == 0, err
+    data = json.loads(out)
+    cfg = config_load.load(None, [a for a in HALOS if a != "--set"])
+    params = presets.parameter_count(cfg.model, cfg.data.seq_len, 256)  # the config's model
+    assert data["strategy"] == "halos" and data["input"]["params"] == params
+    assert data["sync"] is None and data["crossovers"] is None  # two-level async only
+    assert data["async"]["time_per_update"] == pytest.approx(
+        regions.predict_regions(cfg, params).time_per_update, rel=1e-12)
+    rc, out, err = run_cli(["plan", *HALOS, "--params", "1e6"])
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith("strategy halos: a server in each of 4 regions, a push to the "
+                               "global server every 2 region updates")
+    assert sum(line.startswith("  region h") for line in lines) == 4
+    header = next(line for line in lines if line.strip().startswith("async"))
+    assert header.split() == ["async"] and "(halos)" in out  # one column: no sync variant
+
+
+def test_fedlm_plan_plans_a_flat_config_as_the_simulator_times_it(tmp_path):
+    from fedlm import config_load
+    from fedlm.plan import from_config, predict_topology
+    from tests._cli import assert_refused, run_cli
+
+    path = tmp_path / "geo.toml"
+    path.write_text('strategy = "diloco"\nworkers = 4\n[fleet]\npreset = "geo"\n')
+    rc, out, err = run_cli(["plan", "--config", str(path), "--params", "2e6", "--json"])
+    assert rc == 0, err
+    data = json.loads(out)
+    want = predict_topology(from_config(config_load.load(path), 2e6))
+    assert data["sync"]["time_per_update"] == pytest.approx(want["sync"].time_per_update)
+    assert data["async"]["time_per_update"] == pytest.approx(want["async"].time_per_update)
+    # the flags that describe a fleet by hand are refused beside a config, in one line
+    assert_refused(*run_cli(["plan", "--config", str(path), "--workers", "8"]),
+                   "--workers: the config describes the fleet")
+    assert_refused(*run_cli(["plan", "--set", "strategy=nope"]), "strategy: unknown strategy")

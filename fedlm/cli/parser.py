@@ -197,8 +197,13 @@ def _add_trace_args(p: argparse.ArgumentParser) -> None:
 def _add_plan_args(p: argparse.ArgumentParser) -> None:
     """The flags of ``fedlm plan``, as text: ``fedlm.cli.plan`` turns it into numbers
     (units, lists per data centre) and names the flag when it cannot."""
-    p.add_argument("--params", default="1e9", help="model parameters: 1e9, 7B, 70B, 100T "
-                   "(default 1e9)")
+    p.add_argument("--params", default=None, help="model parameters: 1e9, 7B, 70B, 100T "
+                   "(default 1e9; with --config, the config's model)")
+    p.add_argument("--config", default=None, help="plan a run config (TOML): its fleet, "
+                   "links, H, network and strategy, halos included; with --set, not the "
+                   "fleet flags below")
+    p.add_argument("--set", action="append", default=None, metavar="KEY=VALUE",
+                   help="with or without --config: a config override, as fedlm run's")
     p.add_argument("--workers", type=int, default=None, help="workers in all (default: one "
                    "per data centre, or 8 without --data-centres)")
     p.add_argument("--data-centres", "--data-centers", dest="data_centres", type=int,

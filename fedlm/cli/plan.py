@@ -27,6 +27,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     (``--scan``), or the scaling-laws paper's wall-clock model (``--walltime``)."""
     import json
 
+    if args.config is not None or args.set:
+        from fedlm.cli.plan_config import plan_config, refuse_fleet_flags
+
+        refuse_fleet_flags(args, _plan_actions())
+        return plan_config(args, None if args.params is None else parse_count(args.params))
+    if args.params is None:
+        args.params = PARAMS
     if args.walltime:
         from fedlm.cli.walltime import print_walltime
 
@@ -55,18 +62,27 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def command_line(args: argparse.Namespace) -> str:
-    """``fedlm plan`` and the flags of ``args`` that differ from their defaults (the
-    command a written result names)."""
+PARAMS = "1e9"  # --params when neither it nor --config is given
+
+
+def _plan_actions() -> list:
+    """The argparse actions of ``fedlm plan``'s flags."""
     from fedlm.cli.parser import build_parser
 
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices["plan"]._actions
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """``fedlm plan`` and the flags of ``args`` that differ from their defaults (the
+    command a written result names)."""
     words = ["fedlm", "plan"]
-    for action in sub.choices["plan"]._actions:
+    for action in _plan_actions():
         if not action.option_strings or action.dest == "help":
             continue
         value = getattr(args, action.dest, action.default)
-        if value == action.default or value is None:
+        if value == action.default or value is None or (action.dest == "params"
+                                                         and value == PARAMS):
             continue
         flag = action.option_strings[0]
         words += [flag] if value is True else [flag, str(value)]

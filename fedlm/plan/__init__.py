@@ -18,6 +18,7 @@ bandwidth cycle (``fedlm.sim.wire_sizes``). The parts, in the order they build o
     model       one sync round, one async job cycle -> Prediction (the one result type)
     crossovers  the model size / bandwidth at which communication takes a given share
     topology    the outer step over star / ring / tree / hierarchical, streamed in fragments
+    regions     two-level async with a server in every region (halos): predict_regions
     report      the text table and the JSON of ``fedlm plan``, any topology
     scan        model size x data centres x topology x streaming (``--scan``; scan_plots)
     walltime    the wall-clock model of the DiLoCo scaling-laws paper (``--walltime``)

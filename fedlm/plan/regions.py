@@ -45,8 +45,8 @@ W_r(K), from the reports' timing (``push_period``):
 
 A daily bandwidth cycle (it scales the local and the WAN links, as the simulator
 does) is averaged as in ``fedlm.plan.model``: the merge rate per hour, 24 / Σ_h rate_h
-(not checked against the simulator: that takes a virtual day). time_per_round is R
-merges, one per region on average (the region servers are the global server's nodes).
+(not checked against the simulator: that takes a virtual day). time_per_round is N
+merges, N the workers (as ``predict_async``'s: N updates of the evaluated model).
 Not covered: DyLU (``local_steps = "dylu"``: every job is H = inner.steps steps
 here), hierarchical pods and shared server links (refused for halos anyway), the
 start-up (the first push waits for K updates from t = 0) and the pushes dropped
@@ -122,8 +122,9 @@ def region_inputs(cfg, params: float, tensors: int = 1):
 
     net = cfg.network
     if net.hierarchical or net.server_up or net.server_down or net.topology != "star":
-        raise ConfigError("strategy halos: no hierarchical pods, all-reduce or shared "
-                          "server link (each region has its own server)")
+        raise ConfigError("network.topology: strategy halos plans without hierarchical "
+                          "pods, an all-reduce or a shared server link (each region has "
+                          "its own server)")
     nodes = fleet.node_profiles(cfg)
     local = local_links(nodes, net.intra_bw)
     out = []
@@ -154,7 +155,7 @@ def push_every(cfg) -> int:
 def predict_regions(cfg, params: float, tensors: int = 1) -> Prediction:
     """The plan of a ``strategy = "halos"`` config for a model of ``params`` fp32
     values: mode "async", time_per_update = seconds between global merges,
-    time_per_round = R merges (one per region on average), fractions and per-job
+    time_per_round = N merges (N workers, as ``predict_async``'s), fractions and per-job
     seconds of all workers' job cycles, crowd 1 (no shared link)."""
     K = push_every(cfg)
     regions = region_inputs(cfg, params, tensors)
@@ -174,5 +175,6 @@ def predict_regions(cfg, params: float, tensors: int = 1) -> Prediction:
                               for k in ("count", "download", "compute", "upload", "idle"))))
     per_update = len(factors) / sum(rates)
     workers = _summarise("async", hours)
-    return replace(workers, time_per_update=per_update,
-                   time_per_round=per_update * len(regions), crowd_down=1.0, crowd_up=1.0)
+    n = sum(inp.workers for inp, _ in regions)
+    return replace(workers, time_per_update=per_update, time_per_round=per_update * n,
+                   crowd_down=1.0, crowd_up=1.0)

@@ -87,13 +87,16 @@ def what(inp: PlanInput) -> str:
             f"{inp.H // inp.fragments} inner steps, overlapping {inp.overlap} step(s)")
 
 
-def table(inp: PlanInput, preds: dict | None = None, modes=MODES) -> str:
+def table(inp: PlanInput, preds: dict | None = None, modes=MODES,
+          names: dict | None = None) -> str:
     """The plan as text, sync beside async, with the crossovers. ``preds``:
-    ``predict_topology(inp)``."""
+    ``predict_topology(inp)``; ``names``: a column's strategies, if not the usual."""
     preds = preds or predict_topology(inp)
     s, a = preds["sync"], preds["async"]
     na = "n/a"
-    if is_plain(inp):  # per job: the parameter server's view
+    if s is None:  # async only (two-level: fedlm.plan.regions): no exchange, no crossovers
+        modes = ("async",)
+    if is_plain(inp) or s is None:  # per job: the parameter server's view
         rows = [
             ("time per outer step (sync: round; async: arrival)",
              lambda p: seconds(p.time_per_update)),
@@ -109,8 +112,9 @@ def table(inp: PlanInput, preds: dict | None = None, modes=MODES) -> str:
         if inp.server_down or inp.server_up:
             rows.append(("transfers sharing the server (down/up)",
                          lambda p: f"{p.crowd_down:.1f} / {p.crowd_up:.1f}"))
-        head, tail = describe(inp), [f"bytes per outer step: {human(s.bytes_per_site, 'B')} per "
-                                     f"site ({s.site}); {human(s.bytes_total, 'B')} in total"]
+        head, tail = describe(inp), [] if s is None else [
+            f"bytes per outer step: {human(s.bytes_per_site, 'B')} per site ({s.site}); "
+            f"{human(s.bytes_total, 'B')} in total"]
     else:  # per outer step of P segments: the exchange's view
         def sync_only(fmt):
             return lambda p: fmt(p) if p is s else na
@@ -138,12 +142,15 @@ def table(inp: PlanInput, preds: dict | None = None, modes=MODES) -> str:
                    else "the time it takes (no overlap: the link's own rate)")]
     width = max(len(r[0]) for r in rows)
     label = {"sync": ("sync", "(diloco,fedavg)"), "async": ("async", "(async-sgd,..)")}
+    label.update({m: (m, f"({n})") for m, n in (names or {}).items()})
     lines = [head, "", f"{'':<{width}}" + "".join(f"  {label[m][0]:>14}" for m in modes),
              f"{'':<{width}}" + "".join(f"  {label[m][1]:>14}" for m in modes)]
     for name, fmt in rows:
         cells = [fmt(s) if m == "sync" else (fmt(a) if a is not None else na) for m in modes]
         lines.append(f"{name:<{width}}" + "".join(f"  {c:>14}" for c in cells))
     lines.append("")
+    if s is None:
+        return "\n".join(lines[:-1])
     if is_plain(inp):
         crossing = topology_crossovers(inp)
         lines += [crossover_line(m, c) for m, c in crossing.items() if m in modes] + tail
@@ -211,4 +218,5 @@ def report_dict(inp: PlanInput, preds: dict | None = None) -> dict:
     preds = preds or predict_topology(inp)
     return jsonable({"input": input_dict(inp),
                      **{m: None if p is None else prediction_dict(p) for m, p in preds.items()},
-                     "crossovers": topology_crossovers(inp)})
+                     "crossovers": None if preds["sync"] is None
+                     else topology_crossovers(inp)})

@@ -1,0 +1,85 @@
+"""``fedlm plan --config FILE`` / ``--set KEY=VALUE``: the plan of a run config.
+
+The config's fleet (its workers' step times and regions' links), H, network and
+strategy are what is planned, with the simulator's own numbers: a run's step times
+are virtual seconds per inner step, so the plan is the time per global update the
+simulator would show (``fedlm.plan.from_config``). The model is the config's, or
+``--params`` where given. A config whose strategy has servers in every region
+(halos) is planned by ``fedlm.plan.regions``: two-level and async only; every other
+strategy as ``fedlm plan`` plans the flags (sync beside async, any topology or
+streaming). The flags that describe a fleet by hand are refused beside a config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from fedlm.errors import ConfigError
+
+# fedlm plan's flags that still mean something beside a config
+WITH_CONFIG = {"config", "set", "params", "mode", "json", "func", "command", "verbose",
+               "quiet"}
+# ... and those that ask for another kind of answer than one configuration's plan
+OTHER_ANSWERS = {"scan", "walltime", "plot"}
+
+
+def refuse_fleet_flags(args: argparse.Namespace, parser_actions) -> None:
+    """One line for the first flag that does not go with ``--config`` / ``--set``."""
+    for action in parser_actions:
+        if not action.option_strings or action.dest in WITH_CONFIG or action.dest == "help":
+            continue
+        if getattr(args, action.dest, action.default) in (action.default, None):
+            continue
+        flag = action.option_strings[0]
+        if action.dest in OTHER_ANSWERS:
+            raise ConfigError(f"{flag}: not with --config or --set, which plan one run "
+                              f"config; drop one of them")
+        raise ConfigError(f"{flag}: the config describes the fleet and links; set it there "
+                          f"or with --set, not beside --config")
+
+
+def plan_config(args: argparse.Namespace, params: float | None) -> int:
+    """Print the plan of ``--config`` with ``--set`` for a model of ``params``
+    (None: the config's own model)."""
+    from fedlm import config_load, presets, servers
+    from fedlm.data import tokenizer
+    from fedlm.plan import from_config, predict_topology, report
+    from fedlm.servers.regions import RegionServers
+    from fedlm.strategies.registry import strategy_class
+
+    cfg = config_load.load(args.config, args.set or [])
+    if params is None:
+        params = presets.parameter_count(cfg.model, cfg.data.seq_len,
+                                         tokenizer.vocab_size(cfg.data.tokenizer))
+    inp = from_config(cfg, params)
+    two_level = servers.server_class(cfg, strategy_class(cfg.strategy)) is RegionServers
+    names = None
+    if two_level:
+        from fedlm.plan.regions import predict_regions, push_every, region_inputs
+
+        preds, modes, names = ({"sync": None, "async": predict_regions(cfg, params)},
+                               ("async",), {"async": cfg.strategy})
+        regions = region_inputs(cfg, params)
+        heading = [f"strategy {cfg.strategy}: a server in each of {len(regions)} regions, a "
+                   f"push to the global server every {push_every(cfg)} region updates; the "
+                   f"evaluated model is the global one (an update: a merge)"]
+        heading += [f"  region {wan.name}: {local.workers} worker(s) at "
+                    f"{report.human(8 * min(local.down_bw), 'bit/s')} to their region's server;"
+                    f" to the global server {report.human(8 * wan.up_bw, 'bit/s')} up, "
+                    f"{report.human(8 * wan.down_bw, 'bit/s')} down, latency "
+                    f"{report.seconds(wan.latency)}" for local, wan in regions]
+    else:
+        preds = predict_topology(inp)
+        modes = ("sync", "async") if args.mode == "both" else (args.mode,)
+        heading = [f"strategy {cfg.strategy}, model {cfg.model}"]
+    if cfg.local_steps != "fixed":  # the planner gives every job H steps
+        heading.append(f"(planned with H = {cfg.inner.steps} steps for every job: local_steps "
+                       f"{cfg.local_steps!r} is not modelled)")
+    if args.json:
+        print(json.dumps({"strategy": cfg.strategy, **report.report_dict(inp, preds)}, indent=2))
+    else:
+        print("\n".join(heading))
+        print(report.table(inp, preds, modes, names))
+    return 0
+
