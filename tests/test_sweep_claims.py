@@ -12,7 +12,7 @@ SPEC = """
 db = "{db}"
 out = "{out}"
 profiles = ["very"]
-seeds = [0, 1, 2]
+seeds = [0, 1]
 base = ["model=tiny", "workers=2", "updates=2", "inner.steps=2", "inner.batch_size=2",
         "eval.batches=1", "eval.batch_size=2", "data.seq_len=32"]
 [[arm]]
@@ -53,7 +53,7 @@ def test_two_sweeps_at_once_on_one_store_train_each_cell_once(tmp_path):
     outs = [out for _, out, _ in results]
     assert [rc for rc, _, _ in results] == [0, 0], outs
     names = [r["name"] for r in store.list_runs(db)]
-    assert len(names) == 6 == len(set(names)), names  # 2 arms x 3 seeds, each once
+    assert len(names) == 4 == len(set(names)), names  # 2 arms x 2 seeds, each once
     assert sum("another sweep is training it" in o or "by another sweep" in o
                for o in outs) >= 1  # they met
     assert not claims.folder_of(db).exists()
