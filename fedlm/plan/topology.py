@@ -95,7 +95,8 @@ def exchange_bytes(inp: PlanInput) -> tuple[float, float, float, str]:
 @dataclass(frozen=True)
 class _Segment:
     """One segment: seconds, a node's mean compute, exposed and hidden
-    communication, the shares of time, one exchange's seconds, the slowest step."""
+    communication, the shares of time, one exchange's seconds, the slowest step;
+    a star's also its sync round as ``predict_sync`` gives it (per-job transfers)."""
 
     seconds: float
     compute: float
@@ -106,6 +107,7 @@ class _Segment:
     idle: float
     exchange: float
     step: float
+    round: Prediction | None = None
 
 
 def _star(inp: PlanInput) -> _Segment:
@@ -122,7 +124,7 @@ def _star(inp: PlanInput) -> _Segment:
     if inp.overlap == 0:  # today's round, exactly
         return _Segment(pred.time_per_update, pred.compute, exchange, 0.0,
                         pred.compute_utilisation, pred.comm_fraction, pred.idle_fraction,
-                        exchange, step)
+                        exchange, step, pred)
     mean, _ = c.compute(seg.H, seg.jitter)
     rates, util, comm, idle, exposed_h, hidden_h, exch_h = [], [], [], [], [], [], []
     for f in _factors(inp):
@@ -142,7 +144,8 @@ def _star(inp: PlanInput) -> _Segment:
         exch_h.append(float(np.average(per_class, weights=k)))
     return _Segment(len(rates) / sum(rates), float(np.average(mean, weights=c.count)),
                     float(np.mean(exposed_h)), float(np.mean(hidden_h)), float(np.mean(util)),
-                    float(np.mean(comm)), float(np.mean(idle)), float(np.mean(exch_h)), step)
+                    float(np.mean(comm)), float(np.mean(idle)), float(np.mean(exch_h)), step,
+                    pred)
 
 
 def _allreduce(inp: PlanInput) -> _Segment:
@@ -190,11 +193,10 @@ def plan_topology(inp: PlanInput) -> Prediction:
         return replace(pred, exposed=exchange, exchange_seconds=exchange,
                        bytes_per_exchange=one, bytes_per_site=per_site, bytes_total=total,
                        peak_bandwidth=one / exchange if exchange > 0 else 0.0, site=site)
-    star = inp.topology not in ALLREDUCE
-    s = _star(inp) if star else _allreduce(inp)
+    s = _allreduce(inp) if inp.topology in ALLREDUCE else _star(inp)
     window = inp.overlap * s.step if inp.overlap else s.exchange
     p = inp.fragments
-    seg = predict_sync(segment_input(inp)) if star else None
+    seg = s.round  # a star's: its per-job transfers; an all-reduce has none
     return Prediction(
         mode="sync", time_per_update=p * s.seconds, time_per_round=p * s.seconds,
         compute_utilisation=s.util, comm_fraction=s.comm, idle_fraction=s.idle,
