@@ -112,9 +112,7 @@ def table(inp: PlanInput, preds: dict | None = None, modes=MODES,
         if inp.server_down or inp.server_up:
             rows.append(("transfers sharing the server (down/up)",
                          lambda p: f"{p.crowd_down:.1f} / {p.crowd_up:.1f}"))
-        head, tail = describe(inp), [] if s is None else [
-            f"bytes per outer step: {human(s.bytes_per_site, 'B')} per site ({s.site}); "
-            f"{human(s.bytes_total, 'B')} in total"]
+        head = describe(inp)
     else:  # per outer step of P segments: the exchange's view
         def sync_only(fmt):
             return lambda p: fmt(p) if p is s else na
@@ -137,9 +135,6 @@ def table(inp: PlanInput, preds: dict | None = None, modes=MODES,
              sync_only(lambda p: human(8 * p.peak_bandwidth, "bit/s"))),
         ]
         head = f"{describe(inp)}; {what(inp)}"
-        tail = ["", f"bytes per site: {s.site}; peak bandwidth: one exchange's bytes over "
-                + (f"the {inp.overlap} inner step(s) it may hide behind" if inp.overlap
-                   else "the time it takes (no overlap: the link's own rate)")]
     width = max(len(r[0]) for r in rows)
     label = {"sync": ("sync", "(diloco,fedavg)"), "async": ("async", "(async-sgd,..)")}
     label.update({m: (m, f"({n})") for m, n in (names or {}).items()})
@@ -148,24 +143,25 @@ def table(inp: PlanInput, preds: dict | None = None, modes=MODES,
     for name, fmt in rows:
         cells = [fmt(s) if m == "sync" else (fmt(a) if a is not None else na) for m in modes]
         lines.append(f"{name:<{width}}" + "".join(f"  {c:>14}" for c in cells))
-    lines.append("")
-    if s is None:
-        return "\n".join(lines[:-1])
-    if is_plain(inp):
-        crossing = topology_crossovers(inp)
-        lines += [crossover_line(m, c) for m, c in crossing.items() if m in modes] + tail
+    if s is None:  # no exchange, no crossovers
         return "\n".join(lines)
-    lines += tail[1:] + [""]
-    for mode, c in topology_crossovers(inp).items():
-        if mode not in modes:
-            continue
-        if c is None:
-            why = ([f"a {inp.topology} all-reduce"] if inp.topology in ("ring", "tree") else []) \
-                + (["streaming"] if inp.fragments > 1 or inp.overlap > 0 else [])
-            lines.append(f"{mode:>5}: n/a ({' and '.join(why)}: synchronous only)")
-            continue
-        lines.append(crossover_line(mode, c))
-    return "\n".join(lines)
+    crossing = [crossover_line(m, c) if c is not None else _no_crossover(inp, m)
+                for m, c in topology_crossovers(inp).items() if m in modes]
+    if is_plain(inp):
+        footer = [*crossing, f"bytes per outer step: {human(s.bytes_per_site, 'B')} per site "
+                             f"({s.site}); {human(s.bytes_total, 'B')} in total"]
+    else:
+        footer = [f"bytes per site: {s.site}; peak bandwidth: one exchange's bytes over "
+                  + (f"the {inp.overlap} inner step(s) it may hide behind" if inp.overlap
+                     else "the time it takes (no overlap: the link's own rate)"), "", *crossing]
+    return "\n".join([*lines, "", *footer])
+
+
+def _no_crossover(inp: PlanInput, mode: str) -> str:
+    """The crossover line of a mode that has no variant here (synchronous only)."""
+    why = ([f"a {inp.topology} all-reduce"] if inp.topology in ("ring", "tree") else []) \
+        + (["streaming"] if inp.fragments > 1 or inp.overlap > 0 else [])
+    return f"{mode:>5}: n/a ({' and '.join(why)}: synchronous only)"
 
 
 def crossover_line(mode: str, c: dict) -> str:
