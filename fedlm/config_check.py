@@ -298,17 +298,18 @@ def _check_exchange(cfg: Config) -> None:
         stream = fragments.Streaming.of_config(cfg)
     except ValueError as exc:
         raise ConfigError(str(exc).splitlines()[0]) from None
+    cls = strategy_class(cfg.strategy)
     n = cfg.network
     shared = n.server_down > 0 or n.server_up > 0 or n.daily_amplitude > 0
     if n.topology in ("ring", "tree"):
-        _require(strategy_class(cfg.strategy).synchronous, "network.topology", n.topology,
+        _require(cls.synchronous, "network.topology", n.topology,
                  f"an all-reduce needs every worker each round: a synchronous strategy "
                  f"(diloco, fedavg), not {cfg.strategy!r}")
         _require(not shared, "network.topology", n.topology,
                  "has no server: drop network.server_down, server_up and daily_amplitude")
     from fedlm.servers import server_class
 
-    if not server_class(cfg, strategy_class(cfg.strategy)).shared_link:  # servers of its own
+    if not server_class(cfg, cls).shared_link:  # servers of its own
         _require(n.topology == "star" and not n.hierarchical, "network.topology", n.topology,
                  f"{cfg.strategy!r} has its own servers (one per region and a global one): "
                  f"use the star topology without network.hierarchical")
@@ -317,7 +318,6 @@ def _check_exchange(cfg: Config) -> None:
                  f"region's server, not a shared one: drop network.server_down and server_up")
     if stream is None:
         return
-    cls = strategy_class(cfg.strategy)
     _require(cls.synchronous and not cls.server, "stream.fragments", cfg.stream.fragments,
              f"streaming rounds need a synchronous strategy on one server (diloco, fedavg), "
              f"not {cfg.strategy!r}")

@@ -82,4 +82,3 @@ def plan_config(args: argparse.Namespace, params: float | None) -> int:
         print("\n".join(heading))
         print(report.table(inp, preds, modes, names))
     return 0
-
