@@ -25,11 +25,11 @@ import numpy as np
 
 from fedlm import plan
 from fedlm.plan import PlanInput, Prediction
+from fedlm.sim.links import GBIT
 
 ROOT = Path(__file__).resolve().parents[2]
 SIZES = np.logspace(7, 14, 57)  # 10M .. 100T parameters
 DATA_CENTRES = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 80, 100]
-GBIT = 1e9 / 8  # bytes/s in a Gbit/s
 
 
 # ---------------------------------------------------------------------------

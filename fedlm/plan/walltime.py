@@ -55,8 +55,8 @@ from dataclasses import asdict, dataclass, replace
 
 from fedlm.errors import ConfigError
 from fedlm.sim import collectives
+from fedlm.sim.links import GBIT
 
-GBIT = 1e9 / 8  # bytes/s in a Gbit/s: the paper quotes its networks in bits
 # (bandwidth in bytes/s, latency in s): A.3's 400, 100 and 10 Gbit/s
 NETWORKS = {"high": (400 * GBIT, 1e-4), "medium": (100 * GBIT, 1e-3),
             "low": (10 * GBIT, 1e-2)}

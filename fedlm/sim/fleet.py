@@ -24,7 +24,7 @@ import numpy as np
 
 from fedlm.config import Config, FleetConfig
 from fedlm.sim import collectives, geo
-from fedlm.sim.links import hidden_seconds, transfer_seconds
+from fedlm.sim.links import GBIT, hidden_seconds, transfer_seconds
 
 
 @dataclass(frozen=True)
@@ -36,16 +36,14 @@ class Region:
     intra_bw: float = 0.0  # inside the region, bytes per second (0: network.intra_bw)
 
 
-_GBIT = 1e9 / 8  # bytes per second in one Gbit/s
-
 # The server sits in us-east. Latencies are one-way, round numbers of public
 # inter-region measurements; WAN bandwidths are per-flow figures a training job
 # could expect, not the data centres' aggregate capacity.
 REGIONS: dict[str, Region] = {
-    "local": Region("local", 0.0005, 10 * _GBIT, 10 * _GBIT),  # same data centre
-    "us": Region("us", 0.010, 2 * _GBIT, 1 * _GBIT),  # us-west <-> us-east
-    "eu": Region("eu", 0.040, 1 * _GBIT, 0.5 * _GBIT),  # europe <-> us-east
-    "asia": Region("asia", 0.090, 0.5 * _GBIT, 0.2 * _GBIT),  # asia <-> us-east
+    "local": Region("local", 0.0005, 10 * GBIT, 10 * GBIT),  # same data centre
+    "us": Region("us", 0.010, 2 * GBIT, 1 * GBIT),  # us-west <-> us-east
+    "eu": Region("eu", 0.040, 1 * GBIT, 0.5 * GBIT),  # europe <-> us-east
+    "asia": Region("asia", 0.090, 0.5 * GBIT, 0.2 * GBIT),  # asia <-> us-east
 }
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-_GBIT = 1e9 / 8  # bytes per second in one Gbit/s
+from fedlm.sim.links import GBIT
 
 HALOS_REGIONS = ["h0", "h1", "h2", "h3"]
 HALOS_GBIT = [[100, 0.537, 0.935, 0.202],
@@ -49,8 +49,8 @@ def matrix_regions(matrix: dict[str, Any]) -> dict[str, tuple[float, float, floa
     the first region."""
     names, gbit = matrix.get("regions", []), matrix.get("gbit", [])
     latency = matrix.get("latency") or [[0.0] * len(names) for _ in names]
-    return {name: (float(latency[r][0]), gbit[0][r] * _GBIT, gbit[r][0] * _GBIT,
-                   gbit[r][r] * _GBIT) for r, name in enumerate(names)}
+    return {name: (float(latency[r][0]), gbit[0][r] * GBIT, gbit[r][0] * GBIT,
+                   gbit[r][r] * GBIT) for r, name in enumerate(names)}
 
 
 def halos_placement(n: int) -> list[str]:

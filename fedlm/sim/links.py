@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
+GBIT = 1e9 / 8  # bytes/s in one Gbit/s: links are quoted in bits, timed in bytes
+
 
 def transfer_seconds(nbytes, bandwidth, latency):
     """Seconds to move ``nbytes`` over a link of ``bandwidth`` bytes/s and ``latency`` s."""
