@@ -152,6 +152,11 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"strategy: cannot load {shown(cfg.strategy)} "
                           f"({type(exc).__name__}: {first_line(exc)})") from None
     registry.check_local_steps(cfg.local_steps)
+    strategy_cls = registry.strategy_class(cfg.strategy)
+    _require(not registry.LOCAL_STEPS[cfg.local_steps].sizes_rounds
+             or (strategy_cls.synchronous and not strategy_cls.server), "local_steps",
+             cfg.local_steps, f"sizes synchronous rounds; {cfg.strategy!r} has none "
+             f"(use dylu with an asynchronous strategy)")
 
     i = cfg.inner
     _require(i.steps >= 1, "inner.steps", i.steps, "must be >= 1")

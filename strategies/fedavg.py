@@ -28,6 +28,8 @@ from typing import Any
 from fedlm.strategies import transforms as T
 from fedlm.strategies.base import Strategy, Update, check_outer_sgd, momentum_text
 
+WEIGHTINGS = ("tokens", "uniform", "fednova")  # how a round's outer gradients are merged
+
 
 class FedAvg(Strategy):
     """Synchronous rounds; outer SGD (optionally with Nesterov momentum).
@@ -40,8 +42,10 @@ class FedAvg(Strategy):
         Outer momentum β; 0 disables it.
     nesterov : bool
         Nesterov momentum (as in DiLoCo) rather than heavy ball.
-    weighting : {"tokens", "uniform"}
-        How the round's outer gradients are averaged.
+    weighting : {"tokens", "uniform", "fednova"}
+        How the round's outer gradients are averaged: by the tokens each trained, each
+        alike, or FedNova's normalisation by local steps (``transforms.normalized_mean``:
+        for rounds whose jobs ran different numbers of steps).
     min_replies : int
         Fewest replies a round may close with after workers dropped out of it.
     """
@@ -52,8 +56,9 @@ class FedAvg(Strategy):
     def __init__(self, *, lr: float = 1.0, momentum: float = 0.0, nesterov: bool = False,
                  weighting: str = "tokens", min_replies: int = 1) -> None:
         check_outer_sgd(lr, momentum)
-        if weighting not in ("tokens", "uniform"):
-            raise ValueError(f"outer.weighting: must be tokens or uniform, got {weighting!r}")
+        if weighting not in WEIGHTINGS:
+            raise ValueError(f"outer.weighting: must be tokens, uniform or fednova, "
+                             f"got {weighting!r}")
         if not (isinstance(min_replies, int) and min_replies >= 1):
             raise ValueError(f"outer.min_replies: must be an int >= 1, got {min_replies!r}")
         self.lr, self.momentum, self.nesterov, self.weighting = lr, momentum, nesterov, weighting
@@ -99,16 +104,23 @@ class FedAvg(Strategy):
 
     def _aggregate(self, params):
         ordered = [self.results[w] for w in sorted(self.results)]
-        weights = [float(u.tokens) if self.weighting == "tokens" else 1.0 for u in ordered]
-        if not sum(weights):  # a streaming run's last rounds train no token
-            weights = [1.0] * len(ordered)
-        mean = T.weighted_mean([u.outer_grad for u in ordered], weights)
+        mean = self._merge(ordered)
         self.round += 1
         self.dispatched.clear()
         self.results.clear()
         self.dropped.clear()
         step, self.opt_state = self.optimizer.update(mean, self.opt_state, None)
         return T.descend(params, step)
+
+    def _merge(self, ordered: list[Update]):
+        """The round's outer gradients as one, by ``weighting`` (summed in worker order)."""
+        grads = [u.outer_grad for u in ordered]
+        if self.weighting == "fednova" and all(u.local_steps > 0 for u in ordered):
+            return T.normalized_mean(grads, [u.local_steps for u in ordered])
+        weights = [float(u.tokens) if self.weighting == "tokens" else 1.0 for u in ordered]
+        if not sum(weights):  # a streaming run's last rounds train no token
+            weights = [1.0] * len(ordered)
+        return T.weighted_mean(grads, weights)
 
     def state_dict(self) -> dict[str, Any]:
         return {"opt_state": self.opt_state, "round": self.round,

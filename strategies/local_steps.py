@@ -21,6 +21,10 @@ class LocalSteps(ABC):
     # Whether it sizes jobs so that the ones handed out together finish together
     # (then the engine's grace = "auto" waits for them: fedlm/engine/grace.py).
     even_times: ClassVar[bool] = False
+    # Whether it sizes a synchronous round as a whole: the engine then tells it who is
+    # offered a job, and when, before it asks for any job's size (``offered``), and
+    # refuses it beside an asynchronous strategy, which has no rounds.
+    sizes_rounds: ClassVar[bool] = False
 
     def start(self, *, steps: int, step_times: list[float],
               transfer_times: list[float] | None = None) -> None:
@@ -43,6 +47,10 @@ class LocalSteps(ABC):
                 transfer: float | None = None) -> None:
         """A job of ``steps`` steps took ``seconds`` of compute and ``transfer`` seconds
         of everything else (for online estimates)."""
+
+    def offered(self, *, now: float, version: int, workers: list[int], busy: int) -> None:
+        """(``sizes_rounds`` policies only) ``workers`` are about to be offered jobs at
+        ``now`` from global ``version``, while ``busy`` jobs are in flight."""
 
     def state_dict(self) -> dict:
         """What the policy has learnt so far (for checkpoints): its attributes, but
@@ -246,3 +254,60 @@ class DyLUOnline(DyLU):
             return self.fastest(), 0.0
         r = min(known, key=lambda w: x[w] + self.steps / self._speed[w])
         return self._speed[r], x[r]
+
+
+class Fill(LocalSteps):
+    """Sync rounds without idle time: every worker computes until the round's slowest job ends.
+
+    A synchronous round lasts as long as its slowest whole job of H steps (transfers
+    and compute: the link model's, as DyLU's). DyLU shortens the slow workers' jobs to
+    the fastest one's; ``fill`` does the opposite and lengthens the fast workers' jobs
+    to the slowest one's, so that no worker idles at the barrier:
+
+        T = max_w (X_w + H / v_w)              over the workers the round opens with
+        H_w = max(1, floor(v_w · (t_end − now − X_w))),   t_end = t_open + T
+
+    (v = nominal steps per second, X = seconds of transfers per job). The floor makes
+    every job end at the round's end or up to one step before it, never after, so the
+    round is as long as sync DiLoCo's (fixed H) with the same slowest worker.
+
+    A round opens when the first jobs of a new global version are handed out, or when
+    nothing is in flight (a round that starts over from the same model). A worker that
+    comes back (or joins) while a round runs gets the time that is left (``now`` is
+    later); if less than one step is left it gets no job and waits for the next round.
+    A worker that leaves mid-round loses its job (``departed``) and the round closes
+    without it, as any sync round does; the next round is sized over the workers
+    present then, so a departed slow worker no longer sets its length. Nominal speeds
+    (the profiles) are used: a slowed or straggling job ends late and the round waits
+    for it, as sync DiLoCo's does.
+    """
+
+    name = "fill"
+    sizes_rounds = True
+
+    def start(self, *, steps: int, step_times: list[float],
+              transfer_times: list[float] | None = None) -> None:
+        super().start(steps=steps, step_times=step_times, transfer_times=transfer_times)
+        self.round_version: int | None = None  # the version the open round started from
+        self.round_open = self.round_end = 0.0  # when it opened; when its slowest job ends
+        self._now = 0.0
+
+    def job_seconds(self, worker: int) -> float:
+        """Nominal seconds of ``worker``'s whole job of H steps."""
+        return self.transfer(worker) + self.steps * self.step_times[worker]
+
+    def transfer(self, worker: int) -> float:
+        return self.transfer_times[worker] if self.transfer_times else 0.0
+
+    def offered(self, *, now: float, version: int, workers: list[int], busy: int) -> None:
+        if workers and (version != self.round_version or not busy):
+            self.round_version, self.round_open = version, now
+            self.round_end = now + max(self.job_seconds(w) for w in workers)
+        self._now = now
+
+    def local_steps(self, worker: int) -> int:
+        left = self.round_end - self._now - self.transfer(worker)
+        steps = math.floor(left / self.step_times[worker] + 1e-9)  # 20.0 as 19.999... is 20
+        # at the round's opening one step at least; a worker that comes in later with
+        # less than a step left gets none (it waits for the next round)
+        return max(1, steps) if self._now == self.round_open else max(0, steps)

@@ -22,17 +22,18 @@ from fedlm.strategies.base import Strategy
 from fedlm.strategies.delayed_nesterov import DelayedNesterov
 from fedlm.strategies.diloco import DiLoCo
 from fedlm.strategies.diloco_dylu import DiLoCoDyLU
+from fedlm.strategies.diloco_fill import DiLoCoFill
 from fedlm.strategies.fedavg import FedAvg
 from fedlm.strategies.fedbuff import FedBuff
 from fedlm.strategies.halos import Halos
-from fedlm.strategies.local_steps import DyLU, DyLUFloor, DyLUOnline, Fixed, LocalSteps
+from fedlm.strategies.local_steps import DyLU, DyLUFloor, DyLUOnline, Fill, Fixed, LocalSteps
 from fedlm.strategies.poly import Poly, PolyThres
 
 STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (
-    FedAvg, DiLoCo, DiLoCoDyLU, AsyncSGD, AsyncNesterov, DelayedNesterov, Poly, PolyThres,
+    FedAvg, DiLoCo, DiLoCoDyLU, DiLoCoFill, AsyncSGD, AsyncNesterov, DelayedNesterov, Poly, PolyThres,
     FedBuff, Halos)}
 LOCAL_STEPS: dict[str, type[LocalSteps]] = {cls.name: cls for cls in (Fixed, DyLU, DyLUFloor,
-                                                                       DyLUOnline)}
+                                                                       DyLUOnline, Fill)}
 ENTRY_POINT_GROUP = "fedlm.strategies"
 
 

@@ -58,6 +58,26 @@ def weighted_mean(grads: list, weights: list[float]) -> "OrderedDict[str, torch.
     return out
 
 
+def normalized_mean(grads: list, steps: list[int]) -> "OrderedDict[str, torch.Tensor]":
+    """FedNova's merge of updates that took different numbers of local steps:
+    τ_eff · (1/m) Σ g_i / a_i with τ_eff = (1/m) Σ a_i (``a_i`` = ``steps[i]``; equal data
+    weights 1/m). Each update counts as its *per-step* direction, rescaled to the mean
+    number of steps, so a worker that ran 10x the steps does not pull 10x as hard (as
+    with token weights) nor is its extra progress thrown away (as with a uniform mean
+    of whole updates). Equal steps: the uniform mean. Wang et al., "Tackling the
+    Objective Inconsistency Problem in Heterogeneous Federated Optimization",
+    NeurIPS 2020, https://arxiv.org/abs/2007.07481"""
+    m = len(grads)
+    tau_eff = sum(steps) / m
+    out = OrderedDict()
+    for k in grads[0]:
+        acc = _zeros(grads[0][k])
+        for g, a in zip(grads, steps):
+            acc.add_(g[k], alpha=tau_eff / (m * a))
+        out[k] = acc
+    return out
+
+
 def scale(factor: float) -> Transform:
     """step = factor · g (the outer learning rate)."""
 

@@ -178,7 +178,12 @@ class Engine:
         if budget.spent(self):  # nobody gets a job: none is asked (not the whole fleet
             self.pool.pass_over(self.version, len(self.in_flight))  # at every event)
             return
-        for w in self.pool.candidates(self.version, len(self.in_flight)):
+        candidates = self.pool.candidates(self.version, len(self.in_flight))
+        if self.policy.sizes_rounds:  # it sizes the round from everyone offered a job
+            candidates = [w for w in candidates if self._takes_job(w, now)]
+            self.policy.offered(now=now, version=self.version, workers=candidates,
+                                busy=len(self.in_flight))
+        for w in candidates:
             # asked at every job: handing out a round to thousands of workers takes
             # long (in one process each job runs as it is handed out), a stop must not wait
             if self.inbox.should_stop():
@@ -186,13 +191,18 @@ class Engine:
             if cap and len(self.in_flight) >= cap:
                 self.pool.blocked = True
                 break
-            if self.presence is not None and self.presence.gone_away(w, now, self.version):
-                continue
-            if w in self.pool.retired or not self.model.wants_job(w, self.version):
+            if not self.policy.sizes_rounds and not self._takes_job(w, now):
                 continue
             steps = budget.steps_for(self, w)
             if steps > 0 or self.model.sends_empty_job(self.version):
                 self._dispatch(w, now, steps)
+
+    def _takes_job(self, w: int, now: float) -> bool:
+        """Whether free worker ``w`` is offered a job now: it is there (an absent one
+        leaves the pool until it is back), not retired, and the server wants one."""
+        if self.presence is not None and self.presence.gone_away(w, now, self.version):
+            return False
+        return w not in self.pool.retired and self.model.wants_job(w, self.version)
 
     def _dispatch(self, w: int, now: float, steps: int) -> None:
         index, free_since = self.pool.take(w)
