@@ -8,7 +8,10 @@ that names the workers' saved optimizer states. With those, ``fedlm run
 to a run that was never killed.
 
 File format: ``MAGIC``, the SHA-256 of the payload (64 hex characters), then
-the payload (``torch.save``). Written to a temporary file, fsynced, renamed
+the payload (``torch.save``). It is read with ``torch.load(weights_only=True)``: tensors,
+numbers, strings, containers and fedlm's own plain records (``SAFE_CLASSES``), nothing
+that can name a function, so a crafted file runs no code however it got into the
+folder or ``init.from``; the digest only proves a file whole, not harmless. Written to a temporary file, fsynced, renamed
 over — so a crash leaves the old file or the new one, never half of one —
 and read back only if the digest matches: a corrupt or truncated newest
 checkpoint is skipped for the one before.
@@ -27,10 +30,13 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import pickle
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from fedlm import files
 
 MAGIC = b"FEDLM-CKPT-1\n"
 _DIGEST = 64
@@ -126,14 +132,42 @@ def save(folder: Path, version: int, payload: dict[str, Any], keep: int) -> Path
 
 def read(path: Path) -> dict[str, Any]:
     """A checkpoint's payload; ``ValueError`` if the file is not a whole, intact one."""
-    blob = path.read_bytes()
+    blob = files.read_bytes(path, "checkpoint")  # a FIFO, a device, a huge file: refused
     if not blob.startswith(MAGIC) or len(blob) < len(MAGIC) + _DIGEST:
         raise ValueError("not a fedlm checkpoint (or truncated)")
     digest = blob[len(MAGIC):len(MAGIC) + _DIGEST].decode(errors="replace")
     data = blob[len(MAGIC) + _DIGEST:]
     if hashlib.sha256(data).hexdigest() != digest:
         raise ValueError("checksum mismatch (corrupt or half-written)")
-    return torch.load(io.BytesIO(data), weights_only=False)
+    return load_tensors(data)
+
+
+def load_tensors(data: bytes) -> Any:
+    """``torch.load`` of ``data`` that builds tensors, plain values and ``SAFE_CLASSES``
+    only; anything else (a pickled function or class) is a one-line ``ValueError``."""
+    try:
+        with torch.serialization.safe_globals(safe_classes()):
+            return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        asked = next((line.split("GLOBAL", 1)[1].strip().split()[0]
+                      for line in str(exc).splitlines() if "GLOBAL" in line), "an object")
+        raise ValueError(f"holds {asked}, which fedlm does not load (a checkpoint holds "
+                         f"tensors, numbers, strings and fedlm's own records only)") from None
+
+
+def safe_classes() -> list[type]:
+    """fedlm's own plain records that an engine state holds (frozen dataclasses and
+    enums: built from their fields, with no code of their own run)."""
+    from fedlm.engine import events, types
+    from fedlm.job import JobResult, JobSpec
+    from fedlm.sim.dynamics import Straggle
+    from fedlm.sim.fleet import JobTiming, Region, WorkerProfile
+    from fedlm.store import IntervalKind
+    from fedlm.strategies.base import Update
+    from fedlm.strategies.halos import Transfer
+    return [types.InFlight, types.JobDone, types.BackOnline, types.Delivery, events._JobEnds,
+            events._LinkChange, events._Computed, events._Uploaded, events._Deadline, JobSpec,
+            JobResult, JobTiming, Region, WorkerProfile, Straggle, IntervalKind, Update, Transfer]
 
 
 def latest(folder: Path, expect: dict[str, Any]) -> tuple[dict[str, Any], Path, list[str]]:

@@ -22,6 +22,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, get_type_hints
 
+from fedlm import files
 from fedlm.config import SECTIONS, SPELLING, Config
 from fedlm.config_check import coerce, validate
 from fedlm.errors import ConfigError, first_line, shown, shown_key
@@ -155,12 +156,12 @@ def read_toml(path: str | Path, what: str) -> dict[str, Any]:
     p = Path(path)
     if p.is_dir():
         raise ConfigError(f"{what}: {shown_key(str(p))} is a directory, not a TOML file")
-    if not p.is_file():
+    if not p.exists():
         raise ConfigError(f"{what}: no such file {str(p)!r}")
     try:
-        return tomllib.loads(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"{what}: cannot read {shown_key(str(p))}: {exc.strerror}") from None
+        return tomllib.loads(files.read_text(p, "config"))  # a FIFO, a device: refused
+    except files.FileRefused as exc:
+        raise ConfigError(f"{what}: {exc}") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{what}: {shown_key(str(p))}: not UTF-8 text ({exc.reason} at byte "
                           f"{exc.start})") from None

@@ -29,9 +29,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from fedlm import checkpoint as ckpt_lib, data, model as model_lib
+from fedlm import checkpoint as ckpt_lib, data, files, model as model_lib
 from fedlm.config import Config
-from fedlm.errors import ConfigError
+from fedlm.errors import ConfigError, first_line
 from fedlm.params import params_hash
 from fedlm.model import load_into, snapshot
 from fedlm.store import run_row, shown_status
@@ -150,18 +150,22 @@ def _run_weights(db: Path, run_id: int) -> tuple[dict, str]:
 
 
 def _file_weights(path: Path) -> tuple[dict, str]:
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"init.from: no run id, DB:RUN_ID or file {str(path)!r}")
     try:
-        payload = ckpt_lib.read(path)
-    except ValueError:  # not in fedlm's format: a plain state dict?
-        try:
-            payload = {"params": torch.load(path, map_location="cpu", weights_only=True)}
-        except Exception as exc:
-            raise ConfigError(f"init.from: {path} holds no weights fedlm can read "
-                              f"({type(exc).__name__})") from None
-    except OSError as exc:
-        raise ConfigError(f"init.from: cannot read {path}: {exc.strerror}") from None
+        blob = files.read_bytes(path, "checkpoint")  # a FIFO, a device, a huge file: refused
+    except files.FileRefused as exc:
+        raise ConfigError(f"init.from: {exc}") from None
+    try:
+        if blob.startswith(ckpt_lib.MAGIC):  # fedlm's format: a checkpoint or weights
+            payload = ckpt_lib.read(path)
+        else:  # a plain state dict (torch.save), tensors only
+            payload = {"params": ckpt_lib.load_tensors(blob)}
+    except ValueError as exc:
+        raise ConfigError(f"init.from: {path}: {first_line(exc)}") from None
+    except Exception as exc:  # noqa: BLE001 - whatever else torch makes of foreign bytes
+        raise ConfigError(f"init.from: {path} holds no weights fedlm can read "
+                          f"({type(exc).__name__})") from None
     params = payload.get("params")
     if params is None:  # a run's checkpoint: the global params are in the engine's state,
         # under "model" ("driver" before that was renamed; its top before the engine split)

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedlm import files
 from fedlm.config import DataConfig
 from fedlm.data import tokenizer as tok_lib
 from fedlm.errors import ConfigError
@@ -145,7 +146,15 @@ def _text_documents(cfg: DataConfig) -> list[dict[str, str]]:
     if not paths:
         raise ConfigError(f"data.source: no files match {cfg.source[5:]!r}")
     return [{"title": Path(p).stem, "genre": Path(p).parent.name,
-             "text": Path(p).read_text(encoding="utf-8", errors="replace")} for p in paths]
+             "text": _corpus_text(p)} for p in paths]
+
+
+def _corpus_text(path: str) -> str:
+    """One file of a text corpus: a FIFO, a device or a huge file is refused in one line."""
+    try:
+        return files.read_text(path, "text", errors="replace")
+    except files.FileRefused as exc:
+        raise ConfigError(f"data.source: {exc}") from None
 
 
 def document_rows(cfg: DataConfig) -> list[dict[str, str]]:

@@ -25,6 +25,7 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
+from fedlm import files
 from fedlm.errors import ConfigError, shown, shown_key
 
 AUGMENTATION = 3.0  # FedScale's augmentation_factor: forward + backward ~ 3 x inference
@@ -121,11 +122,61 @@ class _NeedsClass(pickle.UnpicklingError):
     """A pickle that asks for a class (its message: which)."""
 
 
-class _PlainUnpickler(pickle.Unpickler):
-    """Builds dicts, lists, tuples, numbers and strings only: every class is refused."""
+class _SharedContainer(pickle.UnpicklingError):
+    """A pickle that refers to one list, dict or tuple twice."""
+
+
+MAX_DEPTH = 8  # a trace is a dict of clients' dicts of lists of numbers: depth 3
+
+
+class _PlainUnpickler(pickle._Unpickler):  # the Python one: its memo reads can be checked
+    """Builds dicts, lists, tuples, numbers and strings only: every class is refused, and
+    so is a second reference to a container. A trace never shares one (a dict per
+    client, a list per window kind), and sharing is how a few hundred bytes become a
+    structure whose every walk (hashing a key, validating, printing) takes exponential
+    time; strings and numbers may be shared (pickle shares repeated keys)."""
+
+    dispatch = dict(pickle._Unpickler.dispatch)
 
     def find_class(self, module: str, name: str) -> Any:
         raise _NeedsClass(shown(f"{module}.{name}", 80))
+
+    def _push_memo(self, index: int) -> None:
+        try:
+            obj = self.memo[index]
+        except KeyError:
+            raise pickle.UnpicklingError(f"memo value {index} not found") from None
+        if isinstance(obj, (list, dict, tuple, set, frozenset)) and obj:
+            raise _SharedContainer("a container referred to twice")
+        self.append(obj)
+
+    def _get(self) -> None:
+        self._push_memo(int(self.readline()[:-1]))
+
+    def _binget(self) -> None:
+        self._push_memo(self.read(1)[0])
+
+    def _long_binget(self) -> None:
+        self._push_memo(int.from_bytes(self.read(4), "little"))
+
+    dispatch[pickle.GET[0]] = _get
+    dispatch[pickle.BINGET[0]] = _binget
+    dispatch[pickle.LONG_BINGET[0]] = _long_binget
+
+
+def _depth(value: Any) -> int:
+    """How deeply containers nest in ``value`` (iteratively: no recursion limit met)."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        v, d = stack.pop()
+        deepest = max(deepest, d)
+        if d > MAX_DEPTH:
+            break
+        if isinstance(v, dict):
+            stack.extend((x, d + 1) for x in (*v.keys(), *v.values()))
+        elif isinstance(v, (list, tuple)):
+            stack.extend((x, d + 1) for x in v)
+    return deepest
 
 
 _NOT_JSON = object()
@@ -136,9 +187,9 @@ def read_trace(path: str | Path) -> dict[str, Any]:
     (ids that are integers numerically and first, the others as strings)."""
     where = shown_key(str(path))
     try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"{where}: cannot read the trace ({exc.strerror or exc})") from None
+        data = files.read_bytes(path, "trace")  # a FIFO, /dev/zero, a huge file: refused
+    except files.FileRefused as exc:
+        raise ConfigError(str(exc)) from None
     raw: Any = _NOT_JSON
     if not data.startswith(b"\x80"):  # not a pickle of protocol 2 or later: JSON?
         with contextlib.suppress(ValueError, RecursionError):
@@ -150,8 +201,14 @@ def read_trace(path: str | Path) -> dict[str, Any]:
             raise ConfigError(f"{where}: not a plain FedScale trace: the pickle asks for "
                               f"{exc} (a trace holds only dicts, lists, numbers and "
                               f"strings, never a class)") from None
+        except _SharedContainer:
+            raise ConfigError(f"{where}: not a plain FedScale trace: the pickle refers to "
+                              f"one list, dict or tuple twice") from None
         except Exception:  # noqa: BLE001 - any malformed pickle is the same refusal
             raise ConfigError(f"{where}: neither JSON nor a pickle") from None
+    if _depth(raw) > MAX_DEPTH:
+        raise ConfigError(f"{where}: not a plain FedScale trace: nested more than "
+                          f"{MAX_DEPTH} deep (a trace is a dict of clients' dicts of lists)")
     if not isinstance(raw, dict) or not raw:
         what = "no clients" if isinstance(raw, dict) else f"a {type(raw).__name__}"
         raise ConfigError(f"{where}: holds {what}, not a dict of clients")

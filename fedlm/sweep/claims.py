@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from fedlm import ownership
+from fedlm import files, ownership
 
 
 def folder_of(db: str | Path) -> Path:
@@ -34,8 +34,8 @@ def _path(db: str | Path, name: str) -> Path:
 
 def _owner_alive(path: Path) -> bool:
     try:
-        owner = json.loads(path.read_text())
-    except (OSError, ValueError):
+        owner = json.loads(files.read_text(path, "claim"))
+    except (OSError, ValueError):  # FileRefused is a ValueError
         return False  # half-written by a process killed at that instant, or gone: stale
     return ownership.judge(owner.get("host"), owner.get("pid"), owner.get("started"),
                            owner.get("at")).alive

@@ -1,0 +1,86 @@
+"""Reading a file a user pointed fedlm at: a regular file, under a size cap, read once.
+
+Every file fedlm reads on someone's word (configs and sweep specs, traces,
+checkpoints and weights, text corpora) goes through ``read_bytes``, so that a FIFO, a
+device such as ``/dev/zero``, a directory or a file larger than anything fedlm writes
+is refused in one line before a byte is read, instead of blocking forever or reading
+until memory runs out. The caps are far above what fedlm itself writes (the largest,
+a 150m-parameter run's checkpoint, is a few GB).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from fedlm.errors import shown_key
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+CAPS = {  # bytes fedlm reads of each kind of file, at most
+    "config": 16 * MiB,       # a TOML config or sweep spec
+    "trace": 512 * MiB,       # a FedScale-format trace (FedScale's own are tens of MB)
+    "checkpoint": 64 * GiB,   # a run's checkpoint, the pretraining cache, init.from weights
+    "text": 4 * GiB,          # one file of a text corpus (data.source = text:GLOB)
+    "claim": 1 * MiB,         # a sweep's claim on a cell
+}
+
+
+class FileRefused(ValueError):
+    """Not a file fedlm reads: the message is one line naming the path and why."""
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _size(n: int) -> str:
+    return f"{n / GiB:.1f} GiB" if n >= GiB else f"{n / MiB:.1f} MiB"
+
+
+def check(path: str | Path, what: str) -> int:
+    """The size of ``path`` if it is a regular file within the cap of ``what`` (a key of
+    ``CAPS``); else ``FileRefused``. Links are followed (a link to a regular file is one)."""
+    where = shown_key(str(path))
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise FileRefused(f"{where}: cannot read the {what} ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise FileRefused(f"{where}: the {what} is {_kind(st.st_mode)}, not a regular file")
+    if st.st_size > CAPS[what]:
+        raise FileRefused(f"{where}: the {what} is {_size(st.st_size)}, more than the "
+                          f"{_size(CAPS[what])} fedlm reads")
+    return st.st_size
+
+
+def read_bytes(path: str | Path, what: str) -> bytes:
+    """The bytes of ``path``, checked first (``check``); never more than it held then (a
+    file that grows while it is read is refused: it is being written)."""
+    size = check(path, what)
+    where = shown_key(str(path))
+    try:
+        # O_NONBLOCK: should the path have become a FIFO since the check, open returns
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise FileRefused(f"{where}: the {what} is not a regular file")
+            data = f.read(size)  # what it held when checked
+            grown = f.read(1)
+    except OSError as exc:
+        raise FileRefused(f"{where}: cannot read the {what} ({exc.strerror or exc})") from None
+    if grown:
+        raise FileRefused(f"{where}: the {what} grew while it was read")
+    return data
+
+
+def read_text(path: str | Path, what: str, errors: str = "strict") -> str:
+    """``read_bytes`` decoded as UTF-8."""
+    return read_bytes(path, what).decode("utf-8", errors=errors)
