@@ -49,6 +49,7 @@ from fedlm.engine.inbox import Inbox
 from fedlm.engine.jobs import JobMaker
 from fedlm.engine.presence import Presence
 from fedlm.engine.runlog import RunLog
+from fedlm.engine.stall import StallWatch
 from fedlm.engine.transfers import ServerTransfers
 from fedlm.engine.types import (BackOnline, Delivery, Diverged, EngineError, Event, InFlight,
                                 Interrupted, Progress, JobResult, Transport)
@@ -98,6 +99,7 @@ class Engine:
         self.wall_start = time.time()
         # the best validation loss so far; a resumed run's is seeded from its evaluations
         self.divergence = DivergenceWatch(cfg.eval.diverge_factor, hint(strategy))
+        self.stall = StallWatch(len(fleet))  # a run that can make no progress stops
         self._cancelled = False  # the jobs in flight at the end are marked cancelled once
 
     @property
@@ -163,6 +165,7 @@ class Engine:
                                   f"and strategy {self.strategy.name!r} gives none to "
                                   f"the {len(self.pool.free_since)} free workers")
             first = self._handle(self.events.next_event())
+            self._check_progress()
             nxt = self.events.next_time()
             if self.cfg.time_budget and nxt is not None and nxt > self.cfg.time_budget:
                 break  # the next job would finish after the time budget
@@ -260,6 +263,7 @@ class Engine:
             self._lost(flight, error, reason)
             return flight
         self.pool.accepted(w, job_id)
+        self.stall.update_accepted()
         self.model.accepted(w, job)
         self.grace.observe(flight, now)
         self.inbox.settle(job_id, "done")
@@ -294,6 +298,7 @@ class Engine:
         if reason != "departed" and self.pool.failed(w):
             reason = "retired"
         self.inbox.settle(job.job_id, "lost")
+        self.stall.job_lost(reason)
         self.log.lost(job, self.now, error=error, reason=reason,
                       failures=self.pool.failures[w])
         if self.pool.everyone_retired():
@@ -319,6 +324,7 @@ class Engine:
 
     def _new_version(self, params) -> None:
         seqs = self.model.new_version(params)
+        self.stall.new_version()
         if self.base_params:  # keep only versions that jobs still in flight started from
             used = self.in_flight.base_versions()
             self.base_params = {v: p for v, p in self.base_params.items() if v in used}
@@ -382,6 +388,14 @@ class Engine:
         why = self.divergence.check(self.version, ev.loss)
         if why is not None:
             self._diverged(why)
+
+    def _check_progress(self) -> None:
+        """Stop a run that can make no progress (``fedlm.engine.stall``), in one line."""
+        why = self.stall.why_stalled(self.version, self.strategy.name)
+        if why is not None:
+            self.log.stalled(self.now, why)
+            self._close_timeline(why="run stalled")
+            raise EngineError(why)
 
     def _diverged(self, why: str) -> NoReturn:
         """Stop here: the rest of the run would only train a broken model."""

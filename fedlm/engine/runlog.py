@@ -105,6 +105,9 @@ class RunLog:
     def diverged(self, now: float, why: str) -> None:
         self._event("diverged", now, detail=why)
 
+    def stalled(self, now: float, why: str) -> None:
+        self._event("stalled", now, detail=why)
+
     def checkpoint(self, now: float, version: int) -> None:
         self._event("checkpoint", now, detail=f"version {version}, op {self.op}")
 

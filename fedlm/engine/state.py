@@ -7,9 +7,10 @@ the whole state is in it; ``Engine.load_state_dict`` is ``restore``. The keys:
                    updates, the strategy's state, what each worker last saw and
                    whatever else its kind keeps (``driver`` in checkpoints written
                    before the class was renamed: still read)
-    policy, grace, pool, events, inbox, log, jobs
+    policy, grace, pool, events, inbox, log, jobs, stall
                    each part's own ``state_dict`` (no ``grace`` in checkpoints
-                   written before the grace rule kept state)
+                   written before the grace rule kept state, no ``stall`` before the
+                   progress watch)
     in_flight      job id -> InFlight, in dispatch order
     base_params    the global versions that jobs in flight started from (resume
                    sends them again; a job of a server that keeps job starts carries
@@ -25,7 +26,8 @@ from __future__ import annotations
 
 from typing import Any
 
-PARTS = ("model", "policy", "grace", "pool", "events", "inbox", "log", "jobs", "in_flight")
+PARTS = ("model", "policy", "grace", "pool", "events", "inbox", "log", "jobs", "in_flight",
+         "stall")
 TOTALS = ("model_bytes", "up_bytes", "tokens", "steps_done", "jobs_done", "last_perplexity")
 
 
@@ -47,6 +49,7 @@ def restore(engine: Any, st: dict) -> None:
     engine.grace.load_state_dict(st.get("grace", {}), engine.in_flight)  # it indexes them
     for name in ("pool", "events", "inbox", "log", "jobs"):
         getattr(engine, name).load_state_dict(st[name])
+    engine.stall.load_state_dict(st.get("stall", {}))
     for name in TOTALS:
         setattr(engine, name, st[name])
     engine.transfers.load_state_dict(st.get("transfers", {"flying": {}}))

@@ -1,0 +1,78 @@
+"""When a run can make no progress: every job is lost, or no update makes a version.
+
+A run whose every job departs before it ends (presence windows shorter than any job:
+``fleet.availability``, an availability trace at a tiny ``fleet.trace_time_scale``),
+misses its deadline, or whose strategy takes updates but never makes a version (a
+plug-in that drops them all; a sync round that starts over below ``min_replies``
+forever) would otherwise loop without end, on the virtual clock as on the wall clock.
+The engine tells this watch each job's end and each new version, and stops the run
+with one line that says why once
+
+- ``lost_limit(workers)`` jobs in a row have been lost (no update accepted between
+  them): max(50, 10 x workers);
+- ``held_limit(workers)`` updates in a row have been accepted without a new version:
+  max(200, 20 x workers) (a sync round needs one per worker, a buffer K of them).
+
+Both counts are in jobs, so a stop comes at the same point on a replayed or resumed
+run; in time it comes after that many jobs' durations. Crashing workers are retired
+long before (``reliability.max_failures``); this catches what retiring does not
+(departures do not count towards it, and dropped updates are not failures).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+
+def lost_limit(workers: int) -> int:
+    return max(50, 10 * workers)
+
+
+def held_limit(workers: int) -> int:
+    return max(200, 20 * workers)
+
+
+_WHY = {  # what a run of lost jobs of one kind means
+    "departed": "no job fits in its worker's presence window (fleet.availability, "
+                "fleet.availability_trace and fleet.trace_time_scale, fleet.leave)",
+    "deadline": "every job misses its deadline (reliability.deadline, deadline_factor)",
+}
+
+
+class StallWatch:
+    def __init__(self, workers: int) -> None:
+        self.lost_max, self.held_max = lost_limit(workers), held_limit(workers)
+        self.lost: Counter[str] = Counter()  # reasons of the jobs lost in a row
+        self.held = 0  # updates accepted since the last version
+
+    def job_lost(self, reason: str) -> None:
+        self.lost[reason] += 1
+
+    def update_accepted(self) -> None:
+        self.lost.clear()
+        self.held += 1
+
+    def new_version(self) -> None:
+        self.lost.clear()
+        self.held = 0
+
+    def why_stalled(self, version: int, strategy: str) -> str | None:
+        """None while the run may go on, else the one-line reason it cannot."""
+        lost = sum(self.lost.values())
+        if lost >= self.lost_max:
+            kinds = ", ".join(f"{r} {n}" for r, n in self.lost.most_common())
+            why = _WHY.get(self.lost.most_common(1)[0][0], "every job is lost") \
+                if len(self.lost) == 1 else "every job is lost"
+            return (f"no progress at version {version}: the last {lost} jobs were all lost "
+                    f"({kinds}): {why}")
+        if self.held >= self.held_max:
+            return (f"no progress at version {version}: {self.held} updates in a row made no "
+                    f"new version: strategy {strategy!r} holds or drops every update (a "
+                    f"staleness bound, a buffer, a quorum it never reaches?)")
+        return None
+
+    def state_dict(self) -> dict:
+        return {"lost": dict(self.lost), "held": self.held}
+
+    def load_state_dict(self, st: dict) -> None:
+        self.lost, self.held = Counter(st.get("lost", {})), st.get("held", 0)

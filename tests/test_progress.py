@@ -1,0 +1,73 @@
+"""A run that can make no progress stops with one line that says why, after a number of
+jobs the docs state (fedlm/engine/stall.py), instead of looping for ever."""
+
+import sqlite3
+import sys
+from pathlib import Path
+
+import pytest
+
+from fedlm.engine import EngineError
+from fedlm.engine.stall import StallWatch, held_limit, lost_limit
+from fedlm.runner import run_inprocess
+from tests.conftest import tiny_config
+
+EXAMPLES = str(Path(__file__).resolve().parents[1] / "docs" / "examples")
+
+
+def _stalled(tmp_path, *sets) -> tuple[str, sqlite3.Connection]:
+    db = tmp_path / "r.db"
+    with pytest.raises(EngineError) as err:
+        run_inprocess(tiny_config("inner.steps=2", "updates=3", *sets), str(db))
+    return str(err.value), sqlite3.connect(db)
+
+
+def test_presence_windows_shorter_than_any_job_stop_the_run(tmp_path):
+    why, conn = _stalled(tmp_path, "fleet.availability={up=0.01, down=1}")
+    assert why.startswith(f"no progress at version 0: the last {lost_limit(3)} jobs were all "
+                          f"lost (departed {lost_limit(3)}): no job fits in its worker's "
+                          f"presence window") and "\n" not in why
+    assert conn.execute("SELECT status FROM runs").fetchone()[0] == "failed"
+    assert conn.execute("SELECT detail FROM events WHERE kind='stalled'").fetchone()[0] == why
+    lost = conn.execute("SELECT COUNT(*) FROM jobs WHERE status='lost'").fetchone()[0]
+    assert lost == lost_limit(3)  # stopped at the bound, not later
+
+
+def test_a_strategy_that_never_makes_a_version_stops_the_run(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(EXAMPLES)
+    why, conn = _stalled(tmp_path, "strategy=fedasync_example:FedAsync",
+                         "outer.max_staleness=-1")
+    assert why.startswith(f"no progress at version 0: {held_limit(3)} updates in a row made "
+                          f"no new version: strategy 'fedasync'")
+    assert conn.execute("SELECT COUNT(*) FROM updates").fetchone()[0] == held_limit(3)
+    sys.modules.pop("fedasync_example", None)
+
+
+def test_churn_that_lets_jobs_finish_is_not_a_stall(tmp_path):
+    # most jobs depart, some finish: the run goes on to its updates
+    db = tmp_path / "r.db"
+    run_inprocess(tiny_config("inner.steps=2", "updates=3",
+                              "fleet.availability={up=8, down=4}"), str(db))
+    conn = sqlite3.connect(db)
+    assert conn.execute("SELECT status FROM runs").fetchone()[0] == "finished"
+    assert conn.execute("SELECT COUNT(*) FROM jobs WHERE reason='departed'").fetchone()[0] > 0
+
+
+def test_the_watch_counts_in_a_row_and_round_trips():
+    watch = StallWatch(workers=2)
+    for _ in range(lost_limit(2) - 1):
+        watch.job_lost("deadline")
+    assert watch.why_stalled(0, "x") is None
+    copy = StallWatch(workers=2)
+    copy.load_state_dict(watch.state_dict())
+    copy.job_lost("departed")
+    assert "deadline 49, departed 1" in copy.why_stalled(0, "x")
+    assert "every job is lost" in copy.why_stalled(0, "x")  # two kinds: no single cause
+    watch.update_accepted()  # an accepted update breaks the run of losses
+    watch.job_lost("deadline")
+    assert watch.why_stalled(0, "x") is None
+    for _ in range(held_limit(2)):
+        watch.update_accepted()
+    assert "updates in a row made no new version" in watch.why_stalled(3, "x")
+    watch.new_version()
+    assert watch.why_stalled(4, "x") is None
