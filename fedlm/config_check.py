@@ -17,7 +17,7 @@ from fedlm.config import (CLOCKS, COMPRESSIONS, DEVICES, FAULT_KINDS, GRACE_RULE
                           TRACKERS, WANDB_MODES, Config)
 from fedlm.data import shakespeare_play_count, tokenizer
 from fedlm.errors import ConfigError, first_line, shown, shown_key
-from fedlm.sim import fleet, geo
+from fedlm.sim import fleet, geo, quantities as Q
 from fedlm.strategies import registry
 
 
@@ -210,18 +210,16 @@ def validate(cfg: Config) -> None:
     f = cfg.fleet
     _require(f.preset in fleet.PRESETS, "fleet.preset", f.preset,
              f"unknown preset (known: {', '.join(fleet.PRESETS)})")
-    _require(f.base_step_time > 0, "fleet.base_step_time", f.base_step_time, "must be > 0")
-    _require(f.jitter >= 0, "fleet.jitter", f.jitter, "must be >= 0")
-    for k, t in enumerate(f.step_times):
-        _require(t > 0, f"fleet.step_times[{k}]", t, "must be > 0")
+    Q.STEP.check("fleet.base_step_time", f.base_step_time)
+    Q.JITTER.check("fleet.jitter", f.jitter)
+    Q.check_all("fleet.step_times", f.step_times, Q.STEP)
     for name, link in f.links.items():
-        ok = (isinstance(link, dict) and set(link) == {"latency", "down_bw", "up_bw"}
-              and all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                      and 0 <= v < float("inf") for v in link.values())
-              and link["down_bw"] > 0 and link["up_bw"] > 0)
-        _require(ok, f"fleet.links.{name}", link,
-                 "must be a table {latency = s, down_bw = bytes/s, up_bw = bytes/s}, "
-                 "bandwidths > 0")
+        _require(isinstance(link, dict) and set(link) == {"latency", "down_bw", "up_bw"},
+                 f"fleet.links.{name}", link,
+                 "must be a table {latency = s, down_bw = bytes/s, up_bw = bytes/s}")
+        Q.LATENCY.check(f"fleet.links.{name}.latency", link["latency"])
+        Q.BANDWIDTH.check(f"fleet.links.{name}.down_bw", link["down_bw"])
+        Q.BANDWIDTH.check(f"fleet.links.{name}.up_bw", link["up_bw"])
     problem = geo.matrix_problem(f.matrix)
     if problem is not None:
         raise ConfigError(f"fleet.matrix: {problem}")
@@ -241,14 +239,15 @@ def validate(cfg: Config) -> None:
     _check_placement(cfg)
 
     n = cfg.network
-    _require(n.server_down >= 0, "network.server_down", n.server_down, "must be >= 0")
-    _require(n.server_up >= 0, "network.server_up", n.server_up, "must be >= 0")
+    for name in ("server_down", "server_up"):  # 0: no shared server link
+        if getattr(n, name) != 0:
+            Q.BANDWIDTH.check(f"network.{name}", getattr(n, name))
     _require(0 <= n.daily_amplitude < 1, "network.daily_amplitude", n.daily_amplitude,
              "must be in [0, 1)")
     _require(0 <= n.peak_hour < 24, "network.peak_hour", n.peak_hour, "must be in [0, 24)")
     _require_choice("network.compression", n.compression, COMPRESSIONS)
     _require(n.block_size >= 0, "network.block_size", n.block_size, "must be >= 0")
-    _require(n.intra_bw > 0, "network.intra_bw", n.intra_bw, "must be > 0")
+    Q.BANDWIDTH.check("network.intra_bw", n.intra_bw)
     _require_choice("network.topology", n.topology, TOPOLOGIES)
     _check_exchange(cfg)
 
@@ -349,6 +348,7 @@ def _check_placement(cfg: Config) -> None:
     from fedlm.sim import dynamics  # numpy only
 
     f = cfg.fleet
+    _check_trace_overrides(f)
     for key in ("device_trace", "availability_trace"):
         path = getattr(f, key)
         if path:
@@ -357,9 +357,15 @@ def _check_placement(cfg: Config) -> None:
             load = (traces.load_device_trace if key == "device_trace"
                     else traces.load_availability_trace)
             try:
-                load(path)
+                entries = load(path)
             except ConfigError as exc:  # not a FedScale trace: say which setting named it
                 raise ConfigError(f"fleet.{key}: {exc}") from None
+            if key == "availability_trace":  # its period, in run seconds
+                for e in entries:
+                    Q.check_derived(f"fleet.availability_trace: client {e.key}",
+                                    f"'finish_time' {e.finish_time:g} x fleet.trace_time_scale "
+                                    f"{f.trace_time_scale:g}", e.finish_time * f.trace_time_scale,
+                                    Q.DURATION)
     regions = [p.region.name for p in fleet.profiles(f, cfg.workers, cfg.inner.batch_size)]
     if f.matrix and not f.device_trace and not set(regions) & set(f.matrix["regions"]):
         raise ConfigError(f"fleet.matrix: no worker is in any of its regions "  # it does nothing
@@ -377,11 +383,24 @@ def _check_placement(cfg: Config) -> None:
         why = "one worker per node (not network.hierarchical pods)"
     elif cfg.network.server_down or cfg.network.server_up:
         why = "links of their own (not a shared network.server_down/server_up)"
-    elif cfg.outer.get("fragments") or cfg.outer.get("overlap"):
+    elif cfg.stream.fragments or cfg.stream.overlap:
         why = "whole-model jobs (not Streaming DiLoCo's fragments)"
     if why is not None:
         raise ConfigError(f"fleet: a fleet that changes over time (slowdown, stragglers, "
                           f"availability, join, leave, availability_trace) runs with {why}")
+
+
+def _check_trace_overrides(f) -> None:
+    """A trace sets what other settings would: both at once is refused, not one ignored."""
+    if f.device_trace:  # every worker's speed and link, each its own region
+        for key in ("step_times", "regions", "topology", "matrix", "links"):
+            _require(not getattr(f, key), f"fleet.{key}", getattr(f, key),
+                     "is set by fleet.device_trace (each worker's speed and link), which "
+                     "is also set: drop one")
+    Q.TIME_SCALE.check("fleet.trace_time_scale", f.trace_time_scale)
+    _require(f.availability_trace or f.trace_time_scale == 1.0, "fleet.trace_time_scale",
+             f.trace_time_scale, "scales an availability trace's times, and no "
+             "fleet.availability_trace is set")
 
 
 def notes(cfg: Config) -> list[str]:

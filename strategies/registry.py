@@ -42,16 +42,28 @@ def plugin_strategies() -> dict[str, str]:
     return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
-def load_dotted(path: str) -> Any:
+def load_dotted(path: str, what: str = "strategy") -> Any:
+    """The object at ``package.module:Name``; anything its import does wrong (an error,
+    even ``SystemExit``) is a one-line ``ConfigError`` starting with ``what``."""
     module_name, _, attr = path.partition(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ConfigError(f"strategy: cannot import {module_name!r} ({exc})") from None
+        raise ConfigError(f"{what}: cannot import {module_name!r} ({exc})") from None
+    except (ValueError, TypeError):  # not a module name at all (":x", ".:x"): the caller's
+        raise
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - a plug-in's own code failed
+        raise ConfigError(f"{what}: importing {module_name!r} raised "
+                          f"{type(exc).__name__}: {_first(exc)}") from None
     try:
         return getattr(module, attr)
     except AttributeError:
-        raise ConfigError(f"strategy: {module_name!r} has no {attr!r}") from None
+        raise ConfigError(f"{what}: {module_name!r} has no {attr!r}") from None
+
+
+def _first(exc: BaseException) -> str:
+    lines = str(exc).splitlines()
+    return lines[0][:200] if lines else "(no message)"
 
 
 def strategy_class(name: str) -> type[Strategy]:

@@ -26,7 +26,8 @@ def test_set_overrides_parse_toml_values_and_aliases():
 @pytest.mark.parametrize("override, fragment", [
     ("bogus=1", "bogus: unknown key"),
     ("inner.bogus=1", "inner.bogus: unknown key"),
-    ("fleet.step_times=[1.0, -2.0]", "fleet.step_times[1]: must be > 0, got -2.0"),
+    ("fleet.step_times=[1.0, -2.0]",
+     "fleet.step_times[1]: must be seconds per inner step in [1e-09, 1e+06], got -2.0"),
     ("fleet.preset=warp", "fleet.preset: unknown preset"),
     ("strategy=nope", "strategy: unknown strategy 'nope'"),
     ("model=huge", "model: unknown preset"),
@@ -58,7 +59,8 @@ def test_cli_refuses_bad_config_without_traceback():
     out = subprocess.run([sys.executable, "-m", "fedlm", "run", "--set", "fleet.step_times=[-1]"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
-    assert out.stderr.strip() == ("fedlm: error: fleet.step_times[0]: must be > 0, got -1.0")
+    assert out.stderr.strip() == ("fedlm: error: fleet.step_times[0]: must be seconds per inner "
+                                  "step in [1e-09, 1e+06], got -1.0")
     assert "Traceback" not in out.stderr
 
 

@@ -13,6 +13,7 @@ without touching the engine. ``server_class`` is the one place a kind is chosen.
 from __future__ import annotations
 
 from fedlm.config import Config
+from fedlm.errors import ConfigError
 from fedlm.servers.protocol import Sent, Server
 from fedlm.strategies.base import Strategy
 
@@ -25,7 +26,12 @@ def server_class(cfg: Config, strategy: type[Strategy] | Strategy) -> type[Serve
     from fedlm.strategies.registry import load_dotted
 
     if strategy.server:
-        return load_dotted(strategy.server)
+        kind = load_dotted(strategy.server, f"strategy {strategy.name!r}: its server "
+                                            f"{strategy.server!r}")
+        if not (isinstance(kind, type) and issubclass(kind, Server)):
+            raise ConfigError(f"strategy {strategy.name!r}: its server {strategy.server!r} "
+                              f"is not a fedlm.servers.Server subclass")
+        return kind
     if Streaming.of_config(cfg) is not None:
         from fedlm.servers.streamed import StreamedServer
         return StreamedServer

@@ -47,6 +47,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 
 from fedlm.errors import ConfigError
+from fedlm.sim import quantities as Q
 
 Interval = tuple[float, float]  # [start, end) in virtual seconds; end may be inf
 
@@ -56,8 +57,10 @@ AVAILABILITY_KEYS = {"up": 3600.0, "down": 600.0}
 _WHO = ("workers", "regions")  # which workers a process applies to (empty: all)
 
 
-def _settings(path: str, raw: dict[str, Any], defaults: dict[str, float]) -> dict[str, Any]:
-    """``raw`` with its defaults filled in, every number checked (> 0, finite)."""
+def _settings(path: str, raw: dict[str, Any], defaults: dict[str, float],
+              factor: Q.Quantity = Q.FACTOR) -> dict[str, Any]:
+    """``raw`` with its defaults filled in, every number checked (``fedlm.sim.quantities``:
+    times, probabilities, factors in their ranges; ``factor`` says which kind of factor)."""
     known = {*defaults, *_WHO}
     out: dict[str, Any] = dict(defaults)
     for key, value in raw.items():
@@ -68,27 +71,24 @@ def _settings(path: str, raw: dict[str, Any], defaults: dict[str, float]) -> dic
                 raise ConfigError(f"{path}.{key}: expected a list, got {value!r}")
             out[key] = list(value)
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                or not math.isfinite(value) or value <= 0:
-            raise ConfigError(f"{path}.{key}: must be a finite number > 0, got {value!r}")
-        out[key] = float(value)
+        out[key] = {**_QUANTITY, "factor": factor}[key].check(f"{path}.{key}", value)
     return out
+
+
+# what each setting of a process is (fedlm.sim.quantities: one range, one wording)
+_QUANTITY = {"normal": Q.DURATION, "slow": Q.DURATION, "up": Q.DURATION, "down": Q.DURATION,
+             "p": Q.PROBABILITY, "alpha": Q.PARETO_SHAPE, "max": Q.FACTOR}
 
 
 def check(fleet_cfg: Any, num_workers: int, regions: list[str]) -> None:
     """Refuse a setting of this module that makes no sense, in one line."""
     f = fleet_cfg
     if f.slowdown:
-        s = _settings("fleet.slowdown", f.slowdown, SLOWDOWN_KEYS)
-        if s["factor"] <= 1:
-            raise ConfigError(f"fleet.slowdown.factor: must be > 1 (how many times slower), "
-                              f"got {s['factor']!r}")
+        s = _settings("fleet.slowdown", f.slowdown, SLOWDOWN_KEYS, factor=Q.SLOWER)
         _check_who("fleet.slowdown", s, num_workers, regions)
     if f.stragglers:
-        s = _settings("fleet.stragglers", f.stragglers, STRAGGLER_KEYS)
-        if s["p"] > 1:
-            raise ConfigError(f"fleet.stragglers.p: a probability in (0, 1], got {s['p']!r}")
-        if s["factor"] < 1 or s["max"] < s["factor"]:
+        s = _settings("fleet.stragglers", f.stragglers, STRAGGLER_KEYS, factor=Q.FACTOR)
+        if s["max"] < s["factor"]:
             raise ConfigError(f"fleet.stragglers: need 1 <= factor <= max, got factor "
                               f"{s['factor']!r}, max {s['max']!r}")
         _check_who("fleet.stragglers", s, num_workers, regions)
@@ -100,19 +100,12 @@ def check(fleet_cfg: Any, num_workers: int, regions: list[str]) -> None:
         times = getattr(f, name)
         if len(times) > num_workers:
             raise ConfigError(f"fleet.{name}: {len(times)} times for {num_workers} workers")
-        for k, t in enumerate(times):
-            if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) \
-                    or t < 0:
-                what = "0 (at the start)" if name == "join" else "0 (never)"
-                raise ConfigError(f"fleet.{name}[{k}]: must be a time in seconds >= 0, "
-                                  f"{what}; got {t!r}")
+        Q.check_all(f"fleet.{name}", times, Q.TIME)  # leave: 0 is never
     for k in range(min(len(f.join), len(f.leave))):
         if 0 < f.leave[k] <= f.join[k]:
             raise ConfigError(f"fleet.leave[{k}]: {f.leave[k]!r} is not after its join "
                               f"time {f.join[k]!r}")
-    if not math.isfinite(f.trace_time_scale) or f.trace_time_scale <= 0:
-        raise ConfigError(f"fleet.trace_time_scale: must be a finite number > 0, got "
-                          f"{f.trace_time_scale!r}")
+    Q.TIME_SCALE.check("fleet.trace_time_scale", f.trace_time_scale)
 
 
 def _check_who(path: str, s: dict[str, Any], num_workers: int, regions: list[str]) -> None:

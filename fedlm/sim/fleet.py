@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedlm.config import Config, FleetConfig
-from fedlm.sim import collectives, geo
+from fedlm.sim import collectives, geo, quantities as Q
 from fedlm.sim.links import GBIT, hidden_seconds, transfer_seconds
 
 
@@ -145,9 +145,13 @@ def _traced_profiles(cfg: FleetConfig, num_workers: int, batch_size: int
     out = []
     for w in range(num_workers):
         e = entries[w % len(entries)]
-        bw = e.bytes_per_second()
-        out.append(WorkerProfile(w, e.step_seconds(batch_size), cfg.jitter,
-                                 Region(f"trace-{e.key}", 0.0, bw, bw)))
+        # the trace's numbers as the fleet's quantities, checked as the config's are
+        where = f"fleet.device_trace: client {e.key}"
+        step = Q.check_derived(where, f"'computation' {e.computation:g} ms/sample at batch "
+                               f"{batch_size}", e.step_seconds(batch_size), Q.STEP)
+        bw = Q.check_derived(where, f"'communication' {e.communication:g} kbit/s",
+                             e.bytes_per_second(), Q.BANDWIDTH)
+        out.append(WorkerProfile(w, step, cfg.jitter, Region(f"trace-{e.key}", 0.0, bw, bw)))
     return out
 
 

@@ -182,6 +182,19 @@ def _depth(value: Any) -> int:
 _NOT_JSON = object()
 
 
+class _Twice(Exception):
+    """A JSON object with a key twice (not a ValueError: json.loads would hide it)."""
+
+
+def _once_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _Twice(k)
+        out[k] = v
+    return out
+
+
 def read_trace(path: str | Path) -> dict[str, Any]:
     """A JSON or pickle trace file's dict, its client ids as strings, in key order
     (ids that are integers numerically and first, the others as strings)."""
@@ -192,8 +205,12 @@ def read_trace(path: str | Path) -> dict[str, Any]:
         raise ConfigError(str(exc)) from None
     raw: Any = _NOT_JSON
     if not data.startswith(b"\x80"):  # not a pickle of protocol 2 or later: JSON?
-        with contextlib.suppress(ValueError, RecursionError):
-            raw = json.loads(data)
+        try:
+            with contextlib.suppress(ValueError, RecursionError):
+                raw = json.loads(data, object_pairs_hook=_once_each)
+        except _Twice as exc:  # JSON would keep the last of them: silently another fleet
+            raise ConfigError(f"{where}: {shown(exc.args[0], 60)} appears twice in one "
+                              f"JSON object (a JSON reader keeps the last one)") from None
     if raw is _NOT_JSON:
         try:
             raw = _PlainUnpickler(io.BytesIO(data)).load()
