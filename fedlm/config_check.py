@@ -349,6 +349,7 @@ def _check_placement(cfg: Config) -> None:
 
     f = cfg.fleet
     _check_trace_overrides(f)
+    windows = None  # an availability trace's longest presence per worker, run seconds
     for key in ("device_trace", "availability_trace"):
         path = getattr(f, key)
         if path:
@@ -366,7 +367,9 @@ def _check_placement(cfg: Config) -> None:
                                     f"'finish_time' {e.finish_time:g} x fleet.trace_time_scale "
                                     f"{f.trace_time_scale:g}", e.finish_time * f.trace_time_scale,
                                     Q.DURATION)
-    regions = [p.region.name for p in fleet.profiles(f, cfg.workers, cfg.inner.batch_size)]
+                windows = dynamics.longest_windows(entries, cfg.workers, f.trace_time_scale)
+    profiles = fleet.profiles(f, cfg.workers, cfg.inner.batch_size)
+    regions = [p.region.name for p in profiles]
     if f.matrix and not f.device_trace and not set(regions) & set(f.matrix["regions"]):
         raise ConfigError(f"fleet.matrix: no worker is in any of its regions "  # it does nothing
                           f"({', '.join(f.matrix['regions'])}); place them with "
@@ -374,6 +377,11 @@ def _check_placement(cfg: Config) -> None:
     dynamics.check(f, cfg.workers, regions)
     if not dynamics.enabled(f):
         return
+    # a job's compute alone (H steps; one step where the policy may shorten it)
+    steps = cfg.inner.steps if cfg.local_steps == "fixed" else 1
+    why = dynamics.no_job_fits(f, [steps * p.step_time for p in profiles], windows)
+    if why is not None:
+        raise ConfigError(why)
     why = None
     if cfg.clock != "virtual" and (f.slowdown or f.stragglers):
         raise ConfigError("fleet.slowdown, fleet.stragglers: the virtual clock only (on the "

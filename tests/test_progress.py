@@ -12,7 +12,8 @@ from fedlm.engine.stall import StallWatch, held_limit, lost_limit
 from fedlm.runner import run_inprocess
 from tests.conftest import tiny_config
 
-EXAMPLES = str(Path(__file__).resolve().parents[1] / "docs" / "examples")
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = str(ROOT / "docs" / "examples")
 
 
 def _stalled(tmp_path, *sets) -> tuple[str, sqlite3.Connection]:
@@ -23,7 +24,11 @@ def _stalled(tmp_path, *sets) -> tuple[str, sqlite3.Connection]:
 
 
 def test_presence_windows_shorter_than_any_job_stop_the_run(tmp_path):
-    why, conn = _stalled(tmp_path, "fleet.availability={up=0.01, down=1}")
+    # windows of mean 0.1 s, jobs of 1-10 s: none finishes. (DyLU may size a job down to
+    # one step, so the config's own check, which refuses what cannot fit even then,
+    # lets it through: the run finds out)
+    why, conn = _stalled(tmp_path, "fleet.availability={up=0.1, down=1}", "fleet.preset=very",
+                         "strategy=delayed-nesterov", "local_steps=dylu")
     assert why.startswith(f"no progress at version 0: the last {lost_limit(3)} jobs were all "
                           f"lost (departed {lost_limit(3)}): no job fits in its worker's "
                           f"presence window") and "\n" not in why
@@ -71,3 +76,17 @@ def test_the_watch_counts_in_a_row_and_round_trips():
     assert "updates in a row made no new version" in watch.why_stalled(3, "x")
     watch.new_version()
     assert watch.why_stalled(4, "x") is None
+
+
+@pytest.mark.parametrize("sets,start", [
+    (["fleet.availability={up=1, down=1}", "inner.steps=20"],
+     "fleet.availability.up: windows of mean 1 s, and every job takes at least 20 s"),
+    ([f"fleet.availability_trace={ROOT}/experiments/results/fleets/avail-12.json",
+      "fleet.trace_time_scale=1e-6"], "fleet.availability_trace: its longest window is 0.0167"),
+])
+def test_a_fleet_in_which_no_job_can_finish_is_refused_before_it_runs(sets, start):
+    from fedlm.config_load import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        tiny_config(*sets)
+    assert str(err.value).startswith(start) and "no job can finish" in str(err.value)

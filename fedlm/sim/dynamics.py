@@ -118,6 +118,43 @@ def _check_who(path: str, s: dict[str, Any], num_workers: int, regions: list[str
                               f"(regions: {', '.join(sorted(set(regions)))})")
 
 
+# A presence process whose mean window is this many times shorter than the shortest job
+# lets a job finish once in e^13.8 ~ a million tries: none, in practice.
+NO_FIT_RATIO = 13.8
+
+
+def no_job_fits(fleet_cfg: Any, shortest_job: list[float], windows: dict | None = None
+                ) -> str | None:
+    """Why no worker's job can ever finish inside its presence (one line), or None.
+
+    ``shortest_job`` gives each worker's shortest possible job in seconds (its compute
+    alone is a lower bound); ``windows`` maps an availability trace's workers to their
+    longest window in run seconds (``longest_windows``). The seeded process of
+    ``fleet.availability`` draws exponential windows of mean ``up``: refused only where
+    even the shortest job is ``NO_FIT_RATIO`` means long."""
+    f = fleet_cfg
+    if f.availability:
+        up = float(f.availability.get("up", AVAILABILITY_KEYS["up"]))
+        if all(t > NO_FIT_RATIO * up for t in shortest_job):
+            return (f"fleet.availability.up: windows of mean {up:g} s, and every job takes "
+                    f"at least {min(shortest_job):g} s: no job can finish (fewer than one in "
+                    f"a million)")
+    if windows:
+        if all(windows[w] < shortest_job[w] for w in windows):
+            longest = max(windows.values())
+            return (f"fleet.availability_trace: its longest window is {longest:g} s (trace "
+                    f"time x fleet.trace_time_scale {f.trace_time_scale:g}), and every job "
+                    f"takes at least {min(shortest_job):g} s: no job can finish")
+    return None
+
+
+def longest_windows(entries: list, workers: int, scale: float) -> dict[int, float]:
+    """Each worker's longest presence in run seconds under an availability trace (worker
+    w is the trace's (w mod clients)-th client, as for devices)."""
+    longest = [max((e - s for s, e in c.windows()), default=0.0) * scale for c in entries]
+    return {w: longest[w % len(entries)] for w in range(workers)}
+
+
 def enabled(fleet_cfg: Any) -> bool:
     """Whether anything in the fleet changes over time."""
     f = fleet_cfg
