@@ -4,6 +4,7 @@ and a sweep killed outright takes its runs with it, so that a rerun trains each 
 import json
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -63,6 +64,60 @@ def test_two_sweeps_at_once_on_one_store_train_each_cell_once(tmp_path):
     assert sum("another sweep is training it" in o or "by another sweep" in o
                for o in outs) >= 1  # they met
     assert not claims.folder_of(db).exists()
+
+
+def _claim_of(db, name, host, at) -> Path:
+    path = claims._path(db, name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"name": name, "host": host, "pid": 1, "started": 0.0,
+                                "at": at}))
+    return path
+
+
+def _age(path, seconds: float) -> None:
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+
+
+def test_a_claim_from_another_host_is_live_while_its_heartbeat_is_fresh(tmp_path):
+    db = tmp_path / "s.db"
+    # taken an hour ago by a sweep on another host, touched just now: its owner is alive
+    path = _claim_of(db, "cell", "another-host.example", at=time.time() - 3600)
+    assert claims.take(db, "cell") is None and claims.held_elsewhere(db, "cell")
+    _age(path, ownership.STALE_AFTER - 5)
+    assert claims.take(db, "cell") is None
+    _age(path, ownership.STALE_AFTER + 5)  # silent past the bound: its owner is gone
+    assert not claims.held_elsewhere(db, "cell")
+    taken = claims.take(db, "cell")
+    assert taken is not None
+    assert json.loads(path.read_text())["host"] == socket.gethostname()
+    taken.release()
+    assert not path.exists()
+
+
+def test_an_unreadable_claim_is_judged_by_its_heartbeat(tmp_path):
+    db = tmp_path / "s.db"
+    path = claims._path(db, "cell")
+    path.parent.mkdir()
+    path.write_text("")  # just made with O_EXCL, its owner about to write it
+    assert claims.take(db, "cell") is None
+    _age(path, ownership.STALE_AFTER + 5)  # left so by an owner killed at that instant
+    claims.take(db, "cell").release()
+
+
+def test_the_owner_keeps_its_claim_fresh_and_releases_only_its_own(tmp_path):
+    db = tmp_path / "s.db"
+    mine = claims.take(db, "cell")
+    _age(mine.path, 3600)
+    deadline = time.monotonic() + 5 * ownership.HEARTBEAT_EVERY
+    while time.time() - mine.path.stat().st_mtime > ownership.STALE_AFTER:
+        assert time.monotonic() < deadline, "the claim's heartbeat did not refresh it"
+        time.sleep(0.05)  # polling the claim file, a bounded wait
+    # judged dead from another host meanwhile, and taken over: the taker's stays
+    mine.path.unlink()
+    theirs = _claim_of(db, "cell", "another-host.example", at=time.time())
+    mine.release()
+    assert theirs.exists()
 
 
 # -- kill -9 of a sweep: its runs die with it; run again, each cell trains once --
