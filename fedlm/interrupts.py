@@ -80,7 +80,7 @@ def serve(cmd: list[str], grace: float = 10.0) -> int:
     Returns its exit status, or 0 when we stopped it."""
     with interrupt_on_signals() as stopping:
         proc = subprocess.Popen(cmd, start_new_session=True,  # a group of its own to end
-                                preexec_fn=_dies_with(os.getpid()))
+                                preexec_fn=dies_with(os.getpid()))
         try:
             return proc.wait()
         except KeyboardInterrupt:
@@ -100,19 +100,21 @@ def libc_prctl() -> Callable[..., int] | None:
         return None
 
 
-def _dies_with(parent: int) -> Callable[[], None] | None:
-    """For ``Popen``'s ``preexec_fn``: the child gets SIGTERM when ``parent`` dies, even
-    by SIGKILL, when no ``finally`` of ours runs to stop it (else it would go on holding
-    its port). Linux only (``prctl(PR_SET_PDEATHSIG)``, kept across ``exec``); None
-    elsewhere. libc is looked up here, before the fork: the child only calls it."""
+def dies_with(parent: int, sig: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """For ``Popen``'s ``preexec_fn``: the child gets ``sig`` when ``parent`` dies, even
+    by SIGKILL, when no ``finally`` of ours runs to stop it (else a server would go on
+    holding its port, a sweep's run on training). Linux only (``prctl(PR_SET_PDEATHSIG)``,
+    kept across ``exec``); None elsewhere. The "parent" is the thread that forks: call
+    ``Popen`` from a thread that outlives the child (one that waits for it). libc is
+    looked up here, before the fork: the child only calls it."""
     prctl = libc_prctl()
     if prctl is None:
         return None
 
     def in_child() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        prctl(_PR_SET_PDEATHSIG, sig)
         if os.getppid() != parent:  # it died before that took hold
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), sig)
 
     return in_child
 

@@ -307,6 +307,21 @@ def test_a_tracker_not_installed_is_refused_in_one_line(no_work, monkeypatch):
     assert rc == 2 and err.count("\n") == 1 and "pip install 'fedlm[track]'" in err, err
 
 
+def test_a_sweep_with_a_tracker_not_installed_is_refused_before_its_store_is_written(
+        no_work, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "wandb" else real(name, *a))
+    (no_work / "s.toml").write_text('db = "s.db"\nout = "s.md"\nprofiles = ["very"]\n'
+                                    'base = ["model=tiny"]\n[[arm]]\nlabel = "sync"\n'
+                                    'reference = true\nset = ["strategy=diloco"]\n')
+    rc, out, err = run_cli(["sweep", "s.toml", "--track", "wandb"])
+    assert rc == 2 and err.count("\n") == 1 and "track: wandb not installed" in err, err
+    assert sorted(p.name for p in no_work.iterdir()) == ["s.toml"]  # no store, no claims
+
+
 def test_track_settings_are_checked(no_work):
     rc, _, err = run_cli(["run", "--set", 'track.backends=["neptune"]'])
     assert rc == 2 and "track.backends[0]: must be tensorboard, mlflow or wandb" in err

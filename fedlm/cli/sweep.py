@@ -27,7 +27,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.report_only and args.rerun:
         raise ConfigError("--report-only runs nothing; --rerun would ignore every finished "
                           "run: use one of them")
-    check_writable(spec["db"])  # one line now, not one failed cell after another
+    from fedlm.track import check_installed
+
+    check_installed(args.track)  # a tracker not installed: refused in one line,
+    check_writable(spec["db"])  # before anything is written at the spec's db
     try:
         result = sweep.run_sweep(spec, backend=args.backend, rerun=args.rerun, jobs=args.jobs,
                                  fail_fast=args.fail_fast, report_only=args.report_only,

@@ -5,10 +5,14 @@ one while the first runs) would otherwise both train every cell not yet finished
 each reads the store, sees the cell missing, and starts it. A cell is claimed before
 its ``fedlm run`` starts by creating a file in ``<db>.claims/`` with ``O_EXCL``: the
 file system lets exactly one process create it. The file holds its owner (host, PID,
-process start time, ``fedlm.ownership``); a claim whose owner is gone (killed, a
-crash) is taken over, and a claim is removed when its cell ends. A sweep that finds a
-cell claimed by a live process leaves it to that process and takes its result from
-the store once it has finished (``wait_for``).
+process start time, ``fedlm.ownership``), and its owner touches it (its mtime, the
+claim's heartbeat) every ``ownership.HEARTBEAT_EVERY`` seconds while the cell runs.
+A claim is judged as a run's writer is (``ownership.judge``): on the owner's host,
+dead the moment its PID is gone; from another host, dead once its heartbeat is
+``ownership.STALE_AFTER`` seconds old, and alive until then however long ago it was
+taken. A dead owner's claim is taken over; a claim is removed when its cell ends. A
+sweep that finds a cell claimed by a live process leaves it to that process and takes
+its result from the store once it has finished (``wait_for``).
 """
 
 from __future__ import annotations
@@ -34,24 +38,42 @@ def _path(db: str | Path, name: str) -> Path:
 
 def _owner_alive(path: Path) -> bool:
     try:
+        beat = os.stat(path).st_mtime  # touched by its owner while the cell runs
+    except OSError:
+        return False  # released meanwhile
+    try:
         owner = json.loads(files.read_text(path, "claim"))
     except (OSError, ValueError):  # FileRefused is a ValueError
-        return False  # half-written by a process killed at that instant, or gone: stale
+        owner = None
+    if not isinstance(owner, dict):  # being written now (an O_EXCL file is empty at
+        # first), or half-written by a process killed at that instant: its age decides
+        return time.time() - beat <= ownership.STALE_AFTER
     return ownership.judge(owner.get("host"), owner.get("pid"), owner.get("started"),
-                           owner.get("at")).alive
+                           beat).alive
 
 
 class Claim:
-    """This process's claim on one cell; ``release`` when the cell is over."""
+    """This process's claim on one cell, kept fresh by a heartbeat thread; ``release``
+    when the cell is over."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path, self._fd = path, fd
+        self._heartbeat = ownership.Heartbeat(self._beat)
+
+    def _beat(self) -> None:
+        # the file this process made, by descriptor: a claim taken over meanwhile (this
+        # process judged dead from another host) is the taker's to keep fresh, not ours
+        os.utime(self._fd if os.utime in os.supports_fd else self.path)
 
     def release(self) -> None:
+        self._heartbeat.stop()
         try:
-            self.path.unlink()
+            if os.stat(self.path).st_ino == os.fstat(self._fd).st_ino:  # not a taker's
+                self.path.unlink()
         except FileNotFoundError:
             pass
+        finally:
+            os.close(self._fd)
 
 
 def take(db: str | Path, name: str) -> Claim | None:
@@ -72,9 +94,8 @@ def take(db: str | Path, name: str) -> Claim | None:
             except FileNotFoundError:
                 pass
             continue
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        return Claim(path)
+        os.write(fd, text.encode())
+        return Claim(path, fd)
     return None
 
 

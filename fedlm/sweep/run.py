@@ -26,7 +26,9 @@ per run), only sooner. A cell that fails is reported with its reason and the
 others go on (``--fail-fast`` stops the sweep at the first); the report shows
 it as failed, or as diverged (``eval.diverge_factor``; ``fedlm run`` exits 3), with
 the run's one-line reason. Stopping the sweep (Ctrl-C, SIGTERM) stops the runs it
-started: each is kept, marked interrupted.
+started: each is kept, marked interrupted. A sweep killed outright (SIGKILL) takes them
+with it on Linux (the parent-death signal, SIGKILL): each reads as crashed, and the
+sweep run again trains those cells anew, once each.
 
 The report (``fedlm.sweep.report``): final validation perplexity per arm ×
 profile laid out like the paper's table, beside the paper's, per-update and
@@ -37,6 +39,7 @@ means with 95% intervals and differences paired by seed (``fedlm.sweep.uncertain
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -46,7 +49,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fedlm import store
+from fedlm import interrupts, store
 from fedlm.errors import ConfigError
 from fedlm.sweep import claims
 from fedlm.sweep.spec import cells_of, overrides, run_name
@@ -108,14 +111,22 @@ class _Children:
         self._lock = threading.Lock()
         self._procs: set[subprocess.Popen] = set()
         self.stopping = threading.Event()
+        # A sweep killed outright (SIGKILL, OOM) runs no ``stop``: its runs would go on
+        # training, and a rerun would train their cells again beside them. SIGKILL, not
+        # SIGTERM, so that they are gone at once however long a step takes; each reads
+        # as crashed (its writer is gone) and the rerun trains its cell anew. Linux only:
+        # elsewhere (None) they outlive the sweep.
+        self._dies_with = interrupts.dies_with(os.getpid(), signal.SIGKILL)
 
     def run(self, cmd: list[str]) -> tuple[int, str, str] | None:
         """(exit status, stdout, stderr), or None if the sweep is stopping."""
         with self._lock:
             if self.stopping.is_set():
                 return None
+            # this thread waits for the child (communicate, below), so it outlives it,
+            # as the parent-death signal needs (it follows the thread that forked)
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    text=True)
+                                    text=True, preexec_fn=self._dies_with)
             self._procs.add(proc)
         try:
             out, err = proc.communicate()
