@@ -35,12 +35,12 @@ from pathlib import Path
 from typing import Callable
 
 from fedlm.sim import fleet
-from fedlm import start
+from fedlm import inputs, start
 from fedlm.config_load import from_json
 from fedlm import servers
 from fedlm.errors import ConfigError
 from fedlm.params import params_hash
-from fedlm.store import StoreError, operation_log, replayable_row
+from fedlm.store import StoreError, input_pins, operation_log, replayable_row
 from fedlm.sim import compression
 from fedlm.job import FRESH, JobSpec
 from fedlm.worker.train import job_update
@@ -79,7 +79,9 @@ def replay(db: str | Path, run_id: int,
     cfg = from_json(run["config_json"])
     try:
         replayable_row(db, run_id)
-    except StoreError as exc:
+        # a trace rewritten since would replay another fleet and call it identical
+        inputs.check_unchanged(input_pins(db, run_id), cfg, run_id, "replay")
+    except (StoreError, ConfigError) as exc:
         raise ReplayError(str(exc)) from None
     if any(j["prev_job"] is None for j in jobs.values()):
         raise ReplayError(f"run {run_id} was recorded by an older fedlm (store schema 2, "

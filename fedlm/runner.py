@@ -16,15 +16,15 @@ from contextlib import closing
 from pathlib import Path
 from typing import Callable
 
-from fedlm import checkpoint as ckpt_lib, start as start_lib
+from fedlm import checkpoint as ckpt_lib, inputs, start as start_lib
 from fedlm.sim import fleet as fleet_lib
 from fedlm.config import Config
 from fedlm.engine import Diverged, Engine, Interrupted, Progress, Transport
 from fedlm.evaluate import Evaluator
 from fedlm.inprocess import InProcessTransport
 from fedlm.params import params_hash
-from fedlm.store import (RunWriter, StoreError, best_loss, connect_readonly, resumable_row,
-                         store_id)
+from fedlm.store import (RunWriter, StoreError, best_loss, connect_readonly, input_pins,
+                         resumable_row, store_id)
 from fedlm.shards import data_shards, shard_sizes
 from fedlm.worker.states import disk_folder
 from fedlm.strategies import registry
@@ -76,9 +76,13 @@ def execute(cfg: Config, db_path: str, connect: Connect,
     state, notes, origin, found = None, [], None, None
     if resume is None:
         origin = start_lib.resolve(cfg, db_path)  # a bad init.from: refused before it is stored
+        pinned = inputs.pins(cfg)  # the files it names, by content: read before it is stored
         writer = open_run(cfg, db_path, strategy)
+        inputs.record(writer, pinned)
         run_key = uuid.uuid4().hex
     else:
+        # a trace rewritten since the run began would finish it on another fleet
+        inputs.check_unchanged(input_pins(db_path, resume), cfg, resume, "resume")
         writer = RunWriter.reopen(db_path, resume)  # refuses a run whose writer is alive
         try:
             own = ckpt_lib.identity(writer.store_id, db_path, resume, writer.created_at)

@@ -3,6 +3,7 @@ fedlm/sim/traces.py): a crafted checkpoint, a FIFO, a device, a huge file, a pic
 shared or deeply nested containers are each refused in one line, at once."""
 
 import hashlib
+import json
 import io
 import os
 import pickle
@@ -171,3 +172,37 @@ def test_pickles_of_shared_or_deep_containers_are_refused_in_one_line(tmp_path):
     ok = {i: {"computation": 1.0, "communication": 2.0} for i in range(1, 4)}
     (tmp_path / "ok.pkl").write_bytes(pickle.dumps(ok, protocol=4))
     assert len(traces.read_trace(tmp_path / "ok.pkl")) == 3
+
+
+def test_a_run_owns_its_trace_resume_and_replay_refuse_other_contents(tmp_path):
+    from fedlm import inputs
+    from fedlm.replay import ReplayError, replay
+    from fedlm.store import input_pins
+
+    trace = tmp_path / "avail.json"
+    trace.write_text(json.dumps({str(k): {"active": [0.0, 600.0], "inactive": [400.0, 900.0],
+                                          "finish_time": 1000.0} for k in (1, 2, 3)}))
+    sets = [f"fleet.availability_trace={trace}", "fleet.trace_time_scale=0.1",
+            "strategy=diloco", "updates=8", "reliability.checkpoint_every=2"]
+    ref_db, db = tmp_path / "reference.db", tmp_path / "stopped.db"
+    run_inprocess(tiny_config(*sets), str(ref_db))
+    (pin,) = [json.loads(d) for d in input_pins(ref_db, 1)]
+    assert pin["key"] == "fleet.availability_trace" and len(pin["sha256"]) == 64
+    assert replay(ref_db, 1).identical
+    stop = []
+    with pytest.raises(Interrupted):
+        run_inprocess(tiny_config(*sets), str(db), should_stop=lambda: bool(stop),
+                      progress=lambda p: stop.append(1) if p.version >= 4 else None)
+    original = trace.read_text()
+    trace.write_text(original.replace("400.0", "350.0"))  # another fleet, the same path
+    with pytest.raises(ConfigError) as err:
+        run_inprocess(tiny_config(*sets), str(db), resume=1)
+    assert str(err.value).startswith(f"fleet.availability_trace: {trace} is not the file run 1 "
+                                     f"started with") and "refusing to resume" in str(err.value)
+    with pytest.raises(ReplayError, match="refusing to replay it on other contents"):
+        replay(ref_db, 1)
+    trace.write_text(original)  # put back: both go on
+    run_inprocess(tiny_config(*sets), str(db), resume=1)
+    (ref,), (run,) = list_runs(ref_db), list_runs(db)
+    assert run["final_hash"] == ref["final_hash"] and replay(ref_db, 1).identical
+    assert inputs.pins(tiny_config(*sets)) == [pin]

@@ -34,7 +34,8 @@ from fedlm.store.export import export  # the function; the module is fedlm.store
 from fedlm.store.fleet_changes import WorkerChanges, fleet_changes
 from fedlm.store.progress import ProgressPoint, progress_points
 from fedlm.store.readers import (OperationLog, RunSummary, Troubles, WorkerSummary, best_loss,
-                                 config_of, last_seen, list_runs, metric_curve, operation_log,
+                                 config_of, input_pins, last_seen, list_runs, metric_curve,
+                                 operation_log,
                                  region_transfers,
                                  replayable_row, resumable_row, run_row, shown_status, summarize,
                                  tokenizer_of, troubles,
@@ -47,7 +48,8 @@ __all__ = [
     "RunWriter",
     "StoreError", "Troubles", "WorkerSummary", "best_loss", "check_writable", "config_of",
     "connect",
-    "connect_readonly", "db_error", "db_timeout", "export", "last_seen", "list_runs",
+    "connect_readonly", "db_error", "db_timeout", "export", "input_pins", "last_seen",
+    "list_runs",
     "mark_ended", "metric_curve", "operation_log", "progress_points", "region_transfers",
     "replayable_row",
     "resumable_row", "run_row", "shown_status", "store_id",

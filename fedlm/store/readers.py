@@ -280,6 +280,14 @@ def operation_log(path: str | Path, run_id: int) -> OperationLog:
     return OperationLog(run, jobs, updates, transfers)
 
 
+def input_pins(path: str | Path, run_id: int) -> list[str]:
+    """The files run ``run_id`` pinned when it began (``fedlm.inputs``): its
+    ``input_file`` events' details, JSON each."""
+    with closing(connect_readonly(path)) as conn:
+        return [r[0] for r in conn.execute("SELECT detail FROM events WHERE run_id=? AND "
+                                           "kind='input_file' ORDER BY id", (run_id,))]
+
+
 def metric_curve(path: str | Path, run_id: int) -> list[tuple[float, int, float]]:
     """Run ``run_id``'s evaluations in order: (virtual time, version, perplexity)."""
     with closing(connect_readonly(path)) as conn:
