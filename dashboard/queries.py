@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from fedlm.store import config_of, last_seen, region_transfers, shown_status, tokenizer_of
-from fedlm.store.schema import COUNTED_KINDS
+from fedlm.store.schema import COUNTED_KINDS, PRESENT_KINDS, idle_fraction
 from fedlm.store import dashboard as reads
 
 
@@ -87,13 +87,12 @@ def headline(db: str | Path, run_id: int) -> dict:
     """The numbers at the top of the page for one run."""
     h = reads.headline_rows(db, run_id)
     r, spans = h["run"], h["spans"]
-    total = sum(v for k, v in spans.items() if k in COUNTED_KINDS)
     return {"status": shown_status(r), "virtual_time": r["virtual_time"] or h["latest_time"],
             "updates": h["versions"], "jobs": h["jobs"], "tokens": h["tokens"],
             "perplexity": h["perplexity"], "best_perplexity": h["best_perplexity"],
             "bits_per_byte": h["bits_per_byte"], "best_bits_per_byte": h["best_bits_per_byte"],
-            "idle": spans.get("idle", 0.0), "idle_fraction": spans.get("idle", 0.0) / total
-            if total else 0.0, "bytes_down": h["bytes_down"], "bytes_up": h["bytes_up"],
+            "idle": spans.get("idle", 0.0), "idle_fraction": idle_fraction(spans),
+            "bytes_down": h["bytes_down"], "bytes_up": h["bytes_up"],
             "link_wait": spans.get("link wait", 0.0)}
 
 
@@ -113,8 +112,7 @@ def worker_totals(db: str | Path, run_id: int) -> pd.DataFrame:
     out = out.fillna({**{k: 0.0 for k in (*COUNTED_KINDS, "hidden exchange")},
                       "updates": 0, "bytes_up": 0})
     # the hidden exchange overlaps compute, and offline time is no one's work
-    out["accounted"] = out[["download", "compute", "upload", "exchange", "link wait",
-                            "idle"]].sum(axis=1)
+    out["accounted"] = out[list(PRESENT_KINDS)].sum(axis=1)
     out["idle_fraction"] = (out["idle"] / out["accounted"].where(out["accounted"] > 0)
                             ).fillna(0.0)
     out["updates"] = out["updates"].astype(int)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from fedlm import checkpoint as ckpt_lib, inputs, start as start_lib
-from fedlm.sim import fleet as fleet_lib
+from fedlm.sim import dynamics, fleet as fleet_lib
 from fedlm.config import Config
 from fedlm.engine import Diverged, Engine, Interrupted, Progress, Transport
 from fedlm.evaluate import Evaluator
@@ -41,7 +41,8 @@ def prepare_data(cfg: Config) -> None:
 
 def open_run(cfg: Config, db_path: str, strategy) -> RunWriter:
     """A new run's row in the store at ``db_path``."""
-    return RunWriter(db_path, name=cfg.name or f"{cfg.strategy}-{cfg.fleet.preset}",
+    tags = "".join(f"+{tag}" for tag, _ in dynamics.features(cfg.fleet))
+    return RunWriter(db_path, name=cfg.name or f"{cfg.strategy}-{cfg.fleet.preset}{tags}",
                      strategy=cfg.strategy, local_steps=cfg.local_steps,
                      profile=cfg.fleet.preset, model=cfg.model, workers=cfg.workers,
                      seed=cfg.seed, clock=cfg.clock, config_json=cfg.to_json(),

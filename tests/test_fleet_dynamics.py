@@ -220,3 +220,36 @@ def test_on_the_wall_clock_absences_join_and_leave_in_real_seconds(tmp_path):
     changes = {c.worker: c for c in store.fleet_changes(db, run_id)}
     assert 0.5 <= changes[1].left < engine.now  # noticed at the engine's next look
     assert replay(str(db), run_id).identical
+
+
+def test_one_idle_fraction_everywhere_once_workers_are_absent(tmp_path):
+    """fedlm show (per worker and overall) and the dashboard (headline and per-worker
+    table) give the same idle fractions: idle over time present (absent time is no one's
+    idle time; docs/fleets_over_time.md)."""
+    import sqlite3
+
+    from dashboard import queries
+    from fedlm.runner import run_inprocess
+    from fedlm.store import summarize
+
+    db = tmp_path / "r.db"
+    run_inprocess(tiny_config("fleet.preset=very", "inner.steps=3", "updates=6",
+                              "fleet.join=[0, 0, 30]", "fleet.leave=[0, 60, 0]"), str(db))
+    rows = sqlite3.connect(db).execute(
+        "SELECT worker, kind, SUM(t_end - t_start) FROM intervals GROUP BY worker, kind").fetchall()
+    spans: dict = {}
+    for w, kind, seconds in rows:
+        spans.setdefault(w, {})[kind] = seconds
+    assert spans[2].get("absent", 0) > 0 and spans[1].get("absent", 0) > 0
+    present = {w: sum(v for k, v in s.items() if k not in ("absent", "offline", "slowed",
+                                                          "hidden exchange"))
+               for w, s in spans.items()}
+    by_hand = {w: spans[w].get("idle", 0.0) / present[w] for w in spans}
+    overall = sum(s.get("idle", 0.0) for s in spans.values()) / sum(present.values())
+    summary = summarize(db, 1)
+    shown = {w.worker: w.idle_fraction for w in summary.workers}
+    table = queries.worker_totals(db, 1).set_index("worker")["idle_fraction"].to_dict()
+    for w in spans:
+        assert shown[w] == pytest.approx(by_hand[w]) == pytest.approx(table[w])
+    assert summary.idle_fraction == pytest.approx(overall)
+    assert queries.headline(db, 1)["idle_fraction"] == pytest.approx(overall)

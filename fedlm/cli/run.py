@@ -52,6 +52,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from fedlm import runner, servers
+    from fedlm.sim import dynamics
     from fedlm.strategies import registry
 
     stop = f"{cfg.updates} updates" + (f" or {cfg.local_step_budget} local steps"
@@ -60,7 +61,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     versions = server.versions_wanted(cfg.updates)
     if versions != cfg.updates:  # e.g. streamed: P rounds an update, P - 1 more end it
         stop += f" ({'; '.join([*filter(None, [server.describe()]), f'{versions} versions'])})"
-    print(f"fedlm: {cfg.workers} workers, {cfg.fleet.preset} profile, {cfg.model} model, "
+    fleet_words = "".join(f" + {words}" for _, words in dynamics.features(cfg.fleet))
+    print(f"fedlm: {cfg.workers} workers, {cfg.fleet.preset} profile{fleet_words}, "
+          f"{cfg.model} model, "
           f"{cfg.strategy} ({cfg.local_steps} local steps, H={cfg.inner.steps}), "
           f"{stop} -> {db}", flush=True)
     for note in config_check.notes(cfg):

@@ -85,10 +85,15 @@ def _print_fleet_changes(changes: list) -> None:
     print(f"  {'worker':>6} {'absent s':>9} {'absences':>9} {'slowed s':>9} {'stragglers':>11} "
           f"{'departed':>9} {'joined':>8} {'left':>8}")
     for c in changes:
-        joined = f"{c.joined:.1f}" if c.joined is not None else "start"
+        joined = "never" if c.never else f"{c.joined:.1f}" if c.joined is not None else "start"
         left = f"{c.left:.1f}" if c.left is not None else "-"
         print(f"  {c.worker:>6} {c.absent:>9.1f} {c.absences:>9} {c.slowed:>9.1f} "
               f"{c.stragglers:>11} {c.departed:>9} {joined:>8} {left:>8}")
+    never = [str(c.worker) for c in changes if c.never]
+    if never:
+        print(f"  note: worker{'s' if len(never) > 1 else ''} {', '.join(never)} never came "
+              f"during the run (absent from start to end: with a trace, is "
+              f"fleet.trace_time_scale too large for the run?)")
 
 
 def _print_troubles(t) -> None:

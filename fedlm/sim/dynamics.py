@@ -155,6 +155,28 @@ def longest_windows(entries: list, workers: int, scale: float) -> dict[int, floa
     return {w: longest[w % len(entries)] for w in range(workers)}
 
 
+def features(fleet_cfg: Any) -> list[tuple[str, str]]:
+    """What makes this fleet other than its preset's steady one, as (short tag, words):
+    a run's default name carries the tags (``diloco-moderate+availability-trace``) and
+    ``fedlm run``'s first line the words, so a run on a trace is not named and announced
+    as a plain one."""
+    f, out = fleet_cfg, []
+    if f.device_trace:
+        out.append(("device-trace", f"device trace {f.device_trace}"))
+    if f.availability_trace:
+        out.append(("availability-trace", f"availability trace {f.availability_trace} x "
+                                          f"{f.trace_time_scale:g}"))
+    if f.availability:
+        out.append(("availability", "absences"))
+    if any(t > 0 for t in f.join) or any(t > 0 for t in f.leave):
+        out.append(("join-leave", "joins and leaves"))
+    if f.slowdown:
+        out.append(("slowdown", "slow-downs"))
+    if f.stragglers:
+        out.append(("stragglers", "stragglers"))
+    return out
+
+
 def enabled(fleet_cfg: Any) -> bool:
     """Whether anything in the fleet changes over time."""
     f = fleet_cfg

@@ -24,6 +24,7 @@ class WorkerChanges:
     departed: int  # jobs lost because the worker went away mid-job
     joined: float | None  # when it first came, if it was absent at the start
     left: float | None  # when it left for good, if it did
+    never: bool = False  # absent from the start to the run's end: it never took part
 
 
 def fleet_changes(path: str | Path, run_id: int) -> list[WorkerChanges]:
@@ -46,13 +47,17 @@ def fleet_changes(path: str | Path, run_id: int) -> list[WorkerChanges]:
                           " GROUP BY worker")
         workers = [w for (w,) in conn.execute(
             "SELECT worker FROM workers WHERE run_id=? ORDER BY worker", (run_id,))]
+        end = conn.execute("SELECT COALESCE(MAX(t_end), 0) FROM intervals WHERE run_id=?",
+                           (run_id,)).fetchone()[0]
     if not (spans or slowed or straggled or departed):
         return []
     out = []
     for w in workers:
         absent, count, first_start, first_end = spans.get(w, (0.0, 0, None, None))
+        never = first_start == 0.0 and end > 0 and first_end >= end
         out.append(WorkerChanges(
             w, absent or 0.0, count, (slowed.get(w) or [0.0])[0] or 0.0,
             (straggled.get(w) or [0])[0], (departed.get(w) or [0])[0],
-            first_end if first_start == 0.0 else None, (left.get(w) or [None])[0]))
+            first_end if first_start == 0.0 and not never else None,
+            (left.get(w) or [None])[0], never))
     return out

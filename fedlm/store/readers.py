@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 from fedlm import ownership
 from fedlm.store.connection import StoreError, connect_readonly
-from fedlm.store.schema import EXPOSED_COMM_KINDS, IntervalKind
+from fedlm.store.schema import EXPOSED_COMM_KINDS, IntervalKind, idle_fraction
 
 
 @dataclass(frozen=True)
@@ -69,8 +69,10 @@ class RunSummary:
 
     @property
     def idle_fraction(self) -> float:
-        total = sum(w.compute + w.communication + w.idle for w in self.workers)
-        return sum(w.idle for w in self.workers) / total if total else 0.0
+        """Idle over present time, all workers together (``schema.idle_fraction``: a
+        worker's compute, exposed communication and idle time are its time present)."""
+        present = sum(w.compute + w.communication + w.idle for w in self.workers)
+        return sum(w.idle for w in self.workers) / present if present else 0.0
 
 
 def shown_status(run: sqlite3.Row | dict) -> str:
@@ -144,7 +146,7 @@ def summarize(path: str | Path, run_id: int) -> RunSummary:
             workers.append(WorkerSummary(
                 w["worker"], w["step_time"], w["region"], jobs, spans.get("compute", 0.0),
                 sum(spans.get(k, 0.0) for k in EXPOSED_COMM_KINDS), idle,
-                idle / end if end else 0.0, spans.get(IntervalKind.HIDDEN.value, 0.0)))
+                idle_fraction(spans), spans.get(IntervalKind.HIDDEN.value, 0.0)))
         tokens, jobs, steps = conn.execute(
             "SELECT COALESCE(SUM(tokens), 0), COUNT(*), COALESCE(SUM(local_steps), 0)"
             " FROM updates WHERE run_id=?", (run_id,)).fetchone()

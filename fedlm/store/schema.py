@@ -168,6 +168,19 @@ class IntervalKind(str, Enum):
 # The kinds whose spans never overlap one another: a worker's time adds up over these.
 COUNTED_KINDS = tuple(k.value for k in IntervalKind
                       if k not in (IntervalKind.HIDDEN, IntervalKind.SLOWED))
+# A worker's time while it is there (neither absent nor offline). The idle fraction,
+# everywhere it is shown (fedlm show per worker and overall, the dashboard's headline and
+# per-worker table), is idle time over this time (docs/fleets_over_time.md).
+PRESENT_KINDS = tuple(k for k in COUNTED_KINDS
+                      if k not in (IntervalKind.ABSENT.value, IntervalKind.OFFLINE.value))
+
+
+def idle_fraction(seconds: dict) -> float:
+    """Idle over present time, from seconds per interval kind (0 if never present)."""
+    present = sum(seconds.get(k, 0.0) for k in PRESENT_KINDS)
+    return seconds.get(IntervalKind.IDLE.value, 0.0) / present if present > 0 else 0.0
+
+
 # The kinds that are communication the worker waits for (exposed).
 EXPOSED_COMM_KINDS = ("download", "upload", "link wait", "exchange")
 
