@@ -26,8 +26,13 @@ def server_class(cfg: Config, strategy: type[Strategy] | Strategy) -> type[Serve
     from fedlm.strategies.registry import load_dotted
 
     if strategy.server:
-        kind = load_dotted(strategy.server, f"strategy {strategy.name!r}: its server "
-                                            f"{strategy.server!r}")
+        what = f"strategy {strategy.name!r}: its server {strategy.server!r}"
+        try:
+            kind = load_dotted(strategy.server, what)
+        except (ValueError, TypeError) as exc:  # not a "package.module:Class" at all
+            if isinstance(exc, ConfigError):
+                raise
+            raise ConfigError(f"{what} is not a package.module:Class path") from None
         if not (isinstance(kind, type) and issubclass(kind, Server)):
             raise ConfigError(f"strategy {strategy.name!r}: its server {strategy.server!r} "
                               f"is not a fedlm.servers.Server subclass")
