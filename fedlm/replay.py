@@ -39,7 +39,7 @@ from fedlm import inputs, start
 from fedlm.config_load import from_json
 from fedlm import servers
 from fedlm.errors import ConfigError
-from fedlm.params import params_hash
+from fedlm.params import params_hash, same_update
 from fedlm.store import StoreError, input_pins, operation_log, replayable_row
 from fedlm.sim import compression
 from fedlm.job import FRESH, JobSpec
@@ -164,7 +164,7 @@ def replay(db: str | Path, run_id: int,
             worker_states.save(job.job_id, new_state)
             worker_states.prune(job.prev_job)
             grad = compression.decode(result.outer_grad, model.reference(job), cfg.network)
-            if params_hash(grad) != row["update_hash"]:
+            if not same_update(grad, row["update_hash"]):
                 mismatched += 1
             update = model.update(worker=job.worker, job_id=job.job_id, base_version=base,
                                   outer_grad=grad, tokens=result.tokens,

@@ -81,3 +81,38 @@ def test_a_pretrained_runs_replay_reports_its_start_then_its_operations(tmp_path
     said = out.stderr.replace("\r", "\n")
     assert 0 <= said.index("recomputing the start (pretraining 8 steps)") < said.index(
         f"replaying {len(ops) - 1} operations")
+
+
+def test_update_digests_are_xxh3_and_an_older_stores_sha256_still_replays(tmp_path):
+    import sqlite3
+
+    import fedlm.replay as replay_mod
+    from fedlm.params import XXH3, params_hash, update_digest
+
+    db = tmp_path / "r.db"
+    _, _, run_id = run_engine(tiny_config("updates=3"), db)
+    conn = sqlite3.connect(db)
+    digests = [d for (d,) in conn.execute("SELECT update_hash FROM updates")]
+    assert digests and all(d.startswith(XXH3) and len(d) == len(XXH3) + 32 for d in digests)
+    first = replay(db, run_id)
+    assert first.identical and first.mismatched_updates == 0
+    sha = {}  # each logged update's SHA-256, as a store written before the xxh3 digests
+
+    def capture(tensors, logged):
+        assert update_digest(tensors) == logged  # the digest is of what replay computed
+        sha[logged] = params_hash(tensors)
+        return True
+
+    original, replay_mod.same_update = replay_mod.same_update, capture
+    try:
+        replay(db, run_id)
+    finally:
+        replay_mod.same_update = original
+    for new, old in sha.items():
+        conn.execute("UPDATE updates SET update_hash=? WHERE update_hash=?", (old, new))
+    conn.commit()
+    assert replay(db, run_id).mismatched_updates == 0  # SHA-256 digests are still read
+    conn.execute("UPDATE updates SET update_hash='0' || substr(update_hash, 2) WHERE op = "
+                 "(SELECT MIN(op) FROM updates)")
+    conn.commit()
+    assert replay(db, run_id).mismatched_updates == 1  # and still checked

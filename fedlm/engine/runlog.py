@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from fedlm.params import params_hash
+from fedlm.params import update_digest
 from fedlm.store import IntervalKind, RunWriter
 from fedlm.job import JobSpec
 
@@ -52,7 +52,7 @@ class RunLog:
         table's columns but ``op`` and the update's hash)."""
         op = self._next_op()
         if self.writer:
-            self.writer.add_update({**row, "op": op, "update_hash": params_hash(outer_grad)})
+            self.writer.add_update({**row, "op": op, "update_hash": update_digest(outer_grad)})
             self.writer.end_job(row["job_id"], status="done", op=op)
 
     def lost(self, job: JobSpec, now: float, *, error: str, reason: str,
