@@ -130,8 +130,9 @@ def save(folder: Path, version: int, payload: dict[str, Any], keep: int) -> Path
     return path
 
 
-def read(path: Path) -> dict[str, Any]:
-    """A checkpoint's payload; ``ValueError`` if the file is not a whole, intact one."""
+def read(path: Path, map_location: str = "cpu") -> dict[str, Any]:
+    """A checkpoint's payload, its tensors on ``map_location``; ``ValueError`` if the
+    file is not a whole, intact one."""
     blob = files.read_bytes(path, "checkpoint")  # a FIFO, a device, a huge file: refused
     if not blob.startswith(MAGIC) or len(blob) < len(MAGIC) + _DIGEST:
         raise ValueError("not a fedlm checkpoint (or truncated)")
@@ -139,15 +140,15 @@ def read(path: Path) -> dict[str, Any]:
     data = blob[len(MAGIC) + _DIGEST:]
     if hashlib.sha256(data).hexdigest() != digest:
         raise ValueError("checksum mismatch (corrupt or half-written)")
-    return load_tensors(data)
+    return load_tensors(data, map_location)
 
 
-def load_tensors(data: bytes) -> Any:
+def load_tensors(data: bytes, map_location: str = "cpu") -> Any:
     """``torch.load`` of ``data`` that builds tensors, plain values and ``SAFE_CLASSES``
     only; anything else (a pickled function or class) is a one-line ``ValueError``."""
     try:
         with torch.serialization.safe_globals(safe_classes()):
-            return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+            return torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
         asked = next((line.split("GLOBAL", 1)[1].strip().split()[0]
                       for line in str(exc).splitlines() if "GLOBAL" in line), "an object")
@@ -170,7 +171,8 @@ def safe_classes() -> list[type]:
             JobResult, JobTiming, Region, WorkerProfile, Straggle, IntervalKind, Update, Transfer]
 
 
-def latest(folder: Path, expect: dict[str, Any]) -> tuple[dict[str, Any], Path, list[str]]:
+def latest(folder: Path, expect: dict[str, Any], map_location: str = "cpu"
+           ) -> tuple[dict[str, Any], Path, list[str]]:
     """The newest intact checkpoint, its path, and why newer ones were skipped.
 
     ``expect`` is the run's ``identity``: a checkpoint that names another store
@@ -179,7 +181,7 @@ def latest(folder: Path, expect: dict[str, Any]) -> tuple[dict[str, Any], Path, 
     skipped = []
     for path in sorted(folder.glob("ckpt-v*.pt"), reverse=True):
         try:
-            payload = read(path)
+            payload = read(path, map_location)
         except (OSError, ValueError, RuntimeError, EOFError) as exc:
             skipped.append(f"{path.name}: {exc}")
             continue

@@ -38,6 +38,9 @@ class InProcessTransport:
         self.ready: list[JobResult] = []
         self.rng = np.random.default_rng(arrival_seed) if arrival_seed is not None else None
         self.device = model_lib.resolve_device(cfg.device)
+        # the engine keeps the global model, the outer step and each update on the run's
+        # device (fedlm.runner): nothing crosses to the host per job but the store's digest
+        self.server_device = self.device
         k = cfg.sim.job_threads
         self.pool = (ThreadPoolExecutor(max_workers=k, thread_name_prefix="fedlm-job")
                      if k > 1 else None)
@@ -51,7 +54,8 @@ class InProcessTransport:
     def _serve(self, job: JobSpec, params, states) -> JobResult:
         try:
             with precision.job_stream(self.device):
-                result = serve_job(params, states, job, self.cfg)
+                result = serve_job(params, states, job, self.cfg,
+                                   server_device=self.server_device)
         except Exception as exc:  # as a crashed ClientApp: an error reply
             return JobResult.failed(job.job_id, f"{type(exc).__name__}: {exc}", time.time())
         return result.arrived(time.time())

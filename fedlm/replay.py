@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Callable
 
 from fedlm.sim import fleet
-from fedlm import inputs, start
+from fedlm import inputs, model as model_lib, start
+from fedlm.worker import precision
 from fedlm.config_load import from_json
 from fedlm import servers
 from fedlm.errors import ConfigError
@@ -115,6 +116,9 @@ def replay(db: str | Path, run_id: int,
     if run["start_hash"] and params_hash(params) != run["start_hash"]:
         raise ReplayError("the start of the federated phase differs from the recorded one "
                           "(init.from's weights changed, or the pretraining code did)")
+    # the server where the run's was: on its device in process (fedlm.runner), else the host
+    device = model_lib.resolve_device(cfg.device) if _in_process(db, run_id) else "cpu"
+    params = precision.to_device(params, device)
     model = servers.build(cfg, registry.build_strategy(cfg.strategy, cfg.outer))
     model.start(params, model.worker_links(fleet.node_profiles(cfg)))
     starts: dict[int, object] = {}  # jobs of a server that keeps job starts: each one's
@@ -160,7 +164,7 @@ def replay(db: str | Path, run_id: int,
             job = sent.job
             worker_states = states[job.worker]
             result, new_state = job_update(sent.payload, worker_states.load(job.prev_job), job,
-                                           cfg)
+                                           cfg, server_device=device)
             worker_states.save(job.job_id, new_state)
             worker_states.prune(job.prev_job)
             grad = compression.decode(result.outer_grad, model.reference(job), cfg.network)
@@ -192,6 +196,18 @@ def _seen(jobs: dict, job: JobSpec) -> int | None:
     fresh state), as the run's server knew it (``Server.seen``)."""
     prev = job.prev_job
     return None if prev is None or prev == FRESH else jobs[prev]["base_version"]
+
+
+def _in_process(db, run_id: int) -> bool:
+    from contextlib import closing
+
+    from fedlm.runner import IN_PROCESS
+    from fedlm.store import connect_readonly
+
+    with closing(connect_readonly(db)) as conn:
+        row = conn.execute("SELECT node_id FROM workers WHERE run_id=? LIMIT 1",
+                           (run_id,)).fetchone()
+    return row is not None and row[0] == IN_PROCESS
 
 
 def describe(result: ReplayResult) -> str:

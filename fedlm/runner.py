@@ -16,7 +16,8 @@ from contextlib import closing
 from pathlib import Path
 from typing import Callable
 
-from fedlm import checkpoint as ckpt_lib, inputs, start as start_lib
+from fedlm import checkpoint as ckpt_lib, inputs, model as model_lib, start as start_lib
+from fedlm.worker import precision
 from fedlm.sim import dynamics, fleet as fleet_lib
 from fedlm.config import Config
 from fedlm.engine import Diverged, Engine, Interrupted, Progress, Transport
@@ -66,12 +67,15 @@ def execute(cfg: Config, db_path: str, connect: Connect,
             on_start: Callable[[int], None] | None = None,
             should_stop: Callable[[], bool] | None = None,
             resume: int | None = None,
-            pretrain_progress: Callable[[int, int], None] | None = None) -> int:
+            pretrain_progress: Callable[[int, int], None] | None = None,
+            server_device: str = "cpu") -> int:
     """Run ``cfg`` (or continue run ``resume``); everything lands in the run store
     at ``db_path``. Returns the run id.
 
     ``connect`` gets the run key (which names the workers' saved states) and
     returns the transport and, per worker, the id of the node that holds it.
+    ``server_device``: where the global model, the outer optimizer's state and the
+    outer step live (the run's GPU in process; the host where updates come over a wire).
     """
     strategy = registry.build_strategy(cfg.strategy, cfg.outer)
     state, notes, origin, found = None, [], None, None
@@ -88,7 +92,8 @@ def execute(cfg: Config, db_path: str, connect: Connect,
         try:
             own = ckpt_lib.identity(writer.store_id, db_path, resume, writer.created_at)
             found = ckpt_lib.locate(db_path, resume, own)
-            state, run_key, notes = _rewind(writer, found or ckpt_lib.folder_for(db_path, resume))
+            state, run_key, notes = _rewind(writer, found or ckpt_lib.folder_for(db_path, resume),
+                                            server_device)
         except BaseException:
             writer.close()
             raise
@@ -105,7 +110,7 @@ def execute(cfg: Config, db_path: str, connect: Connect,
         if state is None:  # a new run (or a resume that starts over): where it starts
             begin = start_lib.starting_point(cfg, db_path, resolved=origin,
                                              progress=pretrain_progress)
-            params = begin.params
+            params = precision.to_device(begin.params, server_device)
             writer.set_model_info(sum(p.numel() for p in params.values()),
                                   begin.initial_hash, params_hash(params))
             notes = [*notes, *begin.notes]
@@ -178,7 +183,8 @@ def failure_reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _rewind(writer: RunWriter, folder) -> tuple[dict | None, str, list[tuple[str, str]]]:
+def _rewind(writer: RunWriter, folder, device: str = "cpu"
+            ) -> tuple[dict | None, str, list[tuple[str, str]]]:
     """Load the newest intact checkpoint of the run and cut its log back to it.
 
     Returns the engine state (None: no checkpoint, the run starts over), the run
@@ -187,7 +193,7 @@ def _rewind(writer: RunWriter, folder) -> tuple[dict | None, str, list[tuple[str
     notes = []
     expect = ckpt_lib.identity(writer.store_id, writer.path, writer.run_id, writer.created_at)
     try:
-        payload, path, skipped = ckpt_lib.latest(folder, expect)
+        payload, path, skipped = ckpt_lib.latest(folder, expect, map_location=device)
     except ckpt_lib.ForeignCheckpoint as exc:
         raise StoreError(f"--resume: {exc}") from None
     except ckpt_lib.NoCheckpoint as exc:
@@ -213,9 +219,12 @@ def resume_checkpoint(db_path: str, run_id: int) -> Path | None:
     return ckpt_lib.locate(db_path, run_id, whose)
 
 
+IN_PROCESS = "in-process"  # the node id of a worker run in this process (the workers table)
+
+
 def run_inprocess(cfg: Config, db_path: str, **kwargs) -> int:
     """``execute`` with every job run in this process (no Flower, no Ray)."""
     nodes = fleet_lib.node_count(cfg)
     return execute(cfg, db_path, lambda run_key: (InProcessTransport(cfg, run_key=run_key),
-                                                  {w: "in-process" for w in range(nodes)}),
-                   **kwargs)
+                                                  {w: IN_PROCESS for w in range(nodes)}),
+                   server_device=model_lib.resolve_device(cfg.device), **kwargs)

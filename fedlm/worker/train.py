@@ -184,7 +184,7 @@ def mean_loss(losses: torch.Tensor) -> float:
 
 
 def run_job(params, opt_state: dict, job: JobSpec, cfg: Config,
-            state_on_device: bool = False) -> Trained:
+            state_on_device: bool = False, server_device: str = "cpu") -> Trained:
     """Run one job; pure in (params, opt_state, job, cfg) for a fixed thread count.
 
     On a GPU the job's work stays on the device: its start point goes there in one
@@ -193,7 +193,10 @@ def run_job(params, opt_state: dict, job: JobSpec, cfg: Config,
     host), and the gradient and the losses come back in one batch of pinned
     asynchronous copies at the end. The AdamW state comes back to the host too,
     unless ``state_on_device`` (the worker keeps it in device memory for its next
-    job: the in-process backend); either way the bits are the same.
+    job: the in-process backend); either way the bits are the same. The outer
+    gradient stays where the server keeps the global model (``server_device``: the
+    run's device in process, where the engine, the outer step and the store's digest
+    read it; the host under Flower, where it goes on the wire).
     """
     import time
 
@@ -236,7 +239,7 @@ def run_job(params, opt_state: dict, job: JobSpec, cfg: Config,
             new_state.update(stream.kept(end, state_on_device))
         else:
             grad = OrderedDict((k, start_params[k] - end[k].detach()) for k in start_params)
-    if device != "cpu":  # on the CPU the difference is already a fresh host tensor
+    if device != "cpu" and server_device == "cpu":  # on the CPU: a fresh host tensor already
         grad = precision.to_host(grad)
     result = JobResult(job.job_id, grad, job.local_steps,
                        job.local_steps * batch_size * cfg.data.seq_len, train_loss, seconds)
@@ -244,11 +247,11 @@ def run_job(params, opt_state: dict, job: JobSpec, cfg: Config,
 
 
 def job_update(params, state: dict, job: JobSpec, cfg: Config,
-               state_on_device: bool = False) -> Trained:
+               state_on_device: bool = False, server_device: str = "cpu") -> Trained:
     """``run_job`` plus encoding its outer gradient for the wire (``fedlm.sim.compression``):
     the result's ``outer_grad`` is the payload, the new ``opt_state`` carries the
     error-feedback tensors on. Replay calls this too."""
-    result, new_state = run_job(params, state, job, cfg, state_on_device)
+    result, new_state = run_job(params, state, job, cfg, state_on_device, server_device)
     payload, errors = compression.encode(result.outer_grad, state, cfg.network)
     # a streaming job encodes one fragment: the other fragments' errors carry on
     carried = {k: v for k, v in state.items()
@@ -257,18 +260,19 @@ def job_update(params, state: dict, job: JobSpec, cfg: Config,
 
 
 def serve_job(params, states, job: JobSpec, cfg: Config,
-              step_time: float | None = None) -> JobResult:
+              step_time: float | None = None, server_device: str = "cpu") -> JobResult:
     """A worker's whole handling of one job, the same under Flower and in process.
 
     ``states`` is the worker's state store (``fedlm.worker.states``);
     ``step_time`` its seconds per step if the node was told (deployment),
-    else the profile's.
+    else the profile's; ``server_device`` where the global model lives (``run_job``).
     """
     import time
 
     faults.before_job(job.fault, cfg)
     result, new_state = job_update(params, states.load(job.prev_job), job, cfg,
-                                   state_on_device=getattr(states, "device_resident", False))
+                                   state_on_device=getattr(states, "device_resident", False),
+                                   server_device=server_device)
     states.save(job.job_id, new_state)
     states.prune(job.keep_from)
     seconds = result.compute_seconds
