@@ -129,7 +129,19 @@ def plain(model: str, variant: str, steps: int, batch: int, seq_len: int, device
             "final_loss": float(torch.stack(losses)[-1])}
 
 
-def fedlm_run(label: str, sets: list[str], db: Path, timeout: int) -> dict:
+def _replay(db: Path, run_id: int, timeout: int) -> str:
+    """``fedlm replay`` of the run: "identical" if it re-executes to the same weights."""
+    proc = subprocess.run([sys.executable, "-m", "fedlm", "replay", str(run_id), "--db",
+                           str(db)], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep
+                               + os.environ.get("PYTHONPATH", "")})
+    out = (proc.stdout + proc.stderr).strip().splitlines()
+    return "identical" if proc.returncode == 0 and "identical" in proc.stdout else \
+        f"not identical: {out[-1] if out else proc.returncode}"
+
+
+def fedlm_run(label: str, sets: list[str], db: Path, timeout: int, replay: bool = False
+              ) -> dict:
     """``fedlm run --backend inprocess`` in a fresh process; tokens/s from its store."""
     cmd = [sys.executable, "-m", "fedlm", "run", "--quiet", "--backend", "inprocess",
            "--db", str(db)]
@@ -153,8 +165,13 @@ def fedlm_run(label: str, sets: list[str], db: Path, timeout: int) -> dict:
         (run_id, workers)).fetchone()
     w0, w1 = conn.execute("SELECT MIN(wall_time), MAX(wall_time) FROM metrics WHERE run_id=?",
                           (run_id,)).fetchone()
+    jobs = conn.execute("SELECT COUNT(*) FROM updates WHERE run_id=?", (run_id,)).fetchone()[0]
     conn.close()
+    replayed = _replay(db, run_id, timeout) if replay else None
     return {"mode": label, "steps": steps, "tokens": tokens, "seconds": w1 - w0,
+            "jobs": jobs, "replay": replayed,
+            # one job at a time: the run span less the inner loops, per job
+            "seconds_around_each_job": (w1 - w0 - compute) / jobs if jobs else None,
             "total_s": total, "tokens_per_s": tokens / (w1 - w0),
             "tokens_per_s_end_to_end": tokens / total,
             "tokens_per_s_compute": tokens / compute,
@@ -166,6 +183,8 @@ def bench_model(model: str, args, device: str, peak: float | None) -> list[dict]
     cuda = device == "cuda"
     variants = (["fp32", "tf32", "bf16", "bf16+fused", "bf16+fused+compile"] if cuda
                 else ["fp32", "bf16"] + (["fp32+compile"] if args.compile else []))
+    if args.variants:
+        variants = [v for v in args.variants.split(",") if v]
     rows = []
     for v in variants:
         rows.append(plain(model, v, args.steps, args.batch, args.seq_len, device, args.warmup))
@@ -192,6 +211,8 @@ def bench_model(model: str, args, device: str, peak: float | None) -> list[dict]
         (f"fedlm sync DiLoCo, {at_once} jobs at once",
          ["strategy=diloco", f"updates={rounds}", f"eval.every={rounds}",
           f"sim.job_threads={at_once}", f"inner.threads={threads_each}"])]
+    if args.arms:  # a subset, by position: 1 sync, 2 async, 3 jobs at once
+        configs = [configs[int(k) - 1] for k in args.arms.split(",") if k]
     if args.smoke:  # one fedlm process (the last); the others' settings are only loaded
         for _, sets in configs[:-1]:
             config_load.load(None, [*common, *sets])
@@ -200,7 +221,8 @@ def bench_model(model: str, args, device: str, peak: float | None) -> list[dict]
         for label, sets in configs:
             try:
                 rows.append(fedlm_run(label, [*common, *sets], Path(tmp) / f"{len(rows)}.db",
-                                      args.timeout))
+                                      args.timeout,
+                                      replay=args.replay and label == configs[0][0]))
             except (RuntimeError, subprocess.TimeoutExpired) as exc:
                 # one failed arm is reported in its row; the others' figures still count
                 rows.append({"mode": label, "error": str(exc)[-2000:], "tokens_per_s": None,
@@ -236,6 +258,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=0, help="fedlm's sync rounds (default: "
                     "enough for --steps; more rounds weigh the first jobs' compile less)")
     ap.add_argument("--compile", action="store_true", help="also torch.compile on the CPU")
+    ap.add_argument("--variants", default="", help="plain-loop variants to time, comma-"
+                    "separated (default: all; fp32 must be among them)")
+    ap.add_argument("--arms", default="", help="fedlm runs, by number: 1 sync DiLoCo, 2 "
+                    "async delayed Nesterov, 3 jobs at once (default: all)")
+    ap.add_argument("--replay", action="store_true", help="`fedlm replay` the first fedlm "
+                    "run and report whether it re-executes to the same weights")
     ap.add_argument("--timeout", type=int, default=1200, help="seconds per fedlm run")
     ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "gpu.json"))
     ap.add_argument("--smoke", action="store_true", help="the test suite's check: every "
