@@ -46,7 +46,8 @@ from typing import NamedTuple
 from fedlm import data as data_lib
 from fedlm.sim import fleet as fleet_lib
 from fedlm.deploy import superlink
-from fedlm.deploy.credentials import make_certificates, make_node_key, make_secret, private_home
+from fedlm.deploy.credentials import (make_certificates, make_node_key, make_secret,
+                                      private_home, store_cli_token)
 from fedlm.flower import patches
 from fedlm.config import Config
 
@@ -157,17 +158,16 @@ class LocalDeployment:
         if self.tls:
             self.certs = make_certificates(self.home / "certs")
         self.port = free_port()
-        # owner only: a token for the Control API (in the CLI's store before the first
-        # flwr command) and a signed SuperExec for the Runtime API (fedlm.deploy.superlink)
-        exe = superlink.command(self.home, self.address) if self.owner_token \
-            else ["flower-superlink"]
+        # owner only: a Control API token, a signed SuperExec (fedlm.deploy.superlink)
+        exe, token = superlink.command(self.home) if self.owner_token \
+            else (["flower-superlink"], None)
         link = self._spawn("superlink", [
             *exe, *self._tls_args("superlink"),
             *(["--enable-supernode-auth"] if self.auth else []),
             "--host", "127.0.0.1", "--port", str(self.port),
             "--disable-runtime-dependency-installation",
             *(["--database", str(self.home / "superlink.db")] if self.link_db_file else [])])
-        self._write_connection()
+        self._write_connection(token)
         superlink.wait_until_listening(self.port, link, timeout, self.home / "superlink.log")
         nodes = {f"supernode{p.worker}": (f'partition-id={p.worker} num-partitions={self.workers} '
                                           f'step-time={p.step_time} region="{p.region.name}"')
@@ -181,7 +181,10 @@ class LocalDeployment:
             self._spawn_supernode(name, node_config, keys[name][0] if keys else None)
         return self
 
-    def _write_connection(self) -> None:
+    def _write_connection(self, token: str | None) -> None:
+        """The CLI's connection and token (while the SuperLink starts: flwr loads, ~1 s)."""
+        if token is not None:
+            store_cli_token(self.home, self.address, token)
         security = (f'root-certificates = "{self.certs["ca"]}"\n' if self.tls
                     else "insecure = true\n")
         (self.home / "config.toml").write_text(

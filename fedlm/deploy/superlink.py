@@ -37,7 +37,7 @@ import sys
 import time
 from pathlib import Path
 
-from fedlm.deploy.credentials import make_secret, make_token, store_cli_token
+from fedlm.deploy.credentials import make_secret, make_token
 from fedlm.flower import patches
 
 TOKEN_FLAG = "--owner-token-file"
@@ -46,16 +46,18 @@ EXEC_FLAG = "--superexec"
 OWNER_TOKEN_ON = "fedlm patch owner-token (Control API requests need the owner token)"
 
 
-def command(home: Path, address: str) -> list[str]:
+def command(home: Path) -> tuple[list[str], str]:
     """The start of the command line of an owner-only SuperLink for the deployment in
-    ``home`` (Flower's arguments follow): a new Control API token in
-    ``HOME/keys/control.token``, also put in the credential store of HOME's ``flwr``
-    CLI for ``address``, and a new SuperExec secret (``HOME/keys/superlink.superexec``)."""
+    ``home`` (Flower's arguments follow) and its Control API token: a new token in
+    ``HOME/keys/control.token`` (the owner's ``flwr`` needs it too:
+    ``credentials.store_cli_token``) and a new SuperExec secret in
+    ``HOME/keys/superlink.superexec``."""
     token_file = home / "keys" / "control.token"
-    store_cli_token(home, address, make_token(token_file))
+    token = make_token(token_file)
     secret = make_secret(home / "keys" / "superlink.superexec")
     return [sys.executable, "-m", "fedlm.deploy.superlink", TOKEN_FLAG, str(token_file),
-            EXEC_FLAG, "--isolation", "process", "--superexec-auth-secret-file", str(secret)]
+            EXEC_FLAG, "--isolation", "process", "--superexec-auth-secret-file",
+            str(secret)], token
 
 
 def wait_until_listening(port: int, proc: subprocess.Popen, timeout: float, log: Path) -> None:
