@@ -114,9 +114,8 @@ def make_node_key(path: Path) -> tuple[Path, Path]:
 
 def make_secret(path: Path, nbytes: int = 32) -> Path:
     """A random shared secret (raw bytes, mode 0600) for SuperExec authentication:
-    the SuperNode (``--superexec-auth-secret-file``) and its executor read the same
-    file, and the SuperNode refuses ``AcquireTask`` requests not signed with it."""
-
+    the SuperNode or SuperLink (``--superexec-auth-secret-file``) and its executor read
+    the same file, and it refuses ``AcquireTask`` requests not signed with it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as fh:
