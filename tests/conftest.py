@@ -25,7 +25,8 @@ def _cache_dir(tmp_path_factory):
 # keeps its place after these; a wrong order only costs time.
 LONGEST_FIRST = ("test_flower_e2e.py", "test_deploy_kill.py", "test_bench_smoke.py",
                  "test_sweep.py", "test_resume.py", "test_deploy.py", "test_failures.py",
-                 "test_stop_signal.py", "test_deploy_warm.py", "test_ownership.py",
+                 "test_stop_signal.py", "test_deploy_warm.py", "test_deploy_owner.py",
+                 "test_ownership.py",
                  "test_track.py", "test_contract.py", "test_replay.py", "test_flwr_run.py",
                  "test_imports.py")
 

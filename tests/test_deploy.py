@@ -82,7 +82,7 @@ def test_deploy_local_runs_replays_and_cleans_up(tmp_path):
     assert before < mine < during
     assert f"run {mine} (async-sgd-moderate)" in out and f"run {during} (" not in out, out
     assert "wall-clock time" in out
-    assert "(TLS, SuperNode authentication)" in out
+    assert "(TLS, SuperNode authentication, owner token)" in out
     # its own run went to the tracker, not the store's newest
     assert f"run {mine}: 2 progress points to tensorboard" in out, out[-3000:]
     assert [p.name for p in (tmp_path / "track" / "tensorboard").iterdir()] == \

@@ -106,8 +106,10 @@ def test_unregistered_supernode_is_refused(deployment):
 
 def test_a_stranger_registered_through_the_control_api_gets_no_work(deployment, tmp_path,
                                                                     capfd):
-    """Anyone holding ca.crt can register a key and start a SuperNode (the SuperLink
-    admits it); fedlm's runs use only the nodes the deployment registered, and say so."""
+    """A SuperNode registered through the Control API but not by this deployment (here
+    with the owner's own credentials: a stranger cannot register at all, see
+    tests/test_deploy_owner.py) is admitted by the SuperLink; fedlm's runs use only the
+    nodes the deployment registered, and say so."""
     dep = deployment
     before = set(_online(dep))
     stranger = dep.start_supernode("stranger", "partition-id=0 num-partitions=2", ours=False)

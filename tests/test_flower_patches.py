@@ -31,11 +31,15 @@ def _targets() -> dict[str, object]:
 
     out["flwr.supernode.start_client_internal.time"] = start_client_internal.time
     out["ray._private.utils.set_sigterm_handler"] = ray._private.utils.set_sigterm_handler
+    for module in patches.AUTHN_TARGETS:
+        out[f"{module}.load_control_authn_plugin"] = \
+            importlib.import_module(module).load_control_authn_plugin
     return out
 
 
 CALLS = {"supernode-waits": patches.supernode_waits, "pull-backoff": patches.pull_backoff,
-         "ray-sigterm": patches.ray_keeps_sigterm}
+         "ray-sigterm": patches.ray_keeps_sigterm,
+         "owner-token": lambda: patches.owner_token("t" * 43)}
 
 
 def test_importing_fedlm_patches_nothing():
@@ -44,8 +48,8 @@ def test_importing_fedlm_patches_nothing():
     code = (
         "import importlib, sys, time\n"
         "for m in ['fedlm.flower.patches', 'fedlm.deploy.supernode', 'fedlm.deploy.warm_executor',"
-        " 'fedlm.deploy.local', 'fedlm.flower.server_app', 'fedlm.flower.simulation',"
-        " 'fedlm.flower.client_app', 'fedlm.cli']:\n"
+        " 'fedlm.deploy.local', 'fedlm.deploy.superlink', 'fedlm.flower.server_app',"
+        " 'fedlm.flower.simulation', 'fedlm.flower.client_app', 'fedlm.cli']:\n"
         "    importlib.import_module(m)\n"
         "from fedlm.flower import patches\n"
         "from flwr.supercore.inflatable import inflatable_utils as u\n"
@@ -56,6 +60,10 @@ def test_importing_fedlm_patches_nothing():
         "assert loop.time is time, loop.time\n"
         "import ray._private.utils as r\n"
         "assert not hasattr(r.set_sigterm_handler, patches.MARK)\n"
+        "from flwr.superlink import config_loader as c\n"
+        "for mod in patches.AUTHN_TARGETS:\n"
+        "    loader = importlib.import_module(mod).load_control_authn_plugin\n"
+        "    assert loader is c.load_control_authn_plugin, mod\n"
         "print('untouched')\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=240, cwd=ROOT)
@@ -122,7 +130,20 @@ def test_the_warm_executor_is_refused_on_an_untested_flower(monkeypatch, tmp_pat
         LocalDeployment(tmp_path, 1, warm_exec=True)
     # switched off: the deployment runs Flower's own SuperExec, on any version
     monkeypatch.setenv("FEDLM_PATCH_WARM_EXECUTOR", "0")
+    monkeypatch.setenv("FEDLM_PATCH_OWNER_TOKEN", "0")
     assert LocalDeployment(tmp_path, 1).warm_exec is False
+
+
+def test_the_owner_token_is_refused_on_an_untested_flower(monkeypatch, tmp_path):
+    from fedlm.deploy.local import LocalDeployment
+
+    monkeypatch.setattr(patches, "installed", lambda package: "0.0.1")
+    monkeypatch.setenv("FEDLM_PATCH_WARM_EXECUTOR", "0")
+    with pytest.raises(patches.UnsupportedVersion, match="FEDLM_PATCH_OWNER_TOKEN=0"):
+        LocalDeployment(tmp_path, 1)  # refused before anything starts
+    # switched off: Flower's SuperLink as it comes (anyone may use its Control API)
+    monkeypatch.setenv("FEDLM_PATCH_OWNER_TOKEN", "0")
+    assert LocalDeployment(tmp_path, 1).owner_token is False
 
 
 @pytest.mark.parametrize("name", sorted(CALLS))

@@ -65,18 +65,23 @@ def test_a_sweep_spec_with_more_seeds_than_seeds_allows_is_refused(tmp_path, whe
         sweep_spec.load_spec(path, quick=False)
 
 
+@pytest.mark.parametrize("command", [["run"], ["deploy", "local"]])
 def test_a_tracker_not_installed_is_refused_before_the_store_is_made(tmp_path, monkeypatch,
-                                                                      capsys):
+                                                                      capsys, command):
     from fedlm import cli
+    from fedlm.deploy import local
     from fedlm.track import backends
 
     real = backends.importlib.util.find_spec
     monkeypatch.setattr(backends.importlib.util, "find_spec",
                         lambda name, *a: None if name.startswith("mlflow") else real(name, *a))
-    db = tmp_path / "r.db"
-    assert cli.main(["run", "--db", str(db), "--track", "mlflow", "--set", "model=tiny"]) == 2
+    monkeypatch.setattr(local, "main_local", lambda *a, **k: pytest.fail("deployed"))
+    db, home = tmp_path / "r.db", tmp_path / "home"
+    extra = ["--home", str(home)] if command[0] == "deploy" else []
+    assert cli.main([*command, *extra, "--db", str(db), "--track", "mlflow",
+                     "--set", "model=tiny"]) == 2
     assert "not installed" in capsys.readouterr().err
-    assert not db.exists() and not list(tmp_path.iterdir())
+    assert not db.exists() and not list(tmp_path.iterdir())  # no store, no deployment home
 
 
 def test_a_run_whose_evaluated_model_never_changed_says_so(tmp_path, capsys):

@@ -89,7 +89,9 @@ from experiments.bench.deploy_echo import echo_round_trips  # noqa: E402
 # file, as fedlm deploy local had it until the warm executor
 FILE_DB = dict(link_db_file=True)
 VARIANTS = {
+    # Flower as it comes: plain flower-superlink too (no owner token, subprocess isolation)
     "flower-defaults": dict(tls=True, auth=True, node_poll=False, warm_exec=False, **FILE_DB,
+                            owner_token=False,
                             extra_env={"FLWR_TELEMETRY_ENABLED": "1", TASK_POLL_ENV: "1.0"}),
     "old": dict(tls=True, auth=True, node_poll=False, warm_exec=False, **FILE_DB, extra_env={}),
     "new": dict(tls=True, auth=True, node_poll=True, warm_exec=False, **FILE_DB, extra_env={}),

@@ -24,11 +24,11 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         overrides.append(f"workers={args.workers}")
     cfg = config_load.load(args.config, overrides)
     db = args.db or cfg.db
-    check_writable(db)
     from fedlm.track import check_installed, with_trackers
 
     cfg = with_trackers(cfg, args.track)
-    check_installed(cfg.track.backends)  # refused now, not after the run
+    check_installed(cfg.track.backends)  # refused now, not after the run,
+    check_writable(db)  # and before anything is written at --db
     with interrupts.interrupt_on_signals():  # LocalDeployment.stop runs on the way out
         status, run_id = deploy.main_local(cfg, overrides, db, Path(args.home).resolve(),
                                            args.config)

@@ -1,15 +1,20 @@
-"""TLS certificates and SuperNode keys for a Flower deployment, in the formats Flower reads.
+"""TLS certificates, SuperNode keys, shared secrets and the Control API token of a Flower
+deployment, in the formats Flower reads, and the private folder they live in.
 
 ``fedlm deploy local`` makes them at start (fedlm.deploy.local); on real machines the same
-functions make a CA and a server certificate for the SuperLink's addresses and one key
-pair per SuperNode (docs/deployment.md has the commands).
+functions make a CA and a server certificate for the SuperLink's addresses, one key
+pair per SuperNode and the owner's token (docs/deployment.md has the commands).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import os
+import stat
 from pathlib import Path
+
+from fedlm.errors import ConfigError
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost")  # the names the server certificate is valid for
 
@@ -109,13 +114,60 @@ def make_node_key(path: Path) -> tuple[Path, Path]:
 
 def make_secret(path: Path, nbytes: int = 32) -> Path:
     """A random shared secret (raw bytes, mode 0600) for SuperExec authentication:
-    the SuperNode (``--superexec-auth-secret-file``) and its executor read the same
-    file, and the SuperNode refuses ``AcquireTask`` requests not signed with it."""
-    import os
-
+    the SuperNode or SuperLink (``--superexec-auth-secret-file``) and its executor read
+    the same file, and it refuses ``AcquireTask`` requests not signed with it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as fh:
         fh.write(os.urandom(nbytes))
     path.chmod(0o600)
     return path
+
+
+def make_token(path: Path) -> str:
+    """A random bearer token (43 URL-safe characters, 256 bits), written to ``path``
+    (mode 0600, created so: never readable by others, not even for a moment)."""
+    import secrets
+
+    token = secrets.token_urlsafe(32)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)  # O_EXCL below: a file left by someone else is not reused
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="ascii") as fh:
+        fh.write(token + "\n")
+    return token
+
+
+def store_cli_token(flwr_home: Path, address: str, token: str) -> Path:
+    """Put ``token`` where the ``flwr`` CLI of ``flwr_home`` takes its Control API
+    bearer token from for ``address``: its credential store (``credentials.yaml``,
+    mode 0600), as ``flwr login`` leaves it after an OIDC login (1.41, 1.42:
+    ``flwr/cli/auth_plugin/oidc_cli_plugin.py``). The refresh token is never
+    accepted: the owner token does not expire."""
+    import secrets
+
+    from flwr.cli.constant import (ACCESS_TOKEN_STORE_KEY, AUTHN_TYPE_STORE_KEY,
+                                   REFRESH_TOKEN_STORE_KEY)
+    from flwr.common.constant import AuthnType
+    from flwr.supercore.credential_store import FileCredentialStore
+
+    path = flwr_home / "credentials.yaml"
+    store = FileCredentialStore(path)  # writes through a 0600 temporary file, renamed
+    store.set(AUTHN_TYPE_STORE_KEY % address, AuthnType.OIDC.encode())
+    store.set(ACCESS_TOKEN_STORE_KEY % address, token.encode())
+    store.set(REFRESH_TOKEN_STORE_KEY % address, secrets.token_urlsafe(32).encode())
+    path.chmod(0o600)
+    return path
+
+
+def private_home(home: Path) -> None:
+    """Make ``home`` a folder only its owner can enter (0700): it holds the deployment's
+    private keys and its Control API token. A folder of another user, or a shared one
+    (sticky, as /tmp), is refused: it is not made private by changing its mode."""
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = home.stat()
+    if st.st_uid != os.getuid() or st.st_mode & stat.S_ISVTX:
+        why = "not yours" if st.st_uid != os.getuid() else "a shared folder"
+        raise ConfigError(f"deploy: {home} is {why}; --home needs a folder of your own "
+                          f"(it holds the deployment's keys and token)")
+    home.chmod(0o700)

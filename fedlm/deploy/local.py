@@ -10,27 +10,24 @@ runs on the wall clock there (``clock = "wall"``): updates are applied in real
 arrival order, which the operation log records, so ``fedlm replay`` reproduces
 the run.
 
-Secure by default, as a real deployment must be: TLS (a CA and a server certificate
-for 127.0.0.1/localhost made at start in ``HOME/certs``, which the SuperNodes and the
-``flwr`` CLI verify) and SuperNode authentication (``--enable-supernode-auth``: each
-SuperNode's own EC P-384 key pair in ``HOME/keys``, its public key registered with
-``flwr supernode register`` before it starts; a node whose key is not registered is
-refused). A node someone else registered through the Control API is admitted by the
-SuperLink but not by fedlm: a run uses only the node ids registered here (``node_ids``,
-the run config's ``nodes``). ``tls=False, auth=False`` (``--insecure``): plain loopback.
+Secure by default (docs/deployment.md): TLS (a CA and a server certificate for
+127.0.0.1/localhost made at start in ``HOME/certs``); SuperNode authentication (each
+SuperNode's EC P-384 key pair in ``HOME/keys``, registered with ``flwr supernode
+register`` before it starts); and only the owner may use the SuperLink (``owner_token``:
+``python -m fedlm.deploy.superlink`` admits Control API requests only with the token of
+``HOME/keys/control.token``, which fedlm's ``flwr`` sends from ``HOME/credentials.yaml``,
+and hands ServerApp tasks only to its own signed SuperExec; HOME is 0700). A run uses
+only the node ids registered here (``node_ids``, the run config's ``nodes``).
+``tls=False, auth=False``: plain loopback (the owner token stays).
 
 Per-message overhead: the SuperNodes run as ``python -m fedlm.deploy.supernode``
-(Flower's SuperNode with its hard-coded 3 s idle poll capped; ``node_poll``)
-with ``--warm-executor`` (``warm_exec``, on by default): each SuperNode's
-ClientApps run in one warm process that keeps torch, the model, the shards and
-the optimizer states between messages (``fedlm.deploy.warm_executor``), not a
-process per message. Without it, Flower's SuperExec starts a ClientApp process
-for each message and polls for new tasks every second
-(``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``: 0.2 s here, SuperNodes only). Telemetry
-is off (``FLWR_TELEMETRY_ENABLED=0``: a ClientApp process waits for it at exit).
-The SuperLink keeps its state and objects in memory (Flower's default;
-``link_db_file``: a SQLite file, ~1 s more per hop for 7 MB messages). The same
-commands work across machines (docs/deployment.md; measurements: docs/deploy_overhead.md).
+(Flower's SuperNode with its hard-coded 3 s idle poll capped; ``node_poll``) with
+``--warm-executor`` (``warm_exec``): each SuperNode's ClientApps run in one warm process
+(``fedlm.deploy.warm_executor``), not a process per message (Flower's SuperExec, polling
+every ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``: 0.2 s here, SuperNodes only). Telemetry is
+off (``FLWR_TELEMETRY_ENABLED=0``: a ClientApp process waits for it at exit). The
+SuperLink keeps its state in memory (``link_db_file``: a SQLite file, ~1 s more per hop
+for 7 MB messages). Measurements: docs/deploy_overhead.md.
 """
 
 from __future__ import annotations
@@ -48,7 +45,9 @@ from typing import NamedTuple
 
 from fedlm import data as data_lib
 from fedlm.sim import fleet as fleet_lib
-from fedlm.deploy.credentials import make_certificates, make_node_key, make_secret
+from fedlm.deploy import superlink
+from fedlm.deploy.credentials import (make_certificates, make_node_key, make_secret,
+                                      private_home, store_cli_token)
 from fedlm.flower import patches
 from fedlm.config import Config
 
@@ -69,19 +68,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_for_port(port: int, proc: subprocess.Popen, timeout: float, log: Path) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"process exited with {proc.returncode}; see {log}")
-        with socket.socket() as s:
-            s.settimeout(0.5)
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.2)
-    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout:.0f} s; see {log}")
-
-
 # -- the deployment -------------------------------------------------------------------
 @dataclass
 class LocalDeployment:
@@ -95,6 +81,9 @@ class LocalDeployment:
     # ClientApps in a warm executor per SuperNode (fedlm.deploy.warm_executor), not a process
     # per message; None: on unless FEDLM_PATCH_WARM_EXECUTOR=0. Needs node_poll.
     warm_exec: bool | None = None
+    # the Control API admits only requests with this deployment's token (fedlm.deploy.
+    # superlink); None: on unless FEDLM_PATCH_OWNER_TOKEN=0
+    owner_token: bool | None = None
     # the SuperLink's state and object store: in memory (Flower's default), or a
     # SQLite file HOME/superlink.db (True: every message's objects written to and
     # deleted from it; ~1 s more per hop for the small model, see docs/deploy_overhead.md)
@@ -117,6 +106,10 @@ class LocalDeployment:
                 raise ValueError("the warm executor is started by fedlm.deploy.supernode: "
                                  "it needs node_poll=True")
             patches.check_supported("warm-executor")  # another flwr version: refused now
+        if self.owner_token is None:
+            self.owner_token = patches.enabled("owner-token", {**os.environ, **self.extra_env})
+        if self.owner_token:
+            patches.check_supported("owner-token")
 
     def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None
                ) -> subprocess.Popen:
@@ -158,21 +151,24 @@ class LocalDeployment:
         return ["--root-certificates", str(self.certs["ca"])]
 
     def start(self, cfg: Config, timeout: float = 60.0) -> "LocalDeployment":
-        self.home.mkdir(parents=True, exist_ok=True)
+        private_home(self.home)
         # A fresh SuperLink state: no nodes registered by an earlier deployment here.
         for stale in self.home.glob("superlink.db*"):
             stale.unlink()
         if self.tls:
             self.certs = make_certificates(self.home / "certs")
         self.port = free_port()
+        # owner only: a Control API token, a signed SuperExec (fedlm.deploy.superlink)
+        exe, token = superlink.command(self.home) if self.owner_token \
+            else (["flower-superlink"], None)
         link = self._spawn("superlink", [
-            "flower-superlink", *self._tls_args("superlink"),
+            *exe, *self._tls_args("superlink"),
             *(["--enable-supernode-auth"] if self.auth else []),
             "--host", "127.0.0.1", "--port", str(self.port),
             "--disable-runtime-dependency-installation",
             *(["--database", str(self.home / "superlink.db")] if self.link_db_file else [])])
-        self._write_connection()
-        _wait_for_port(self.port, link, timeout, self.home / "superlink.log")
+        self._write_connection(token)
+        superlink.wait_until_listening(self.port, link, timeout, self.home / "superlink.log")
         nodes = {f"supernode{p.worker}": (f'partition-id={p.worker} num-partitions={self.workers} '
                                           f'step-time={p.step_time} region="{p.region.name}"')
                  for p in fleet_lib.profiles(cfg.fleet, self.workers)}
@@ -185,7 +181,10 @@ class LocalDeployment:
             self._spawn_supernode(name, node_config, keys[name][0] if keys else None)
         return self
 
-    def _write_connection(self) -> None:
+    def _write_connection(self, token: str | None) -> None:
+        """The CLI's connection and token (while the SuperLink starts: flwr loads, ~1 s)."""
+        if token is not None:
+            store_cli_token(self.home, self.address, token)
         security = (f'root-certificates = "{self.certs["ca"]}"\n' if self.tls
                     else "insecure = true\n")
         (self.home / "config.toml").write_text(
@@ -271,6 +270,8 @@ class LocalDeployment:
             problems.append("the SuperLink does not serve HTTPS (no 'running on https://')")
         if self.auth and "SuperNode authentication is disabled" in text:
             problems.append("the SuperLink says: SuperNode authentication is disabled")
+        if self.owner_token and superlink.OWNER_TOKEN_ON not in text:
+            problems.append(f"the SuperLink does not say '{superlink.OWNER_TOKEN_ON}'")
         return problems
 
     def kill_node(self, name: str, sig: int = signal.SIGKILL) -> None:
@@ -379,8 +380,7 @@ def main_local(cfg: Config, overrides: list[str], db: str, home: Path,
     status and the id of the run, as the ServerApp reported it (other runs may land
     in the same store meanwhile).
 
-    TLS and SuperNode authentication are on unless ``tls``/``auth`` say otherwise
-    (``fedlm deploy local --insecure`` turns both off).
+    TLS and SuperNode authentication are on unless ``tls``/``auth`` say otherwise.
     """
     # data that cannot be split over the workers (too few documents of a text: or
     # hf: source for a by-play partition, a worker left empty): refused here, before
@@ -390,8 +390,9 @@ def main_local(cfg: Config, overrides: list[str], db: str, home: Path,
     overrides = [*overrides, "clock=wall"] if cfg.clock != "wall" else list(overrides)
     with LocalDeployment(home, cfg.workers, tls=tls, auth=auth and tls) as dep:
         dep.start(cfg)
-        security = ("TLS, SuperNode authentication" if dep.auth
-                    else "TLS" if dep.tls else "insecure")
+        security = ", ".join([*(["TLS"] if dep.tls else ["insecure"]),
+                              *(["SuperNode authentication"] if dep.auth else []),
+                              *(["owner token"] if dep.owner_token else [])])
         print(f"fedlm: SuperLink on {dep.address} ({security}), {cfg.workers} SuperNodes; "
               f"logs in {home}", flush=True)
         status = dep.run(overrides, str(Path(db).resolve()),

@@ -5,8 +5,8 @@ says why, with measurements and the upstream issues). Each such change is a
 *patch* here, and every patch
 
 * is applied only when the code that needs it calls it (``supernode_waits()``,
-  ``pull_backoff()``, ``ray_keeps_sigterm()``): importing this module, or any of
-  fedlm's, changes nothing;
+  ``pull_backoff()``, ``ray_keeps_sigterm()``, ``owner_token()``): importing this
+  module, or any of fedlm's, changes nothing;
 * checks first that the installed version is one it was tested with (``TESTED``)
   and that what it replaces is still what Flower or Ray defines there; on another
   version it refuses with a one-line ``UnsupportedVersion`` naming its switch;
@@ -26,6 +26,7 @@ helpers, the Runtime API client): it goes through ``check_supported`` and
 from __future__ import annotations
 
 import functools
+import hmac
 import importlib
 import logging
 import os
@@ -62,6 +63,8 @@ PATCHES = {p.name: p for p in [
     Patch("ray-sigterm", "ray", "ray.init leaves the process's SIGTERM handler alone"),
     Patch("warm-executor", "flwr", "SuperNodes run their ClientApps in one warm executor "
           "process (fedlm.deploy.warm_executor), not Flower's SuperExec"),
+    Patch("owner-token", "flwr", "the SuperLink's Control API accepts only requests that "
+          "carry the deployment's owner token, not everyone's"),
 ]}
 # the names these settings had before they were gathered here
 RENAMED = {"FEDLM_SUPERNODE_POLL_S": "FEDLM_PATCH_SUPERNODE_WAITS_S",
@@ -262,3 +265,78 @@ def superexec_auth_methods() -> frozenset:
         raise UnsupportedVersion(f"{run_superexec.__name__}._SUPEREXEC_AUTH_METHODS is gone; "
                                  f"set {PATCHES['warm-executor'].switch}=0")
     return frozenset(methods)
+
+
+# -- owner-token: the SuperLink's Control API authentication plugin ------------------
+# the modules that imported Flower's loader by name: the SuperLink command, and the
+# FastAPI app (which calls it when made without a config)
+AUTHN_TARGETS = ("flwr.superlink.cli.flower_superlink", "flwr.superlink.main")
+OWNER_AUTHN_TYPE = "fedlm-owner-token"  # what the SuperLink answers `flwr login`
+
+
+def _owner_authn(token: str):
+    """A Control API authentication plugin that admits a request only if its bearer
+    token is ``token``; Flower answers every other one 401 (its own error)."""
+    from flwr.common.constant import ACCESS_TOKEN_KEY, NOOP_ACCOUNT_NAME, NOOP_FLWR_AID
+    from flwr.supercore.auth.typing import AccountAuthLoginDetails, AccountInfo
+    from flwr.superlink.auth_plugin import ControlAuthnPlugin
+
+    expected = token.encode()
+
+    class OwnerTokenAuthn(ControlAuthnPlugin):
+        def __init__(self) -> None:
+            pass
+
+        def get_login_details(self):
+            # `flwr login` has no plugin for it: "Unknown account authentication
+            # type: fedlm-owner-token" (Flower's words) tells a stranger what stops them
+            return AccountAuthLoginDetails(authn_type=OWNER_AUTHN_TYPE, device_code="",
+                                           verification_uri_complete="", expires_in=0,
+                                           interval=0)
+
+        def validate_tokens_in_metadata(self, metadata):
+            given = [v for k, v in metadata if k == ACCESS_TOKEN_KEY]
+            if len(given) != 1:
+                return False, None
+            value = given[0].encode() if isinstance(given[0], str) else given[0]
+            if not hmac.compare_digest(value, expected):
+                return False, None
+            # Flower's single open-source account: the federation checks expect it
+            return True, AccountInfo(flwr_aid=NOOP_FLWR_AID, account_name=NOOP_ACCOUNT_NAME)
+
+        def get_auth_tokens(self, device_code):
+            return None  # no token is ever handed out: it is only read from the owner's file
+
+        def refresh_tokens(self, metadata):
+            return None, None  # the owner's token does not expire; nothing to refresh
+
+    return OwnerTokenAuthn()
+
+
+def owner_token(token: str) -> Patched:
+    """Make the SuperLink started in this process authenticate Control API requests
+    (run, stop, list, register a node...) against ``token``: Flower's open-source
+    plugin admits everyone, its OIDC one is not in this distribution. Call it before
+    ``flower_superlink()``; process-wide."""
+    if (off := _start("owner-token")) is not None:
+        return off
+    if len(token) < 32:
+        raise ValueError("owner token: at least 32 characters")
+    from flwr.superlink import config_loader
+
+    done = Patched("owner-token")
+    modules = [importlib.import_module(name) for name in AUTHN_TARGETS]
+    todo = [m for m in modules if getattr(m.load_control_authn_plugin, MARK, None) != done.name]
+    for module in todo:  # all checked before any is replaced
+        if module.load_control_authn_plugin is not config_loader.load_control_authn_plugin:
+            raise UnsupportedVersion(
+                f"{module.__name__}.load_control_authn_plugin is not Flower's; the Flower "
+                f"internals changed: set {PATCHES['owner-token'].switch}=0")
+    plugin = _owner_authn(token)
+    for module in todo:
+        def load_owner_authn(plugin=plugin):
+            return plugin
+
+        _replace(done, module, "load_control_authn_plugin", load_owner_authn,
+                 f"{module.__name__}.load_control_authn_plugin")
+    return _report(done, "Control API requests need the owner token")
