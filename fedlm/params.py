@@ -47,13 +47,25 @@ def update_digest(tensors) -> str:
     import xxhash  # only runs that write or replay updates load it
 
     h = xxhash.xxh3_128()
-    for name in sorted(tensors):
-        t = tensors[name].detach().cpu().contiguous()
+    for name, t in _on_host(tensors):
         h.update(name.encode())
         h.update(str(tuple(t.shape)).encode())
         h.update(str(t.dtype).encode())
-        h.update(t.numpy().tobytes())
+        h.update(t.numpy().reshape(-1).view("uint8"))  # the tensor's own bytes: no copy
     return XXH3 + h.hexdigest()
+
+
+def _on_host(tensors) -> list:
+    """(name, contiguous host tensor) in name order; device tensors come over in one batch
+    of asynchronous copies to pinned memory and one wait (a 600 MB update: tens of ms),
+    not a blocking copy per tensor to pageable memory."""
+    names = sorted(tensors)
+    if not any(tensors[n].device.type == "cuda" for n in names):
+        return [(n, tensors[n].detach().contiguous()) for n in names]
+    from fedlm.worker.precision import to_host  # torch is loaded when tensors are on a GPU
+
+    host = to_host({n: tensors[n].contiguous() for n in names})
+    return list(host.items())
 
 
 def same_update(tensors, logged: str) -> bool:
