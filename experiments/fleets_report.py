@@ -1,43 +1,50 @@
-"""The numbers of experiments/results/fleets.md, from the fleets sweep's run store.
+"""The numbers of experiments/results/fleets.md, from the fleets study's run stores.
 
     fedlm sweep experiments/configs/fleets.toml --backend inprocess --jobs 2
-    python experiments/fleets_report.py runs/fleets.db > runs/fleets_tables.md
+    fedlm sweep experiments/configs/fleets_horizon.toml --backend inprocess --jobs 2
+    python experiments/fleets_report.py runs/fleets.db runs/fleets_horizon.db > runs/fleets_tables.md
 
-Per fleet and arm, over the seeds: final perplexity (mean, 95% t interval), virtual
-time, and the virtual time to reach sync DiLoCo's final perplexity of the same seed
-(the first evaluation at or below it), as a ratio to sync's own time and to sync +
-DyLU's time to the same perplexity; plots of perplexity against virtual time under
-experiments/results/fleets/.
+The reference of every table is the strongest synchronous arm, sync DiLoCo + fill
+(``REFERENCE``). Per fleet and arm, over the seeds: final perplexity (mean, 95% t
+interval), inner steps, virtual time, and the virtual time to reach the reference's
+final perplexity of the same seed (its first evaluation at or below it), as a ratio to
+the reference's own time. Then the map (fleet x arm: the mean ratio, and on how many
+seeds the arm gets there at all), what DN + DyLU's runs did (lost work, staleness,
+versions), and, from a second store, the horizon: the same ratio at two budgets.
+Plots go under experiments/results/fleets/.
 """
 
 from __future__ import annotations
 
+import sqlite3
 import statistics
 import sys
 from collections import defaultdict
+from contextlib import closing
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fedlm import store  # noqa: E402
 
-T95 = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776}  # two-sided t quantiles by sample size
+T95 = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571}  # two-sided t by sample size
 OUT = Path(__file__).resolve().parent / "results" / "fleets"
-SYNC, SYNC_DYLU, DN = "DiLoCo (sync)", "DiLoCo (sync) + DyLU", "DN + DyLU"
+REFERENCE = "DiLoCo (sync) + fill"
+ORDER = [REFERENCE, "DiLoCo (sync)", "DiLoCo (sync) + DyLU", "DN + DyLU", "halos"]
 
 
 def load(db: str) -> dict:
-    """{(fleet, arm): {seed: {"curve": [(t, ppl)], "time": T, "final": ppl, "steps": n}}}."""
+    """{(fleet, arm): {seed: run}} of the finished runs named "FLEET: ARM @ PROFILE seed S"."""
     runs: dict = defaultdict(dict)
     for row in store.list_runs(db):
-        if row["status"] != "finished":
+        if row["status"] != "finished" or ": " not in row["name"]:
             continue
-        label, profile = row["name"].rsplit(" @ ", 1)
+        label = row["name"].rsplit(" @ ", 1)[0]
         fleet, arm = label.split(": ", 1)
-        fleet = fleet if not fleet.startswith("a/b") else f"{fleet[:3]} {profile.split()[0]}"
         curve = [(t, p) for t, _, p in store.metric_curve(db, row["id"])]
         runs[(fleet, arm)][row["seed"]] = {
-            "curve": curve, "time": row["virtual_time"], "final": curve[-1][1],
-            "steps": store.summarize(db, row["id"]).local_steps}
+            "id": row["id"], "curve": curve, "time": row["virtual_time"],
+            "final": curve[-1][1], "steps": store.summarize(db, row["id"]).local_steps,
+            "updates": row["updates"]}
     return runs
 
 
@@ -46,88 +53,207 @@ def seconds(t: float) -> str:
 
 
 def reach(curve, target: float) -> float | None:
+    """When a curve first gets to ``target`` or below (None: never)."""
     return next((t for t, p in curve if p <= target * (1 + 1e-9)), None)
 
 
-def interval(values: list[float]) -> str:
+def mean_interval(values: list[float], digits: int = 2) -> str:
     if len(values) < 2:
-        return f"{values[0]:.2f}" if values else "-"
+        return f"{values[0]:.{digits}f}" if values else "-"
     m, sd = statistics.mean(values), statistics.stdev(values)
     half = T95.get(len(values), 2.0) * sd / len(values) ** 0.5
-    return f"{m:.2f} ± {half:.2f}"
+    return f"{m:.{digits}f} ± {half:.{digits}f}"
+
+
+def ratios(runs: dict, fleet: str, arm: str) -> tuple[list[float], list[str], int]:
+    """Per seed, the arm's time to the reference's final perplexity over the reference's
+    time; the per-seed cells of the table; the seeds it never got there on."""
+    ref = runs.get((fleet, REFERENCE), {})
+    out, cells, never = [], [], 0
+    for seed, r in sorted(runs[(fleet, arm)].items()):
+        if seed not in ref:
+            continue
+        t = reach(r["curve"], ref[seed]["final"])
+        if t is None:
+            cells.append(f"{seed}: never")
+            never += 1
+            continue
+        out.append(t / ref[seed]["time"])
+        cells.append(f"{seed}: {seconds(t)} ({out[-1]:.2f})")
+    return out, cells, never
+
+
+def arms_of(runs: dict, fleet: str) -> list[str]:
+    found = {a for f, a in runs if f == fleet}
+    return [a for a in ORDER if a in found] + sorted(found - set(ORDER))
+
+
+def fleets_of(runs: dict) -> list[str]:
+    return sorted({f for f, _ in runs})
 
 
 def table(runs: dict, fleet: str) -> list[str]:
-    arms = sorted({a for f, a in runs if f == fleet}, key=lambda a: (a != SYNC, a))
-    sync = runs.get((fleet, SYNC), {})
-    sync_dylu = runs.get((fleet, SYNC_DYLU), {})
     lines = [f"### {fleet}", "",
-             "| arm | final perplexity (95% interval) | inner steps | virtual time s "
-             "| time to sync's final ppl, per seed (x sync's time) | mean x sync | "
-             "mean x sync + DyLU's |", "|---|---|---|---|---|---|---|"]
-    for arm in arms:
+             "| arm | final perplexity (95% interval) | inner steps | versions | virtual time s "
+             f"| time to {REFERENCE}'s final ppl, per seed (x its time) | mean x |",
+             "|---|---|---|---|---|---|---|"]
+    for arm in arms_of(runs, fleet):
         seeds = runs[(fleet, arm)]
-        finals = [r["final"] for r in seeds.values()]
-        times = [r["time"] for r in seeds.values()]
-        per_seed, vs_sync, vs_dylu, dylu_never = [], [], [], 0
-        for seed in sorted(seeds):
-            if seed not in sync:
-                continue
-            target = sync[seed]["final"]
-            t = reach(seeds[seed]["curve"], target)
-            if t is None:
-                per_seed.append(f"{seed}: never")
-                continue
-            per_seed.append(f"{seed}: {seconds(t)} ({t / sync[seed]['time']:.2f})")
-            vs_sync.append(t / sync[seed]["time"])
-            if seed in sync_dylu:  # where sync + DyLU never gets there, no ratio: said apart
-                td = reach(sync_dylu[seed]["curve"], target)
-                if td:
-                    vs_dylu.append(t / td)
-                else:
-                    dylu_never += 1
+        got, cells, never = ratios(runs, fleet, arm)
         steps = sorted({r["steps"] for r in seeds.values()})
+        mean = (f"{statistics.mean(got):.2f} ({len(got)}/{len(got) + never})" if got
+                else "never")
         lines.append(
-            f"| {arm} | {interval(finals)} | {'/'.join(f'{s:,}' for s in steps)} | "
-            f"{seconds(statistics.mean(times))} | {'; '.join(per_seed)} | "
-            f"{statistics.mean(vs_sync):.2f} ({len(vs_sync)}/{len(seeds)})" if vs_sync else
-            f"| {arm} | {interval(finals)} | {'/'.join(f'{s:,}' for s in steps)} | "
-            f"{seconds(statistics.mean(times))} | {'; '.join(per_seed)} | never")
-        never = f"; sync + DyLU never on {dylu_never}" if dylu_never else ""
-        lines[-1] += (f" | {statistics.mean(vs_dylu):.2f} ({len(vs_dylu)}{never}) |" if vs_dylu
-                      else f" | - ({never.lstrip('; ') or 'none'}) |")
+            f"| {arm} | {mean_interval([r['final'] for r in seeds.values()])} | "
+            f"{'/'.join(f'{s:,}' for s in steps)} | "
+            f"{round(statistics.mean(r['updates'] for r in seeds.values())):,} | "
+            f"{seconds(statistics.mean(r['time'] for r in seeds.values()))} | "
+            f"{'; '.join(cells)} | {mean} |")
+    finals = "; ".join(f"{arm} " + " / ".join(f"{r['final']:.3f}" for _, r in
+                                              sorted(runs[(fleet, arm)].items()))
+                       for arm in arms_of(runs, fleet))
+    return lines + ["", f"Finals per seed: {finals}.", ""]
+
+
+def map_table(runs: dict) -> list[str]:
+    """Fleet x arm: which arm gets to the reference's final perplexity first."""
+    arms = [a for a in ORDER[1:] if any(a == b for _, b in runs)]
+    lines = [f"| fleet | {' | '.join(arms)} | first there |", "|---" * (len(arms) + 2) + "|"]
+    for fleet in fleets_of(runs):
+        cells, best = [], (None, float("inf"))
+        for arm in arms:
+            if (fleet, arm) not in runs:
+                cells.append("")
+                continue
+            got, _, never = ratios(runs, fleet, arm)
+            if got and not never and statistics.mean(got) < best[1]:
+                best = (arm, statistics.mean(got))
+            cells.append(f"{statistics.mean(got):.2f} ({len(got)}/{len(got) + never})" if got
+                         else f"never (0/{never})")
+        first = best[0] if best[0] and best[1] < 1 else REFERENCE
+        lines.append(f"| {fleet} | {' | '.join(cells)} | {first} |")
     return lines + [""]
 
 
-def plot(runs: dict, fleet: str, path: Path) -> None:
+def dn_diagnostics(db: str, runs: dict, arm: str = "DN + DyLU") -> list[str]:
+    """What DN + DyLU's runs did, from their logs: work lost with departed jobs,
+    staleness of the applied updates, jobs per version, evaluations."""
+    lines = [f"| fleet | {arm}: inner steps lost (departed) | mean staleness | max "
+             "| updates | jobs | reference's versions |", "|---|---|---|---|---|---|---|"]
+    with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+        for fleet in fleets_of(runs):
+            if (fleet, arm) not in runs:
+                continue
+            lost, stale, worst, ups, jobs = [], [], [], [], []
+            for r in runs[(fleet, arm)].values():
+                rid = r["id"]
+                done = conn.execute("SELECT COALESCE(SUM(local_steps), 0) FROM jobs WHERE "
+                                    "run_id=? AND status='done'", (rid,)).fetchone()[0]
+                gone = conn.execute("SELECT COALESCE(SUM(local_steps), 0) FROM jobs WHERE "
+                                    "run_id=? AND reason='departed'", (rid,)).fetchone()[0]
+                s = conn.execute("SELECT AVG(staleness), MAX(staleness), COUNT(*) FROM "
+                                 "updates WHERE run_id=?", (rid,)).fetchone()
+                lost.append(gone / max(1, done + gone))
+                stale.append(s[0] or 0.0)
+                worst.append(s[1] or 0)
+                jobs.append(s[2])
+                ups.append(r["updates"])
+            ref = [r["updates"] for r in runs.get((fleet, REFERENCE), {}).values()] or [0]
+            lines.append(f"| {fleet} | {100 * statistics.mean(lost):.1f}% | "
+                         f"{statistics.mean(stale):.2f} | {max(worst)} | "
+                         f"{round(statistics.mean(ups)):,} | {round(statistics.mean(jobs)):,} | "
+                         f"{round(statistics.mean(ref)):,} |")
+    return lines + [""]
+
+
+def horizon(db: str) -> list[str]:
+    """From the horizon store (fleet labels "FLEET @ BUDGET"): DN + DyLU's time to the
+    reference's final perplexity at each budget."""
+    runs = load(db)
+    lines = ["| fleet, budget | DN + DyLU: x fill's time, per seed | mean | finals: fill / DN |",
+             "|---|---|---|---|"]
+    for fleet in fleets_of(runs):
+        if (fleet, "DN + DyLU") not in runs:
+            continue
+        got, cells, never = ratios(runs, fleet, "DN + DyLU")
+        finals = " / ".join(mean_interval([r["final"] for r in runs[(fleet, a)].values()])
+                            for a in (REFERENCE, "DN + DyLU"))
+        lines.append(f"| {fleet} | {'; '.join(cells)} | "
+                     f"{f'{statistics.mean(got):.2f} ({len(got)}/{len(got) + never})' if got else 'never'}"
+                     f" | {finals} |")
+    return lines + [""]
+
+
+def plot_curves(runs: dict, fleet: str, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
-    arms = sorted({a for f, a in runs if f == fleet})
-    for k, arm in enumerate(arms):
-        for j, (seed, r) in enumerate(sorted(runs[(fleet, arm)].items())):
+    for k, arm in enumerate(arms_of(runs, fleet)):
+        for j, (_, r) in enumerate(sorted(runs[(fleet, arm)].items())):
             t, p = zip(*r["curve"])
-            ax.plot(t, p, color=f"C{k}", alpha=0.8, lw=1,
-                    label=arm if j == 0 else None)
+            ax.plot(t, p, color=f"C{k}", alpha=0.8, lw=1, label=arm if j == 0 else None)
     ax.set_yscale("log")
     ax.set_xlabel("virtual time (s)")
     ax.set_ylabel("validation perplexity")
-    ax.set_title(fleet, fontsize=10)
+    ax.set_title(f"{fleet} (small model, held-out seeds)", fontsize=10)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
 
 
+def plot_map(runs: dict, path: Path) -> None:
+    """Per fleet, each arm's mean time to the reference's final perplexity (x its time);
+    an arm that never gets there on some seed is drawn hatched at its mean where it did."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fleets = fleets_of(runs)
+    arms = [a for a in ORDER[1:] if any(a == b for _, b in runs)]
+    fig, ax = plt.subplots(figsize=(7.2, 3.6))
+    width = 0.8 / max(1, len(arms))
+    for k, arm in enumerate(arms):
+        for i, fleet in enumerate(fleets):
+            if (fleet, arm) not in runs:
+                continue
+            got, _, never = ratios(runs, fleet, arm)
+            height = statistics.mean(got) if got else 1.6
+            ax.bar(i + k * width, height, width, color=f"C{k + 1}",
+                   hatch="//" if never else None, label=arm if i == 0 else None)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.axhline(0.9, color="k", lw=0.8, ls=":")
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(fleets))], fleets, fontsize=8)
+    ax.set_ylabel(f"time to {REFERENCE}'s\nfinal ppl (x its time)", fontsize=8)
+    ax.set_title("Where asynchrony pays (hatched: never there on some seed; 1.6: never)",
+                 fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def slug(text: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in text).strip("_")
+
+
 def main() -> None:
-    runs = load(sys.argv[1] if len(sys.argv) > 1 else "runs/fleets.db")
+    db = sys.argv[1] if len(sys.argv) > 1 else "runs/fleets.db"
+    runs = load(db)
     OUT.mkdir(parents=True, exist_ok=True)
-    for fleet in sorted({f for f, _ in runs}):
+    for fleet in fleets_of(runs):
         print("\n".join(table(runs, fleet)))
-        name = "".join(c if c.isalnum() else "_" for c in fleet).strip("_")
-        plot(runs, fleet, OUT / f"ppl_vs_time_{name}.png")
+        plot_curves(runs, fleet, OUT / f"small_{slug(fleet)}.png")
+    print("## Map\n")
+    print("\n".join(map_table(runs)))
+    plot_map(runs, OUT / "small_map.png")
+    print("## DN + DyLU's runs\n")
+    print("\n".join(dn_diagnostics(db, runs)))
+    if len(sys.argv) > 2:
+        print("## Horizon\n")
+        print("\n".join(horizon(sys.argv[2])))
 
 
 if __name__ == "__main__":

@@ -311,9 +311,17 @@ def _check_exchange(cfg: Config) -> None:
                  f"(diloco, fedavg), not {cfg.strategy!r}")
         _require(not shared, "network.topology", n.topology,
                  "has no server: drop network.server_down, server_up and daily_amplitude")
-    from fedlm.servers import server_class
+    from fedlm.servers import Server, server_class
 
-    if not server_class(cfg, cls).shared_link:  # servers of its own
+    kind = server_class(cfg, cls)
+    # a shared link times every job by its flows (fedlm.sim.network): a kind that times
+    # its own jobs (an overlapped exchange, say) would lose its timing there, silently
+    _require(not (shared and kind.timing is not Server.timing), "network.server_up",
+             n.server_up or n.server_down or n.daily_amplitude,
+             f"{cfg.strategy!r}'s server times its own jobs ({kind.__name__}.timing), which a "
+             f"shared server link cannot: drop network.server_down, server_up and "
+             f"daily_amplitude")
+    if not kind.shared_link:  # servers of its own
         _require(n.topology == "star" and not n.hierarchical, "network.topology", n.topology,
                  f"{cfg.strategy!r} has its own servers (one per region and a global one): "
                  f"use the star topology without network.hierarchical")

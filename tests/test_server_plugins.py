@@ -159,3 +159,18 @@ def test_an_overlapped_run_starts_each_round_from_the_version_before_and_hides_i
     run_inprocess(tiny_config(*sets), str(cut), resume=1)
     (b,) = store.list_runs(cut)
     assert b["status"] == "finished" and b["final_hash"] == o["final_hash"]
+
+
+def test_a_server_that_times_its_own_jobs_is_refused_a_shared_link(monkeypatch):
+    # a shared server link times every job by its flows: the overlapped server's own
+    # timing would silently disappear there (it did before this check)
+    from fedlm.config_load import ConfigError
+    from tests.conftest import tiny_config
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "docs" / "examples"))
+    for key in ("network.server_up=3e6", "network.server_down=3e6",
+                "network.daily_amplitude=0.3"):
+        with pytest.raises(ConfigError, match=r"server times its own jobs \(OverlappedServer"
+                                              r"\.timing\), which a shared server link cannot"):
+            tiny_config("strategy=overlap_dc_example:OverlappedDiLoCo", key)
+    assert tiny_config("strategy=overlap_dc_example:OverlappedDiLoCo")  # no shared link: fine
