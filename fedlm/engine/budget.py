@@ -1,28 +1,29 @@
 """The local-step budget (``local_step_budget``): how many inner steps the next job
-gets, and when nobody gets one. Functions of the engine, as ``state`` is."""
+gets, and when nobody gets one."""
 
 from __future__ import annotations
 
-from typing import Any
 
+class StepBudget:
+    """``budget`` inner steps in all (0: no budget). A synchronous round is handed out
+    whole while the budget is not spent, so the run ends on a whole round; an
+    asynchronous job gets at most the steps not yet spent nor in flight, so the run ends
+    on the budget exactly."""
 
-def steps_for(engine: Any, w: int) -> int:
-    """Inner steps of ``w``'s next job: the local-steps policy's, within the local-step
-    budget (0: no job). A synchronous round is handed out whole while the budget
-    is not spent, so the run ends on a whole round; an asynchronous job gets at most
-    the steps not yet spent nor in flight, so the run ends on the budget exactly."""
-    steps = engine.model.job_steps(w, engine.version, engine.policy)
-    budget = engine.cfg.local_step_budget
-    if not budget:
-        return steps
-    if engine.strategy.synchronous:
-        return steps if engine.steps_done < budget else 0
-    return max(0, min(steps, budget - engine.steps_done - engine.in_flight.steps()))
+    def __init__(self, budget: int, synchronous: bool) -> None:
+        self.budget, self.synchronous = budget, synchronous
 
+    def allow(self, steps: int, done: int, in_flight: int) -> int:
+        """Inner steps of a job the policy sized at ``steps``, with ``done`` steps
+        handed to the strategy and ``in_flight`` in jobs still running (0: no job)."""
+        if not self.budget:
+            return steps
+        if self.synchronous:
+            return steps if done < self.budget else 0
+        return max(0, min(steps, self.budget - done - in_flight))
 
-def spent(engine: Any) -> bool:
-    """``steps_for`` gives every worker 0 now: the budget is spent (synchronous), or
-    spent and in flight (asynchronous)."""
-    budget = engine.cfg.local_step_budget
-    in_flight = 0 if engine.strategy.synchronous else engine.in_flight.steps()
-    return budget > 0 and engine.steps_done + in_flight >= budget
+    def spent(self, done: int, in_flight: int) -> bool:
+        """``allow`` gives every worker 0 now: the budget is spent (synchronous), or
+        spent and in flight (asynchronous)."""
+        held = 0 if self.synchronous else in_flight
+        return self.budget > 0 and done + held >= self.budget

@@ -47,7 +47,7 @@ from __future__ import annotations
 import heapq
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, Container
+from typing import Any, Callable, Container, Iterator
 
 from fedlm.engine.in_flight import InFlightJobs
 from fedlm.engine.types import InFlight
@@ -214,19 +214,25 @@ def grace_for(cfg: Any, strategy: Any, policy: Any, fleet: list) -> NoGrace:
                       num_workers=len(fleet))
 
 
-def take_window(engine: Any, window: Window | None) -> None:
-    """Have ``engine`` (an ``Engine``) take the finished jobs that belong with the one
-    it just took, before any worker gets new work, so that they restart together."""
-    if window is None:
-        return
+def window_events(window: Window, events: Any, in_flight: InFlightJobs,
+                  done: Callable[[], bool]) -> Iterator[Any]:
+    """The events the engine takes inside ``window`` (the finished jobs that belong with
+    the one it just took), before any worker gets new work, so that they restart
+    together: until the run is done, the window complete, or nothing more comes by its
+    close. ``events`` is the engine's event source."""
     # A fixed window on the virtual clock knows its last arrival in advance: the
     # first worker waits only until then (the paper's toy notebook does the same).
-    oracle = window.expected is None and engine.events.lookahead
-    while not engine.done() and not window.complete(engine.in_flight):
-        event = engine.events.next_event(until=window.closes, advance=not oracle)
+    oracle = window.expected is None and events.lookahead
+    while not done() and not window.complete(in_flight):
+        event = events.next_event(until=window.closes, advance=not oracle)
         if event is None:
-            break
-        engine._handle(event)
-    if window.expected is not None and not window.complete(engine.in_flight):
-        late = sorted(j for j in window.expected if j in engine.in_flight)
-        engine.log.grace_closed(engine.now, waited=engine.now - window.opened, late=late)
+            return
+        yield event
+
+
+def late_jobs(window: Window, in_flight: InFlightJobs) -> list[int] | None:
+    """The jobs an adaptive window waited for and closed without (None: it was fixed,
+    or every one came)."""
+    if window.expected is None or window.complete(in_flight):
+        return None
+    return sorted(j for j in window.expected if j in in_flight)

@@ -40,10 +40,11 @@ from fedlm.params import BadUpdate, check_update
 from fedlm.store import IntervalKind, RunWriter
 from fedlm.strategies.base import Strategy
 from fedlm.strategies.local_steps import LocalSteps
-from fedlm.engine import budget, state
+from fedlm.engine import state
+from fedlm.engine.budget import StepBudget
 from fedlm.engine.divergence import DivergenceWatch, hint
 from fedlm.engine.events import VirtualEvents, WallEvents
-from fedlm.engine.grace import grace_for, take_window
+from fedlm.engine.grace import grace_for, late_jobs, window_events
 from fedlm.engine.in_flight import InFlightJobs
 from fedlm.engine.inbox import Inbox
 from fedlm.engine.jobs import JobMaker
@@ -86,6 +87,7 @@ class Engine:
         self.presence = (Presence(changes, self.pool, self.events, self.log)
                          if changes is not None else None)
         self.jobs = JobMaker(cfg, fleet, shard_sizes)
+        self.budget = StepBudget(cfg.local_step_budget, strategy.synchronous)
         self.transfers = ServerTransfers(cfg, servers_fleet, self.events, self.log)
         # updates and eval.every count outer steps (a server may make several
         # versions in one)
@@ -94,7 +96,7 @@ class Engine:
         self.base_params: dict[int, object] = {}  # versions in-flight jobs started from
         self.tokens = self.steps_done = self.jobs_done = 0
         self.last_perplexity: float | None = None
-        self._last_eval_version = -1
+        self.last_eval_version = -1  # the version evaluated last
         self._checkpoint_due = False
         self.wall_start = time.time()
         # the best validation loss so far; a resumed run's is seeded from its evaluations
@@ -170,16 +172,17 @@ class Engine:
             if self.cfg.time_budget and nxt is not None and nxt > self.cfg.time_budget:
                 break  # the next job would finish after the time budget
             if first is not None:
-                take_window(self, self.grace.open(self.now, first, self.in_flight))
-        if self._last_eval_version != self.version:
+                self._take_window(self.grace.open(self.now, first, self.in_flight))
+        if self.last_eval_version != self.version:
             self._evaluate()
         self._close_timeline()
         return self.params
 
     def _dispatch_free_workers(self) -> None:
         now, cap = self.now, self.cfg.max_in_flight
-        if budget.spent(self):  # nobody gets a job: none is asked (not the whole fleet
-            self.pool.pass_over(self.version, len(self.in_flight))  # at every event)
+        if self.budget.spent(self.steps_done, self.in_flight.steps()):
+            # nobody gets a job: none is asked (not the whole fleet at every event)
+            self.pool.pass_over(self.version, len(self.in_flight))
             return
         candidates = self.pool.candidates(self.version, len(self.in_flight))
         if self.policy.sizes_rounds:  # it sizes the round from everyone offered a job
@@ -196,7 +199,8 @@ class Engine:
                 break
             if not self.policy.sizes_rounds and not self._takes_job(w, now):
                 continue
-            steps = budget.steps_for(self, w)
+            steps = self.budget.allow(self.model.job_steps(w, self.version, self.policy),
+                                      self.steps_done, self.in_flight.steps())
             if steps > 0 or self.model.sends_empty_job(self.version):
                 self._dispatch(w, now, steps)
 
@@ -227,6 +231,17 @@ class Engine:
         self.events.dispatched(flight)
         self.log.dispatched(job, now, down_bytes=sent.down, up_bytes=sent.up)
         self.transport.submit(job, payload)
+
+    def _take_window(self, window) -> None:
+        """Take the finished jobs that belong with the one just taken (the grace window,
+        ``fedlm.engine.grace``) before any worker gets new work."""
+        if window is None:
+            return
+        for event in window_events(window, self.events, self.in_flight, self.done):
+            self._handle(event)
+        late = late_jobs(window, self.in_flight)
+        if late is not None:
+            self.log.grace_closed(self.now, waited=self.now - window.opened, late=late)
 
     def _handle(self, event: Event) -> InFlight | None:
         """Act on an event; a finished job (done or lost) is returned."""
@@ -374,7 +389,7 @@ class Engine:
             self.log.cancelled(self.in_flight.ids(), why)
 
     def _evaluate(self) -> None:
-        self._last_eval_version = self.version
+        self.last_eval_version = self.version
         if self.evaluate is None:
             return
         ev = self.evaluate(self.params)

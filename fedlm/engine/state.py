@@ -24,23 +24,26 @@ the whole state is in it; ``Engine.load_state_dict`` is ``restore``. The keys:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the engine imports this module
+    from fedlm.engine.loop import Engine
 
 PARTS = ("model", "policy", "grace", "pool", "events", "inbox", "log", "jobs", "in_flight",
          "stall")
 TOTALS = ("model_bytes", "up_bytes", "tokens", "steps_done", "jobs_done", "last_perplexity")
 
 
-def capture(engine: Any) -> dict:
+def capture(engine: "Engine") -> dict:
     """``engine``'s state (an ``Engine``, at the top of its loop)."""
     st = {name: getattr(engine, name).state_dict() for name in PARTS}
     st.update({name: getattr(engine, name) for name in TOTALS})
     st["transfers"] = engine.transfers.state_dict()
     return {**st, "base_params": dict(engine.base_params),
-            "last_eval_version": engine._last_eval_version, "position": position(engine)}
+            "last_eval_version": engine.last_eval_version, "position": position(engine)}
 
 
-def restore(engine: Any, st: dict) -> None:
+def restore(engine: "Engine", st: dict) -> None:
     """Put ``engine`` where ``capture`` found it (in a checkpoint of this or an older
     version of fedlm)."""
     engine.model.load_state_dict(st["model"] if "model" in st else st["driver"], st)
@@ -54,18 +57,18 @@ def restore(engine: Any, st: dict) -> None:
         setattr(engine, name, st[name])
     engine.transfers.load_state_dict(st.get("transfers", {"flying": {}}))
     engine.base_params = dict(st["base_params"])
-    engine._last_eval_version = st["last_eval_version"]
+    engine.last_eval_version = st["last_eval_version"]
     engine.events.set_payload(engine.model_bytes, engine.up_bytes)
 
 
-def position(engine: Any) -> dict:
+def position(engine: "Engine") -> dict:
     """Where a checkpointed run stands, for the store to be cut back to it on resume."""
     return {"version": engine.version, "op": engine.log.op, "seq": engine.model.seq,
             "next_job_id": engine.jobs.next_job_id, "in_flight": engine.in_flight.ids(),
             "now": engine.now}
 
 
-def resubmit(engine: Any) -> None:
+def resubmit(engine: "Engine") -> None:
     """Send the jobs in flight at the checkpoint again, each with what it carried."""
     for f in engine.in_flight.flights():
         engine.transport.submit(f.job, engine.model.resend(f, engine.base_params))
