@@ -18,6 +18,8 @@ and only the pod talks to the server (``groups``, ``node_profiles``).
 
 from __future__ import annotations
 
+import functools
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -139,9 +141,7 @@ def _traced_profiles(cfg: FleetConfig, num_workers: int, batch_size: int
     """Worker w is the trace's (w mod clients)-th client in key order, as FedScale hands
     out its traces: FedScale's compute time per step (3 x batch x ms per sample) and its
     bandwidth both ways, no latency (FedScale has none); each worker a region of its own."""
-    from fedlm.sim import traces  # only runs that name a trace read one
-
-    entries = traces.load_device_trace(cfg.device_trace)
+    entries = _device_entries(cfg.device_trace)
     out = []
     for w in range(num_workers):
         e = entries[w % len(entries)]
@@ -153,6 +153,24 @@ def _traced_profiles(cfg: FleetConfig, num_workers: int, batch_size: int
                              e.bytes_per_second(), Q.BANDWIDTH)
         out.append(WorkerProfile(w, step, cfg.jitter, Region(f"trace-{e.key}", 0.0, bw, bw)))
     return out
+
+
+def _device_entries(path: str) -> list:
+    """A device trace's entries, read once per file version: every job of a hierarchical
+    run, and every check of a config, asks for the fleet's profiles again."""
+    try:
+        st = os.stat(path)
+        version = (st.st_mtime_ns, st.st_size)
+    except OSError:
+        version = None  # the read below says what is wrong with it
+    return _read_device_trace(path, version)
+
+
+@functools.lru_cache(maxsize=8)
+def _read_device_trace(path: str, version) -> list:
+    from fedlm.sim import traces  # only runs that name a trace read one
+
+    return traces.load_device_trace(path)
 
 
 def groups(cfg: Config) -> list[list[int]]:
