@@ -207,25 +207,52 @@ def worker_charts(wt: pd.DataFrame) -> None:
 @st.fragment(run_every=REFRESH_SECONDS)
 def live(db: str, smoothing: float, log_scale: bool, window: float,
          measure: str = "perplexity") -> None:
-    if not Path(db).exists():
-        st.info(f"No run database at `{db}` yet. Start a run with `fedlm run --db {db}`; "
-                "this page picks it up by itself.")
-        return
-    try:
-        marker = q.change_marker(db)
-    except StoreError as exc:  # not a run database, another schema version, locked
-        st.error(str(exc))
+    """The page: one run in focus (others compared on its curves), section by section."""
+    marker = store_marker(db)
+    if marker is None:
         return
     runs = cached("runs", db, marker)
     if runs.empty:
         st.info(f"`{db}` holds no runs yet; this page updates by itself.")
         return
-    groups = cached("seed_groups", db, marker)
-    focus, compare, labels, chosen = run_pickers(runs, groups)
+    focus, compare, labels, chosen = run_pickers(runs, cached("seed_groups", db, marker))
     run = runs.set_index("id").loc[focus]
+    run_heading(run, focus, labels[focus])
+    headline_row(cached("headline", db, marker, focus))
+    curves_section(db, marker, runs, focus, compare, labels, chosen,
+                   (smoothing, log_scale, measure))
+    timeline_section(db, marker, run, focus, window)
+    straggler_section(cached("worker_totals", db, marker, focus))
+    region_section(cached("regions", db, marker, focus))
+    shards_section(cached("shards", db, marker, focus))
+    fails = cached("failures", db, marker, focus)
+    failures_section(fails)
+    left, right = st.columns(2)
+    with left:
+        staleness_section(cached("staleness", db, marker, focus))
+    with right:
+        config_section(db, marker, focus, expand_events=not fails.empty)
+
+
+def store_marker(db: str):
+    """The store's change marker, or None (and a line on the page) if there is no usable
+    store yet."""
+    if not Path(db).exists():
+        st.info(f"No run database at `{db}` yet. Start a run with `fedlm run --db {db}`; "
+                "this page picks it up by itself.")
+        return None
+    try:
+        return q.change_marker(db)
+    except StoreError as exc:  # not a run database, another schema version, locked
+        st.error(str(exc))
+        return None
+
+
+def run_heading(run, focus: int, label: str) -> None:
+    """The run's name, settings and, for one that did not finish, why."""
     live_note = ":green[**running** — refreshing every 2 s]" if run["status"] == "running" \
         else run["status"]
-    st.subheader(f"{labels[focus]}")
+    st.subheader(label)
     st.caption(f"{run['strategy_summary'] or run['strategy']} · profile {run['profile']} · "
                f"model {run['model']} ({(run['num_parameters'] or 0):,} parameters) · "
                f"tokenizer {run['tokenizer']} · "
@@ -241,8 +268,11 @@ def live(db: str, smoothing: float, log_scale: bool, window: float,
                    f"{run['last_seen']}. "
                    f"`fedlm run --resume {focus}` continues it from its newest checkpoint.")
 
-    headline_row(cached("headline", db, marker, focus))
 
+def curves_section(db: str, marker, runs, focus: int, compare, labels, chosen,
+                   view: tuple[float, bool, str]) -> None:
+    """Validation perplexity (or bits per byte) of the run and those compared with it."""
+    smoothing, log_scale, measure = view
     st.markdown(f"#### Validation {MEASURES[measure]}")
     grouped = [r for g in chosen for r in g["run_ids"]]
     shown = list(compare or ([] if chosen else [focus]))
@@ -254,6 +284,8 @@ def live(db: str, smoothing: float, log_scale: bool, window: float,
                       chosen, cached("metrics", db, marker, grouped) if grouped else None,
                       measure)
 
+
+def timeline_section(db: str, marker, run, focus: int, window: float) -> None:
     st.markdown("#### Per-worker timeline")
     vt = cached("headline", db, marker, focus)["virtual_time"]
     span = window if window > 0 else max(vt, 1.0)
@@ -262,74 +294,79 @@ def live(db: str, smoothing: float, log_scale: bool, window: float,
         iv = pd.concat([iv, cached("in_flight", db, marker, focus)], ignore_index=True)
     if iv.empty:
         st.info("No intervals yet.")
-    else:
-        shown = f"last {span:,.0f} virtual s" if window > 0 else "whole run"
-        st.caption(f"{shown}; {len(iv):,} intervals drawn (at most 5,000, newest first)")
-        st.altair_chart(timeline_chart(iv), width="stretch")
+        return
+    shown = f"last {span:,.0f} virtual s" if window > 0 else "whole run"
+    st.caption(f"{shown}; {len(iv):,} intervals drawn (at most 5,000, newest first)")
+    st.altair_chart(timeline_chart(iv), width="stretch")
 
+
+def straggler_section(wt) -> None:
+    """Idle time and updates per worker, charted and tabled."""
     st.markdown("#### The straggler effect")
-    wt = cached("worker_totals", db, marker, focus)
-    if not wt.empty:
-        worker_charts(wt)
-        table = pd.DataFrame({
-            "worker": wt["worker"].map(lambda w: f"worker {w}"),
-            "s/step": wt["step_time"].map("{:.2f}".format), "region": wt["region"],
-            "updates": wt["updates"], "compute s": wt["compute"].map("{:,.1f}".format),
-            "exposed comm s": (wt["download"] + wt["upload"] + wt["exchange"]
-                               ).map("{:,.2f}".format),
-            "hidden comm s": wt[HIDDEN].map("{:,.2f}".format),
-            "link wait s": wt["link wait"].map("{:,.2f}".format),
-            "sent up": wt["bytes_up"].map(_bytes),
-            "idle s": wt["idle"].map("{:,.1f}".format),
-            "idle %": (100 * wt["idle_fraction"]).map("{:.1f}%".format)})
-        st.table(table.set_index("worker"))
+    if wt.empty:
+        return
+    worker_charts(wt)
+    table = pd.DataFrame({
+        "worker": wt["worker"].map(lambda w: f"worker {w}"),
+        "s/step": wt["step_time"].map("{:.2f}".format), "region": wt["region"],
+        "updates": wt["updates"], "compute s": wt["compute"].map("{:,.1f}".format),
+        "exposed comm s": (wt["download"] + wt["upload"] + wt["exchange"]
+                           ).map("{:,.2f}".format),
+        "hidden comm s": wt[HIDDEN].map("{:,.2f}".format),
+        "link wait s": wt["link wait"].map("{:,.2f}".format),
+        "sent up": wt["bytes_up"].map(_bytes),
+        "idle s": wt["idle"].map("{:,.1f}".format),
+        "idle %": (100 * wt["idle_fraction"]).map("{:.1f}%".format)})
+    st.table(table.set_index("worker"))
 
-    region_section(cached("regions", db, marker, focus))
 
-    sh = cached("shards", db, marker, focus)
-    if not sh.empty:
-        st.markdown("#### Data shards")
-        st.caption("what each shard was trained for, by how many workers (data.shard_choice), "
-                   "and where its schedule stands (inner.schedule = shard follows it)")
-        st.table(pd.DataFrame({
-            "shard": sh["shard"].map(lambda k: f"shard {int(k)}"), "jobs": sh["jobs"],
-            "inner steps": sh["steps"], "workers": sh["workers"],
-            "schedule position": sh["cursor"]}).set_index("shard"))
+def shards_section(sh) -> None:
+    if sh.empty:
+        return
+    st.markdown("#### Data shards")
+    st.caption("what each shard was trained for, by how many workers (data.shard_choice), "
+               "and where its schedule stands (inner.schedule = shard follows it)")
+    st.table(pd.DataFrame({
+        "shard": sh["shard"].map(lambda k: f"shard {int(k)}"), "jobs": sh["jobs"],
+        "inner steps": sh["steps"], "workers": sh["workers"],
+        "schedule position": sh["cursor"]}).set_index("shard"))
 
+
+def failures_section(fails) -> None:
     st.markdown("#### Faults and failures")
-    fails = cached("failures", db, marker, focus)
     if fails.empty:
         st.caption("no injected faults, lost jobs, ignored replies or offline periods")
-    else:
-        st.table(fails.assign(worker=fails["worker"].map(lambda w: f"worker {w}"))
-                 .set_index("worker"))
+        return
+    st.table(fails.assign(worker=fails["worker"].map(lambda w: f"worker {w}"))
+             .set_index("worker"))
 
-    left, right = st.columns(2)
-    with left:
-        st.markdown("#### Staleness of applied updates")
-        stl = cached("staleness", db, marker, focus)
-        if stl.empty or (stl["staleness"] == 0).all():
-            st.caption(f"all {int(stl['updates'].sum())} updates were fresh (staleness 0)"
-                       if not stl.empty else "no updates yet")
-        else:
-            st.altair_chart(alt.Chart(stl).mark_bar().encode(
-                x=alt.X("staleness:O", title="staleness (versions)",
-                        axis=alt.Axis(labelAngle=0)),
-                y=alt.Y("updates:Q", title="updates",
-                        axis=alt.Axis(tickMinStep=1, format="d"))).properties(height=200),
-                width="stretch")
-    with right:
-        st.markdown("#### Config and data")
-        m = cached("metrics", db, marker, [focus])
-        st.download_button("metrics as CSV", m.to_csv(index=False).encode(),
-                           file_name=f"run{focus}_metrics.csv", mime="text/csv",
-                           key=f"csv-{focus}")
-        with st.expander("config"):
-            st.json(cached("run_config", db, marker, focus))
-        ev = cached("events", db, marker, focus)
-        if not ev.empty:
-            with st.expander(f"events ({len(ev)})", expanded=not fails.empty):
-                st.dataframe(ev, hide_index=True)
+
+def staleness_section(stl) -> None:
+    st.markdown("#### Staleness of applied updates")
+    if stl.empty or (stl["staleness"] == 0).all():
+        st.caption(f"all {int(stl['updates'].sum())} updates were fresh (staleness 0)"
+                   if not stl.empty else "no updates yet")
+        return
+    st.altair_chart(alt.Chart(stl).mark_bar().encode(
+        x=alt.X("staleness:O", title="staleness (versions)", axis=alt.Axis(labelAngle=0)),
+        y=alt.Y("updates:Q", title="updates",
+                axis=alt.Axis(tickMinStep=1, format="d"))).properties(height=200),
+        width="stretch")
+
+
+def config_section(db: str, marker, focus: int, expand_events: bool) -> None:
+    """The run's metrics as CSV, its config and its events."""
+    st.markdown("#### Config and data")
+    m = cached("metrics", db, marker, [focus])
+    st.download_button("metrics as CSV", m.to_csv(index=False).encode(),
+                       file_name=f"run{focus}_metrics.csv", mime="text/csv",
+                       key=f"csv-{focus}")
+    with st.expander("config"):
+        st.json(cached("run_config", db, marker, focus))
+    ev = cached("events", db, marker, focus)
+    if not ev.empty:
+        with st.expander(f"events ({len(ev)})", expanded=expand_events):
+            st.dataframe(ev, hide_index=True)
 
 
 def main() -> None:

@@ -78,7 +78,25 @@ def _add_db_arg(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="fedlm", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_run_parser(sub)
+    _add_store_parsers(sub)
+    sub.add_parser("strategies", help="list the available strategies and local-steps policies")
+    _add_sweep_parser(sub)
+    _add_deploy_parser(sub)
+    p = sub.add_parser("plan", help="cost model: time per outer step, communication, "
+                       "utilisation and idle time of sync and async training (no run)")
+    _add_plan_args(p)
+    p = sub.add_parser("trace", help="write seeded FedScale-format device or availability "
+                       "traces, or summarise one (docs/traces.md)")
+    _add_trace_args(p)
+    p = sub.add_parser("dashboard", help="serve the live dashboard (Streamlit)")
+    _add_db_arg(p)
+    p.add_argument("--port", type=int, default=8501)
+    p.add_argument("--host", default="127.0.0.1", help="address to serve on (default: loopback)")
+    return parser
 
+
+def _add_run_parser(sub) -> None:
     p = sub.add_parser("run", help="run a simulation on Flower's simulation engine")
     _add_config_args(p)
     _add_db_arg(p)
@@ -91,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(with its own config: no CONFIG or --set)")
     _add_track_arg(p, "the run's metrics, as they are written,")
 
+
+def _add_store_parsers(sub) -> None:
+    """The commands that read the run store: runs, show, export, config, replay."""
     p = sub.add_parser("runs", help="list stored runs")
     _add_db_arg(p)
 
@@ -116,8 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_id", type=_run_id)
     _add_db_arg(p)
 
-    sub.add_parser("strategies", help="list the available strategies and local-steps policies")
 
+def _add_sweep_parser(sub) -> None:
     p = sub.add_parser("sweep", help="run strategies x heterogeneity profiles and write a "
                        "report with tables and plots")
     p.add_argument("spec", help="sweep spec, e.g. experiments/configs/paper.toml")
@@ -137,6 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="override the spec's report path")
     _add_track_arg(p, "each run's metrics, grouped by arm and profile,")
 
+
+def _add_deploy_parser(sub) -> None:
     p = sub.add_parser("deploy", help="run on Flower's deployment engine (SuperLink + "
                        "SuperNodes) on this machine")
     p.add_argument("where", choices=("local",), help="local: every process on 127.0.0.1")
@@ -146,20 +169,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--home", default="runs/deploy", help="FLWR_HOME and logs (default: "
                    "runs/deploy)")
     _add_track_arg(p, "the run's metrics, once it is over,")
-
-    p = sub.add_parser("plan", help="cost model: time per outer step, communication, "
-                       "utilisation and idle time of sync and async training (no run)")
-    _add_plan_args(p)
-
-    p = sub.add_parser("trace", help="write seeded FedScale-format device or availability "
-                       "traces, or summarise one (docs/traces.md)")
-    _add_trace_args(p)
-
-    p = sub.add_parser("dashboard", help="serve the live dashboard (Streamlit)")
-    _add_db_arg(p)
-    p.add_argument("--port", type=int, default=8501)
-    p.add_argument("--host", default="127.0.0.1", help="address to serve on (default: loopback)")
-    return parser
 
 
 def _seconds(text: str) -> float:
@@ -197,6 +206,14 @@ def _add_trace_args(p: argparse.ArgumentParser) -> None:
 def _add_plan_args(p: argparse.ArgumentParser) -> None:
     """The flags of ``fedlm plan``, as text: ``fedlm.cli.plan`` turns it into numbers
     (units, lists per data centre) and names the flag when it cannot."""
+    _add_plan_fleet_args(p)
+    _add_plan_link_args(p)
+    _add_plan_output_args(p)
+    _add_walltime_args(p)
+
+
+def _add_plan_fleet_args(p: argparse.ArgumentParser) -> None:
+    """What is planned: the model, the config, the fleet, the exchange, the compute."""
     p.add_argument("--params", default=None, help="model parameters: 1e9, 7B, 70B, 100T "
                    "(default 1e9; with --config, the config's model)")
     p.add_argument("--config", default=None, help="plan a run config (TOML): its fleet, "
@@ -228,6 +245,10 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
                    "gets, for the derived step time (default 0.4)")
     p.add_argument("--H", "--local-steps", dest="H", type=int, default=100,
                    help="inner steps per job (default 100)")
+
+
+def _add_plan_link_args(p: argparse.ArgumentParser) -> None:
+    """The links: each data centre's, the server's own, what travels on them."""
     p.add_argument("--bandwidth", default="1e9", help="each data centre's link to the server, "
                    "both ways: bits/s (1e9), or 10Gbit, 1.25GB/s; a list per DC (default 1e9)")
     p.add_argument("--down-bandwidth", default=None, help="server -> worker, if not --bandwidth")
@@ -256,6 +277,10 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
                    "compute-time jitter (default 0.05, as fleet.jitter)")
     p.add_argument("--daily-amplitude", type=float, default=0.0, help="bandwidth dips by this "
                    "fraction once a day (default 0: off)")
+
+
+def _add_plan_output_args(p: argparse.ArgumentParser) -> None:
+    """What the plan prints or writes."""
     p.add_argument("--plot", default=None, metavar="OUT_DIR", help="also write the scaling "
                    "plots (vs model size, vs data centres) as PNG files there (--scan: its "
                    "two figures, its JSON and a Markdown table)")
@@ -263,6 +288,10 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scan", action="store_true", help="tabulate 1B..100T parameters x 2..100 "
                    "data centres, star / ring / tree / hierarchical, whole and streamed; "
                    "the step time given at --params scales with the model size")
+
+
+def _add_walltime_args(p: argparse.ArgumentParser) -> None:
+    """--walltime: the wall-clock model of Charles et al. 2025 and its inputs."""
     p.add_argument("--walltime", action="store_true", help="the wall-clock model of Charles et "
                    "al. 2025 (Scaling Laws for DiLoCo, appendix A): data-parallel vs DiLoCo "
                    "over data centres; see docs/scaling.md")

@@ -129,76 +129,12 @@ def parse_list(text: str, what: str, parse=float) -> tuple:
 
 def input_from_args(args) -> PlanInput:
     """A checked ``PlanInput`` from ``fedlm plan``'s arguments (bandwidths in bits/s)."""
-    from fedlm.config import FleetConfig
-    from fedlm.sim import fleet, geo
     from fedlm.plan import PlanInput
-    from fedlm.sim.wire_sizes import BYTES_PER_VALUE
 
-    from fedlm.sim.collectives import ALLREDUCE, TOPOLOGIES
-
-    if args.data_centres is not None and args.data_centres < 1:
-        raise ConfigError(f"--data-centres: must be >= 1, got {args.data_centres}")
-    # without --workers, one worker per data centre (8 of each if neither is given)
-    workers = args.workers if args.workers is not None else (args.data_centres or 8)
-    if workers < 1:
-        raise ConfigError(f"--workers: must be >= 1, got {workers}")
-    dcs = args.data_centres if args.data_centres is not None else workers
-    # PlanInput's own bounds, asked before anything is built per worker or data centre
-    # (a hundred million workers took 28 s to be refused)
-    if workers > MAX_WORKERS:
-        raise ConfigError(f"--workers: must be <= {MAX_WORKERS:,} in all, got {workers}")
-    if dcs > MAX_DATA_CENTRES:
-        raise ConfigError(f"--data-centres: must be <= {MAX_DATA_CENTRES:,}, got {dcs}")
-    if workers % dcs:
-        raise ConfigError(f"--workers: {workers} workers do not spread evenly over {dcs} "
-                          f"data centres")
-    topology = args.topology if args.topology is not None else \
-        ("hierarchical" if args.hierarchical else "star")
-    if topology not in TOPOLOGIES:
-        raise ConfigError(f"--topology: must be one of {', '.join(TOPOLOGIES)}, "
-                          f"got {topology!r}")
-    if args.hierarchical and topology != "hierarchical":
-        raise ConfigError(f"--hierarchical: is --topology hierarchical, which contradicts "
-                          f"--topology {topology}")
-    streamed = args.fragments != 1 or args.overlap != 0
-    if args.mode == "async" and (topology in ALLREDUCE or streamed):
-        what, why = (f"--topology {topology}", "an all-reduce needs every site") \
-            if topology in ALLREDUCE else ("streaming", "a synchronous outer step")
-        raise ConfigError(f"--mode: {what} has no async variant ({why}), got 'async'")
-    if topology in ALLREDUCE and (args.server_bandwidth != "0" or args.server_up
-                                  or args.server_down):
-        raise ConfigError(f"--server-bandwidth: --topology {topology} has no server, got "
-                          f"{args.server_up or args.server_down or args.server_bandwidth!r}")
-    args.compression = args.compression or "fp32"
-    for flag, value in (("--compression", args.compression),
-                        ("--down-compression", args.down_compression)):
-        if value not in BYTES_PER_VALUE:
-            raise ConfigError(f"{flag}: must be one of {', '.join(BYTES_PER_VALUE)}, "
-                              f"got {value!r}")
-
-    def bw(text, what):
-        return parse_list(text, what, lambda t: parse_bandwidth(t, what))
-
-    if args.regions is not None:
-        # fedlm's regions and HALoS's measured ones (fleet.preset = "halos": h0-h3, the
-        # server in h0); "halos" alone: all four
-        known = fleet.regions_of(FleetConfig(preset="halos"))
-        names = (geo.HALOS_REGIONS if args.regions.strip() == "halos"
-                 else [n.strip() for n in parse_list(args.regions, "--regions", str)])
-        for name in names:
-            if name not in known:
-                raise ConfigError(f"--regions: unknown region {name!r} "
-                                  f"(known: {', '.join(known)}, or halos)")
-        regions = [known[n] for n in names]
-        latency = tuple(r.latency for r in regions)
-        down = tuple(r.down_bw for r in regions)
-        up = tuple(r.up_bw for r in regions)
-    else:
-        latency = parse_list(args.latency, "--latency")
-        down = bw(args.down_bandwidth or args.bandwidth, "--down-bandwidth"
-                  if args.down_bandwidth else "--bandwidth")
-        up = bw(args.up_bandwidth or args.bandwidth, "--up-bandwidth"
-                if args.up_bandwidth else "--bandwidth")
+    workers, dcs = _fleet_size(args)
+    topology = _topology(args)
+    _check_compression(args)
+    latency, down, up = _links(args)
     server_down = parse_bandwidth(args.server_down or args.server_bandwidth,
                                   "--server-down" if args.server_down else "--server-bandwidth")
     server_up = parse_bandwidth(args.server_up or args.server_bandwidth,
@@ -217,6 +153,88 @@ def input_from_args(args) -> PlanInput:
     except ConfigError as exc:  # name the flag, not the field
         field_name, _, rest = str(exc).partition(":")
         raise ConfigError(f"{_FLAGS.get(field_name, field_name)}:{rest}") from None
+
+
+def _fleet_size(args) -> tuple[int, int]:
+    """(workers, data centres), refused before anything is built per worker (a hundred
+    million workers took 28 s to be refused). Without --workers, one worker per data
+    centre (8 of each if neither is given)."""
+    if args.data_centres is not None and args.data_centres < 1:
+        raise ConfigError(f"--data-centres: must be >= 1, got {args.data_centres}")
+    workers = args.workers if args.workers is not None else (args.data_centres or 8)
+    if workers < 1:
+        raise ConfigError(f"--workers: must be >= 1, got {workers}")
+    dcs = args.data_centres if args.data_centres is not None else workers
+    if workers > MAX_WORKERS:
+        raise ConfigError(f"--workers: must be <= {MAX_WORKERS:,} in all, got {workers}")
+    if dcs > MAX_DATA_CENTRES:
+        raise ConfigError(f"--data-centres: must be <= {MAX_DATA_CENTRES:,}, got {dcs}")
+    if workers % dcs:
+        raise ConfigError(f"--workers: {workers} workers do not spread evenly over {dcs} "
+                          f"data centres")
+    return workers, dcs
+
+
+def _topology(args) -> str:
+    """The exchange's topology, checked against the mode and a server bandwidth."""
+    from fedlm.sim.collectives import ALLREDUCE, TOPOLOGIES
+
+    topology = args.topology if args.topology is not None else \
+        ("hierarchical" if args.hierarchical else "star")
+    if topology not in TOPOLOGIES:
+        raise ConfigError(f"--topology: must be one of {', '.join(TOPOLOGIES)}, "
+                          f"got {topology!r}")
+    if args.hierarchical and topology != "hierarchical":
+        raise ConfigError(f"--hierarchical: is --topology hierarchical, which contradicts "
+                          f"--topology {topology}")
+    streamed = args.fragments != 1 or args.overlap != 0
+    if args.mode == "async" and (topology in ALLREDUCE or streamed):
+        what, why = (f"--topology {topology}", "an all-reduce needs every site") \
+            if topology in ALLREDUCE else ("streaming", "a synchronous outer step")
+        raise ConfigError(f"--mode: {what} has no async variant ({why}), got 'async'")
+    if topology in ALLREDUCE and (args.server_bandwidth != "0" or args.server_up
+                                  or args.server_down):
+        raise ConfigError(f"--server-bandwidth: --topology {topology} has no server, got "
+                          f"{args.server_up or args.server_down or args.server_bandwidth!r}")
+    return topology
+
+
+def _check_compression(args) -> None:
+    from fedlm.sim.wire_sizes import BYTES_PER_VALUE
+
+    args.compression = args.compression or "fp32"
+    for flag, value in (("--compression", args.compression),
+                        ("--down-compression", args.down_compression)):
+        if value not in BYTES_PER_VALUE:
+            raise ConfigError(f"{flag}: must be one of {', '.join(BYTES_PER_VALUE)}, "
+                              f"got {value!r}")
+
+
+def _links(args) -> tuple[tuple, tuple, tuple]:
+    """(latency, down, up) per data centre: named regions (fedlm's and HALoS's measured
+    ones, the server in h0; "halos" alone: all four), or the flags' values."""
+    from fedlm.config import FleetConfig
+    from fedlm.sim import fleet, geo
+
+    if args.regions is None:
+        def bw(text, what):
+            return parse_list(text, what, lambda t: parse_bandwidth(t, what))
+
+        return (parse_list(args.latency, "--latency"),
+                bw(args.down_bandwidth or args.bandwidth,
+                   "--down-bandwidth" if args.down_bandwidth else "--bandwidth"),
+                bw(args.up_bandwidth or args.bandwidth,
+                   "--up-bandwidth" if args.up_bandwidth else "--bandwidth"))
+    known = fleet.regions_of(FleetConfig(preset="halos"))
+    names = (geo.HALOS_REGIONS if args.regions.strip() == "halos"
+             else [n.strip() for n in parse_list(args.regions, "--regions", str)])
+    for name in names:
+        if name not in known:
+            raise ConfigError(f"--regions: unknown region {name!r} "
+                              f"(known: {', '.join(known)}, or halos)")
+    regions = [known[n] for n in names]
+    return (tuple(r.latency for r in regions), tuple(r.down_bw for r in regions),
+            tuple(r.up_bw for r in regions))
 
 
 _FLAGS = {"step_time": "--step-time", "H": "--H", "latency": "--latency",

@@ -24,39 +24,68 @@ if TYPE_CHECKING:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from fedlm import config_load
     from fedlm.flower import simulation
-
-    if args.resume is not None:
-        if args.config or args.overrides:
-            raise ConfigError("--resume: a resumed run keeps its own config; drop CONFIG "
-                              "and --set")
-        db = args.db or Config().db
-        cfg = config_load.from_json(resumable_row(db, args.resume)["config_json"])
-    else:
-        cfg = config_load.load(args.config, args.overrides)
-        db = args.db or cfg.db
+    from fedlm.sim import memory
     from fedlm.track import Follower, with_trackers
     from fedlm.track.backends import check_installed
 
+    cfg, db = _run_config(args)
     cfg = with_trackers(cfg, args.track)
-    by_steps = cfg.local_step_budget > 0
-    from fedlm.sim import memory
-
     memory.check_fits(cfg, args.backend)  # what cannot fit is refused before it starts
     check_installed(cfg.track.backends)  # a tracker not installed: refused in one line,
     check_writable(db)  # before anything is written at --db
     follower = Follower.of(db, cfg)
     flower = args.backend != "inprocess"
     simulation.quiet_libraries(flower)  # before the libraries below read the environment
-    from tqdm import tqdm
+    from fedlm import runner
 
+    _announce(cfg, db, args.resume)
+    runner.prepare_data(cfg)
+    view = _RunView(cfg, follower, quiet=args.quiet)
+    # Ctrl-C / SIGTERM: ask the engine to stop; the run ends at its next step (with
+    # Flower, the ServerApp returns and Ray is shut down: no actor outlives the command)
+    with interrupts.stop_on_signals(view.say_stopping) as stopping:
+        train = simulation.run_flower if flower else runner.run_inprocess
+        try:
+            train(cfg, db, progress=view.on_progress, on_start=view.on_start,
+                  should_stop=stopping.is_set, resume=args.resume,
+                  pretrain_progress=view.on_pretrain)
+        except Exception as exc:  # also re-raised from the ServerApp thread
+            if view.failed(exc):
+                return 1
+        finally:  # the trackers get the last points and how the run ended, however it did
+            if follower is not None:
+                follower.end()
+    view.close()
+    if view.run_id is None:
+        print("fedlm: error: the simulation ended before the run started", file=sys.stderr)
+        return 1
+    return print_summary(db, view.run_id)
+
+
+def _run_config(args: argparse.Namespace) -> tuple[Config, str]:
+    """(the config, the store): a resumed run's own, or CONFIG with --set."""
+    from fedlm import config_load
+
+    if args.resume is None:
+        cfg = config_load.load(args.config, args.overrides)
+        return cfg, args.db or cfg.db
+    if args.config or args.overrides:
+        raise ConfigError("--resume: a resumed run keeps its own config; drop CONFIG "
+                          "and --set")
+    db = args.db or Config().db
+    return config_load.from_json(resumable_row(db, args.resume)["config_json"]), db
+
+
+def _announce(cfg: Config, db: str, resume: int | None) -> None:
+    """The run's first line: its fleet, model, strategy, how long, where it is stored;
+    then the settings that do nothing here, and a resume that starts over."""
     from fedlm import runner, servers
     from fedlm.sim import dynamics
     from fedlm.strategies import registry
 
     stop = f"{cfg.updates} updates" + (f" or {cfg.local_step_budget} local steps"
-                                       if by_steps else "")
+                                       if cfg.local_step_budget > 0 else "")
     server = servers.build(cfg, registry.build_strategy(cfg.strategy, cfg.outer))
     versions = server.versions_wanted(cfg.updates)
     if versions != cfg.updates:  # e.g. streamed: P rounds an update, P - 1 more end it
@@ -68,73 +97,72 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"{stop} -> {db}", flush=True)
     for note in config_check.notes(cfg):
         print(f"fedlm: note: {note}", file=sys.stderr, flush=True)
-    if args.resume is not None and runner.resume_checkpoint(db, args.resume) is None:
-        print(f"fedlm: no checkpoint of run {args.resume} next to {db}; starting over from "
+    if resume is not None and runner.resume_checkpoint(db, resume) is None:
+        print(f"fedlm: no checkpoint of run {resume} next to {db}; starting over from "
               f"version 0", file=sys.stderr, flush=True)
-    runner.prepare_data(cfg)
-    started: dict[str, int] = {}
-    bar = None if args.quiet else tqdm(
-        total=cfg.local_step_budget if by_steps else cfg.updates,
-        unit="step" if by_steps else "update", dynamic_ncols=True, desc="training")
 
-    def on_start(run_id: int) -> None:
-        started.update(id=run_id)
-        if follower is not None:
-            follower.begin(run_id)
 
-    def on_progress(p: Progress) -> None:
-        if follower is not None:
-            follower.poll()
+class _RunView:
+    """What ``fedlm run`` shows while a run trains: its progress bar (unless quiet), the
+    trackers' follower, and how it ended."""
+
+    def __init__(self, cfg: Config, follower, quiet: bool) -> None:
+        from tqdm import tqdm
+
+        self.follower, self.run_id = follower, None
+        self.by_steps = cfg.local_step_budget > 0
+        self.bar = None if quiet else tqdm(
+            total=cfg.local_step_budget if self.by_steps else cfg.updates,
+            unit="step" if self.by_steps else "update", dynamic_ncols=True, desc="training")
+
+    def on_start(self, run_id: int) -> None:
+        self.run_id = run_id
+        if self.follower is not None:
+            self.follower.begin(run_id)
+
+    def on_progress(self, p: Progress) -> None:
+        if self.follower is not None:
+            self.follower.poll()
+        bar = self.bar
         if bar is None:
             return
-        if not by_steps:  # streaming rounds: a version per fragment's round
+        if not self.by_steps:  # streaming rounds: a version per fragment's round
             bar.total = p.target
-        bar.n = min(p.local_steps, p.budget) if by_steps else p.version
+        bar.n = min(p.local_steps, p.budget) if self.by_steps else p.version
         ppl = f"{p.perplexity:.2f}" if p.perplexity is not None else "-"
         bar.set_postfix_str(f"v{p.version}, virtual {p.virtual_time:.0f}s, jobs {p.jobs}, "
-                            f"ppl {ppl}",
-                            refresh=False)
+                            f"ppl {ppl}", refresh=False)
         bar.refresh()
 
-    def on_pretrain(done: int, total: int) -> None:
-        if bar is not None:  # init.pretrain_steps: shown on the same line before training
-            bar.set_description_str("training" if done >= total
-                                    else f"pretraining {done}/{total} steps")
+    def on_pretrain(self, done: int, total: int) -> None:
+        if self.bar is not None:  # init.pretrain_steps: shown on the same line first
+            self.bar.set_description_str("training" if done >= total
+                                         else f"pretraining {done}/{total} steps")
 
+    @staticmethod
     def say_stopping() -> None:
         print("\nfedlm: stopping (the run is kept, marked interrupted)...", file=sys.stderr,
               flush=True)
 
-    # Ctrl-C / SIGTERM: ask the engine to stop; the run ends at its next step (with
-    # Flower, the ServerApp returns and Ray is shut down: no actor outlives the command)
-    with interrupts.stop_on_signals(say_stopping) as stopping:
-        train = simulation.run_flower if flower else runner.run_inprocess
-        try:
-            train(cfg, db, progress=on_progress, on_start=on_start,
-                  should_stop=stopping.is_set, resume=args.resume,
-                  pretrain_progress=on_pretrain)
-        except Exception as exc:  # also re-raised from the ServerApp thread
-            if "id" not in started or os.environ.get("FEDLM_DEBUG"):
-                raise
-            from fedlm.engine import Diverged, Interrupted
+    def failed(self, exc: Exception) -> bool:
+        """Whether the run failed (said in one line); a stop on request or a divergence is
+        no failure (the summary says so); before the run started, the error is raised."""
+        if self.run_id is None or os.environ.get("FEDLM_DEBUG"):
+            raise exc
+        from fedlm import runner
+        from fedlm.engine import Diverged, Interrupted
 
-            # stopped on request or diverged: the summary says so, in one line
-            if not isinstance(exc, (Interrupted, Diverged)):
-                # the store has the reason too, unless writing it was what failed
-                if bar is not None:
-                    bar.close()
-                print(f"fedlm: error: run {started['id']} failed: "
-                      f"{runner.failure_reason(exc)}", file=sys.stderr)
-                return 1
-        finally:  # the trackers get the last points and how the run ended, however it did
-            if follower is not None:
-                follower.end()
-    if bar is not None:
-        bar.close()
-    if "id" not in started:
-        print("fedlm: error: the simulation ended before the run started", file=sys.stderr)
-        return 1
-    return print_summary(db, started["id"])
+        if isinstance(exc, (Interrupted, Diverged)):
+            return False
+        self.close()  # the store has the reason too, unless writing it was what failed
+        print(f"fedlm: error: run {self.run_id} failed: {runner.failure_reason(exc)}",
+              file=sys.stderr)
+        return True
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
 
 
 def cmd_replay(args: argparse.Namespace) -> int:

@@ -161,190 +161,227 @@ def shown(est: Estimate | None, fmt: str, seeded: bool, planned: int = 0,
 
 def report(spec: dict, cells: list[Cell], failures: list[Failure] = (),
            not_run: list[str] = ()) -> str:
-    db, profiles = spec["db"], spec["profiles"]
-    arms = [a["label"] for a in spec["arm"]]
-    arm_of = {a["label"]: a for a in spec["arm"]}
-    ref = next(a["label"] for a in spec["arm"] if a.get("reference"))
-    paper = spec.get("paper", {})
-    paper_profiles = spec.get("paper_profiles", profiles)
-    groups = groups_of(cells)
-    planned = {(c.arm["label"], c.profile) for c in cells_of(spec)}
-    ended: dict[tuple[str, str], str] = {}  # a cell no seed finished: failed | diverged
-    for f in failures:
-        key = (f.arm, f.profile)
-        ended[key] = f.status if ended.get(key, f.status) == f.status else "failed"
-    own_refs = any(a.get("against") for a in spec["arm"])
-    seeded = _seeded(spec)
-    curves = {c.run_id: _curve(db, c.run_id) for c in cells}
-    # whole seconds, unless the runs are all shorter than 10 virtual s (a scaled clock)
-    seconds = ",.0f" if max((c.summary.virtual_time for c in cells), default=10) >= 10 \
-        else ".3f"
+    """The sweep's markdown report: the tables of every metric, arm by profile."""
+    return _Report(spec, cells, failures, not_run).markdown()
 
-    def n_planned(arm: str) -> int:
-        return len(seeds_of(spec, arm_of[arm]))
 
-    def table(title: str, fmt: Callable[[str, Group], str], with_paper: bool = False,
+class _Report:
+    """What every table of a report reads: the spec, the finished cells grouped by arm
+    and profile, their curves, and how each arm compares with its reference."""
+
+    def __init__(self, spec: dict, cells: list[Cell], failures: list[Failure],
+                 not_run: list[str]) -> None:
+        self.spec, self.failures, self.not_run = spec, failures, not_run
+        self.db, self.profiles = spec["db"], spec["profiles"]
+        self.arms = [a["label"] for a in spec["arm"]]
+        self.arm_of = {a["label"]: a for a in spec["arm"]}
+        self.ref = next(a["label"] for a in spec["arm"] if a.get("reference"))
+        self.paper = spec.get("paper", {})
+        self.paper_profiles = spec.get("paper_profiles", self.profiles)
+        self.groups = groups_of(cells)
+        self.planned = {(c.arm["label"], c.profile) for c in cells_of(spec)}
+        self.ended: dict[tuple[str, str], str] = {}  # no seed finished: failed | diverged
+        for f in failures:
+            key = (f.arm, f.profile)
+            self.ended[key] = f.status if self.ended.get(key, f.status) == f.status \
+                else "failed"
+        self.own_refs = any(a.get("against") for a in spec["arm"])
+        self.seeded = _seeded(spec)
+        self.curves = {c.run_id: _curve(self.db, c.run_id) for c in cells}
+        # whole seconds, unless the runs are all shorter than 10 virtual s (a scaled clock)
+        longest = max((c.summary.virtual_time for c in cells), default=10)
+        self.seconds = ",.0f" if longest >= 10 else ".3f"
+        self.whose = "its reference's" if self.own_refs else f"{self.ref}'s"
+
+    # -- the frame of a table --------------------------------------------------------
+    def n_planned(self, arm: str) -> int:
+        return len(seeds_of(self.spec, self.arm_of[arm]))
+
+    def table(self, title: str, fmt: Callable[[str, Group], str], with_paper: bool = False,
               note: str = "") -> list[str]:
-        head = "| arm | " + " | ".join(profiles) + " |"
+        head = "| arm | " + " | ".join(self.profiles) + " |"
         if with_paper:
-            head += " paper: " + " / ".join(paper_profiles) + " |"
+            head += " paper: " + " / ".join(self.paper_profiles) + " |"
         lines = [f"### {title}", "", *([note, ""] if note else []), head,
-                 "|---|" + "---|" * (len(profiles) + (1 if with_paper else 0))]
-        for arm in arms:
-            row = f"| {arm} | " + " | ".join(
-                fmt(arm, groups[(arm, p)]) if (arm, p) in groups
-                else ended.get((arm, p), "not run") if (arm, p) in planned else "–"
-                for p in profiles) + " |"
+                 "|---|" + "---|" * (len(self.profiles) + (1 if with_paper else 0))]
+        for arm in self.arms:
+            row = f"| {arm} | " + " | ".join(self.cell(arm, p, fmt) for p in self.profiles) + " |"
             if with_paper:
-                nums = paper.get(arm)
+                nums = self.paper.get(arm)
                 row += (" " + " / ".join(f"{x:.2f}" for x in nums) if nums else " –") + " |"
             lines.append(row)
         return lines + [""]
 
-    def of(group: Group, value: Callable[[Cell], float]) -> Estimate:
+    def cell(self, arm: str, profile: str, fmt: Callable[[str, Group], str]) -> str:
+        if (arm, profile) in self.groups:
+            return fmt(arm, self.groups[(arm, profile)])
+        if (arm, profile) in self.planned:
+            return self.ended.get((arm, profile), "not run")
+        return "–"
+
+    def of(self, group: Group, value: Callable[[Cell], float]) -> Estimate:
         return estimate(value(c) for _, c in sorted(group.items(), key=_by_seed))
 
-    def ref_group(arm: str, group: Group) -> Group:
+    def ref_group(self, arm: str, group: Group) -> Group:
         profile = next(iter(group.values())).profile
-        return groups.get((reference_of(spec, arm_of[arm]), profile), {})
+        return self.groups.get((reference_of(self.spec, self.arm_of[arm]), profile), {})
 
-    def vs_ref(arm: str, group: Group, value: Callable[[Cell, Cell], float | None]
+    def vs_ref(self, arm: str, group: Group, value: Callable[[Cell, Cell], float | None]
                ) -> tuple[dict, int]:
         """``value(cell, its reference's cell of the same seed)`` per seed where both
         finished and it is defined, and how many seeds had both."""
-        rg = ref_group(arm, group)
+        rg = self.ref_group(arm, group)
         both = [s for s in group if s in rg]
         vals = {s: value(group[s], rg[s]) for s in both}
         return {s: v for s, v in vals.items() if v is not None}, len(both)
 
-    def final(arm: str, group: Group) -> str:
-        est = of(group, lambda c: c.summary.final_perplexity)
-        if not seeded or est.sd is None:
-            return shown(est, ".3f", seeded)
+    # -- the metrics: one cell of a table each -----------------------------------------
+    def final(self, arm: str, group: Group) -> str:
+        est = self.of(group, lambda c: c.summary.final_perplexity)
+        if not self.seeded or est.sd is None:
+            return shown(est, ".3f", self.seeded)
         return f"{est.mean:.3f} ± {est.half_width:.3f} (sd {est.sd:.3f}, n={est.n})"
 
-    def gap(arm: str, group: Group) -> str:
-        rg = ref_group(arm, group)
+    def gap(self, arm: str, group: Group) -> str:
+        rg = self.ref_group(arm, group)
         est = paired_estimate({s: c.summary.final_perplexity for s, c in group.items()},
                               {s: c.summary.final_perplexity for s, c in rg.items()})
-        return shown(est, "+.1f", seeded, n_planned(arm), "%")
+        return shown(est, "+.1f", self.seeded, self.n_planned(arm), "%")
 
-    def time_ratio(arm: str, group: Group) -> str:
-        rg = ref_group(arm, group)
+    def time_needed(self, arm: str, group: Group) -> str:
+        return shown(self.of(group, lambda c: c.summary.virtual_time), self.seconds,
+                     self.seeded, self.n_planned(arm))
+
+    def time_ratio(self, arm: str, group: Group) -> str:
+        rg = self.ref_group(arm, group)
         est = paired_estimate({s: c.summary.virtual_time for s, c in group.items()},
                               {s: c.summary.virtual_time for s, c in rg.items()}, ratio)
-        return shown(est, ".2f", seeded, n_planned(arm), "x")
+        return shown(est, ".2f", self.seeded, self.n_planned(arm), "x")
 
-    def ref_at(arm: str, group: Group) -> str:
-        vals, _ = vs_ref(arm, group, lambda c, r: last_before(curves[r.run_id],
-                                                              c.summary.virtual_time))
-        return shown(estimate(vals.values()) if vals else None, ".3f", seeded, n_planned(arm))
+    def ref_at(self, arm: str, group: Group) -> str:
+        vals, _ = self.vs_ref(arm, group, lambda c, r: last_before(
+            self.curves[r.run_id], c.summary.virtual_time))
+        return shown(estimate(vals.values()) if vals else None, ".3f", self.seeded,
+                     self.n_planned(arm))
 
-    def wall_gap(arm: str, group: Group) -> str:
+    def wall_gap(self, arm: str, group: Group) -> str:
         def one(c: Cell, r: Cell) -> float | None:
-            at = last_before(curves[r.run_id], c.summary.virtual_time)
+            at = last_before(self.curves[r.run_id], c.summary.virtual_time)
             return None if at is None else relative_difference(c.summary.final_perplexity, at)
-        vals, _ = vs_ref(arm, group, one)
-        return shown(estimate(vals.values()) if vals else None, "+.1f", seeded,
-                     n_planned(arm), "%")
+        vals, _ = self.vs_ref(arm, group, one)
+        return shown(estimate(vals.values()) if vals else None, "+.1f", self.seeded,
+                     self.n_planned(arm), "%")
 
-    def reach(arm: str, group: Group, as_ratio: bool = False) -> str:
+    def reach(self, arm: str, group: Group, as_ratio: bool = False) -> str:
         """When the arm first reached its reference's final perplexity (virtual s, or
         as a fraction of the time the reference itself needed), per seed."""
         def one(c: Cell, r: Cell) -> float | None:
-            t = first_reaching(curves[c.run_id], r.summary.final_perplexity)
+            t = first_reaching(self.curves[c.run_id], r.summary.final_perplexity)
             return None if t is None else t / r.summary.virtual_time if as_ratio else t
-        vals, both = vs_ref(arm, group, one)
+        vals, both = self.vs_ref(arm, group, one)
         if both == 0:
             return "-"
         if not vals:
             return "not reached"
-        fmt = ".2f" if as_ratio else seconds
-        if not seeded:
+        fmt = ".2f" if as_ratio else self.seconds
+        if not self.seeded:
             return f"{vals[next(iter(vals))]:{fmt}}"
         if len(vals) == both:
-            return shown(estimate(vals.values()), fmt, seeded)
+            return shown(estimate(vals.values()), fmt, self.seeded)
         est = estimate(vals.values())
         text = f"{est.mean:{fmt}}" if est.half_width is None \
             else f"{est.mean:{fmt}} ± {est.half_width:{fmt}}"
         return f"{text} ({len(vals)} of {both} reached)"
 
-    def idle(arm: str, group: Group) -> str:
-        return shown(of(group, lambda c: 100 * c.summary.idle_fraction), ".1f", seeded,
-                     n_planned(arm), "%")
+    def idle(self, arm: str, group: Group) -> str:
+        return shown(self.of(group, lambda c: 100 * c.summary.idle_fraction), ".1f",
+                     self.seeded, self.n_planned(arm), "%")
 
-    def span(values: list[int]) -> str:
-        low, high = min(values), max(values)
-        return f"{low:,}" if low == high else f"{low:,}–{high:,}"
-
-    def counts(arm: str, group: Group) -> str:
+    def counts(self, arm: str, group: Group) -> str:
         cs = list(group.values())
-        return (f"{span([c.summary.updates for c in cs])} / "
-                f"{span([c.summary.local_steps for c in cs])}")
+        return (f"{_span([c.summary.updates for c in cs])} / "
+                f"{_span([c.summary.local_steps for c in cs])}")
 
-    def ids(arm: str, group: Group) -> str:
+    def ids(self, arm: str, group: Group) -> str:
         cs = [c for _, c in sorted(group.items(), key=_by_seed)]
         wall = sum(c.summary.wall_time for c in cs) / len(cs)
-        sep = "; " if seeded else ", "  # "#2, #4; 7": the ids, then the time
+        sep = "; " if self.seeded else ", "  # "#2, #4; 7": the ids, then the time
         return ", ".join(f"#{c.run_id}" for c in cs) + f"{sep}{wall:,.0f}"
 
-    whose = "its reference's" if own_refs else f"{ref}'s"
-    out = [f"# {spec.get('title', 'Sweep')}", "", spec.get("description", "").strip(), "",
-           f"Run store: `{db}` (run ids in the last table). Reference (sync): **{ref}**"
-           + (" (an arm with `against` is compared with the arm it names)." if own_refs
-              else "."), ""]
-    if not_run:
-        out += [f"**{len(not_run)} of {len(cells_of(spec))} planned runs were not run** "
-                "(report written with `--report-only`; they are listed at the end): a cell "
-                "shows `not run` where none of its seeds ran, `(n=k)` where k did.", ""]
-    if seeded:
-        seeds = sorted({c.seed for c in cells_of(spec)})
-        out += [f"Seeds: {', '.join(map(str, seeds))}; each cell is run once per seed "
-                "(an arm's own `seeds` are listed under Arms). A number is the mean over the "
-                "seeds that finished ± the half-width of its 95% confidence interval "
-                "(Student t, n − 1 degrees of freedom); n is given where fewer seeds "
-                "finished than were planned, and one seed alone has no interval. "
-                "Comparisons with the reference are paired: each seed against the "
-                "reference's run of the same profile and seed, then the mean and interval "
-                "of those differences (of ratios: their arithmetic mean).", ""]
-    else:
-        out += ["One run per cell (one seed): no intervals. `seeds = [0, 1, 2]` in the "
-                "spec, or `--seeds N`, runs each cell over seeds and gives means with 95% "
-                "intervals.", ""]
-    out += table("Final validation perplexity", final, with_paper=bool(paper),
-                 note="mean ± 95% interval (sd: across seeds)" if seeded else "")
-    out += table(f"Per-update gap: final perplexity against {whose}, at equal inner steps",
-                 gap)
-    out += table("Virtual time the run needed (s)",
-                 lambda a, g: shown(of(g, lambda c: c.summary.virtual_time), seconds, seeded,
-                                    n_planned(a)))
-    out += table(f"... as a ratio to {whose} (below 1: sooner)", time_ratio)
-    out += table(f"{whose[0].upper() + whose[1:]} perplexity at the same virtual time "
-                 f"(wall-clock view)", ref_at)
-    out += table(f"Wall-clock gap: final perplexity against {whose} at the moment the run "
-                 f"ends", wall_gap)
-    out += table(f"Virtual time to reach {whose} final perplexity (s)", reach,
-                 note="mean over the seeds that reached it (those that did not are left "
-                      "out, so the mean is optimistic)" if seeded else "")
-    out += table("... as a fraction of the reference's own time (below 1: sooner)",
-                 lambda a, g: reach(a, g, as_ratio=True))
-    out += table("Idle fraction (all workers)", idle)
-    out += table("Updates applied / local steps", counts,
-                 note="lowest–highest over seeds" if seeded else "")
-    out += table("Run id and real time (s)" if not seeded
-                 else "Run ids (by seed) and mean real time (s)", ids)
-    out += ["### Arms", ""] + [
-        f"- **{a['label']}**: `{' '.join(a['set'])}`"
-        + (f" (against {a['against']})" if a.get("against") else "")
-        + (f" (only {', '.join(a['profiles'])})" if "profiles" in a else "")
-        + (f" (seeds {', '.join(map(str, a['seeds']))})" if "seeds" in a else "")
-        for a in spec["arm"]]
-    out += ["", f"Shared: `{' '.join(spec.get('base', []))}`", ""]
-    if failures:
-        out += ["### Failed runs", ""] + [f"- **{f.name}**: {f.reason}"
-                                          for f in failures] + [""]
-    if not_run:
-        out += ["### Not run", ""] + [f"- {name}" for name in not_run] + [""]
-    if spec.get("discussion"):
-        out += ["## Reading", "", spec["discussion"].strip(), ""]
-    return "\n".join(out)
+    # -- the page ----------------------------------------------------------------------
+    def markdown(self) -> str:
+        return "\n".join([*self.header(), *self.tables(), *self.footer()])
+
+    def header(self) -> list[str]:
+        spec = self.spec
+        out = [f"# {spec.get('title', 'Sweep')}", "", spec.get("description", "").strip(), "",
+               f"Run store: `{self.db}` (run ids in the last table). Reference (sync): "
+               f"**{self.ref}**" + (" (an arm with `against` is compared with the arm it "
+                                    "names)." if self.own_refs else "."), ""]
+        if self.not_run:
+            out += [f"**{len(self.not_run)} of {len(cells_of(spec))} planned runs were not "
+                    "run** (report written with `--report-only`; they are listed at the "
+                    "end): a cell shows `not run` where none of its seeds ran, `(n=k)` "
+                    "where k did.", ""]
+        if self.seeded:
+            seeds = sorted({c.seed for c in cells_of(spec)})
+            return out + [f"Seeds: {', '.join(map(str, seeds))}; {_SEEDED}", ""]
+        return out + [_ONE_SEED, ""]
+
+    def tables(self) -> list[str]:
+        t, whose, seeded = self.table, self.whose, self.seeded
+        return [
+            *t("Final validation perplexity", self.final, with_paper=bool(self.paper),
+               note="mean ± 95% interval (sd: across seeds)" if seeded else ""),
+            *t(f"Per-update gap: final perplexity against {whose}, at equal inner steps",
+               self.gap),
+            *t("Virtual time the run needed (s)", self.time_needed),
+            *t(f"... as a ratio to {whose} (below 1: sooner)", self.time_ratio),
+            *t(f"{whose[0].upper() + whose[1:]} perplexity at the same virtual time "
+               f"(wall-clock view)", self.ref_at),
+            *t(f"Wall-clock gap: final perplexity against {whose} at the moment the run "
+               f"ends", self.wall_gap),
+            *t(f"Virtual time to reach {whose} final perplexity (s)", self.reach,
+               note="mean over the seeds that reached it (those that did not are left "
+                    "out, so the mean is optimistic)" if seeded else ""),
+            *t("... as a fraction of the reference's own time (below 1: sooner)",
+               lambda a, g: self.reach(a, g, as_ratio=True)),
+            *t("Idle fraction (all workers)", self.idle),
+            *t("Updates applied / local steps", self.counts,
+               note="lowest–highest over seeds" if seeded else ""),
+            *t("Run id and real time (s)" if not seeded
+               else "Run ids (by seed) and mean real time (s)", self.ids)]
+
+    def footer(self) -> list[str]:
+        spec = self.spec
+        out = ["### Arms", ""] + [
+            f"- **{a['label']}**: `{' '.join(a['set'])}`"
+            + (f" (against {a['against']})" if a.get("against") else "")
+            + (f" (only {', '.join(a['profiles'])})" if "profiles" in a else "")
+            + (f" (seeds {', '.join(map(str, a['seeds']))})" if "seeds" in a else "")
+            for a in spec["arm"]]
+        out += ["", f"Shared: `{' '.join(spec.get('base', []))}`", ""]
+        if self.failures:
+            out += ["### Failed runs", ""] + [f"- **{f.name}**: {f.reason}"
+                                              for f in self.failures] + [""]
+        if self.not_run:
+            out += ["### Not run", ""] + [f"- {name}" for name in self.not_run] + [""]
+        if spec.get("discussion"):
+            out += ["## Reading", "", spec["discussion"].strip(), ""]
+        return out
+
+
+def _span(values: list[int]) -> str:
+    low, high = min(values), max(values)
+    return f"{low:,}" if low == high else f"{low:,}–{high:,}"
+
+
+_SEEDED = ("each cell is run once per seed (an arm's own `seeds` are listed under Arms). A "
+           "number is the mean over the seeds that finished ± the half-width of its 95% "
+           "confidence interval (Student t, n − 1 degrees of freedom); n is given where "
+           "fewer seeds finished than were planned, and one seed alone has no interval. "
+           "Comparisons with the reference are paired: each seed against the reference's "
+           "run of the same profile and seed, then the mean and interval of those "
+           "differences (of ratios: their arithmetic mean).")
+_ONE_SEED = ("One run per cell (one seed): no intervals. `seeds = [0, 1, 2]` in the spec, or "
+             "`--seeds N`, runs each cell over seeds and gives means with 95% intervals.")

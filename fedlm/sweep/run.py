@@ -180,113 +180,150 @@ def run_sweep(spec: dict, *, backend: str = "flower", rerun: bool = False, jobs:
         from fedlm.track import check_installed
 
         check_installed(list(track))  # one line now, not one failed cell after another
-    db = spec["db"]
-    planned = cells_of(spec)
-    total = len(planned)
-    finished = {r["name"]: r["id"] for r in (store.list_runs(db) if Path(db).exists() else [])
-                if r["status"] == "finished"}  # the newest finished run of each name
-    todo, not_run = [], []
-    for k, cell in enumerate(planned, 1):
-        if cell.name in finished and not rerun:
-            log(f"[{k}/{total}] {cell.name}: reusing run {finished[cell.name]}")
-        elif report_only:
-            not_run.append(cell.name)
-            log(f"[{k}/{total}] {cell.name}: not run (--report-only)")
-        else:
-            todo.append((k, cell))
-    children = _Children()
-    failures: list[Failure] = []
-    trained: set[str] = set()
-    elsewhere: dict[str, object] = {}  # cells another sweep trains (name -> planned cell)
+    sweep = _Sweep(spec, backend, rerun, fail_fast, list(track), log)
+    todo, not_run = sweep.plan(report_only)
+    sweep.train_all(todo, jobs)
+    return SweepResult(sweep.cells(), sweep.failures, stopped=sweep.children.stopping.is_set(),
+                       not_run=not_run)
 
-    def finished_now(name: str) -> bool:
-        return any(r["name"] == name and r["status"] == "finished" for r in store.list_runs(db))
 
-    def train(item) -> None:
+class _Sweep:
+    """One sweep's cells and what became of them: trained here, failed, or trained by
+    another sweep on the same store (``fedlm.sweep.claims``)."""
+
+    def __init__(self, spec: dict, backend: str, rerun: bool, fail_fast: bool,
+                 track: list[str], log) -> None:
+        self.spec, self.backend, self.rerun, self.fail_fast = spec, backend, rerun, fail_fast
+        self.track, self.log = track, log
+        self.db = spec["db"]
+        self.planned = cells_of(spec)
+        self.total = len(self.planned)
+        self.finished = {r["name"]: r["id"] for r in (store.list_runs(self.db)
+                                                      if Path(self.db).exists() else [])
+                         if r["status"] == "finished"}  # the newest finished run of a name
+        self.children = _Children()
+        self.failures: list[Failure] = []
+        self.trained: set[str] = set()
+        self.elsewhere: dict[str, object] = {}  # cells another sweep trains: name -> cell
+
+    def plan(self, report_only: bool) -> tuple[list, list[str]]:
+        """(the cells to train, numbered; the names of those not run)."""
+        todo, not_run = [], []
+        for k, cell in enumerate(self.planned, 1):
+            if cell.name in self.finished and not self.rerun:
+                self.log(f"[{k}/{self.total}] {cell.name}: reusing run {self.finished[cell.name]}")
+            elif report_only:
+                not_run.append(cell.name)
+                self.log(f"[{k}/{self.total}] {cell.name}: not run (--report-only)")
+            else:
+                todo.append((k, cell))
+        return todo, not_run
+
+    def finished_now(self, name: str) -> bool:
+        return any(r["name"] == name and r["status"] == "finished"
+                   for r in store.list_runs(self.db))
+
+    def train_all(self, todo: list, jobs: int) -> None:
+        """Train ``todo``, ``jobs`` at once; then wait for the cells other sweeps hold."""
+        def on_sigterm(signum, frame) -> None:
+            raise SweepStopped
+
+        main_thread = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGTERM, on_sigterm) if main_thread else None
+        try:
+            with ThreadPoolExecutor(max_workers=jobs) as pool:
+                futures = [pool.submit(self.train, item) for item in todo]
+                try:
+                    for future in futures:
+                        future.result()
+                except BaseException:  # Ctrl-C or SIGTERM: stop what runs, start no more
+                    self.children.stop()
+                    pool.shutdown(wait=True, cancel_futures=True)
+                    raise
+            self.wait_for_others()
+        finally:
+            if main_thread:
+                signal.signal(signal.SIGTERM, previous)
+            try:
+                claims.folder_of(self.db).rmdir()  # once no sweep holds a claim
+            except OSError:
+                pass
+
+    def wait_for_others(self) -> None:
+        for name in claims.wait_for(self.db, sorted(self.elsewhere), self.finished_now,
+                                    self.log):
+            cell = self.elsewhere[name]  # its owner stopped before it finished
+            self.failures.append(Failure(cell.arm["label"], cell.profile, "another sweep "
+                                         "claimed it and stopped before it finished",
+                                         cell.seed))
+
+    def train(self, item) -> None:
         """Claim the cell (``fedlm.sweep.claims``), train it, release it; a cell that
         another live sweep holds, or has finished since this one started, is its."""
         k, cell = item
-        if children.stopping.is_set():
+        if self.children.stopping.is_set():
             return
-        if not rerun and Path(db).exists() and finished_now(cell.name):
-            log(f"[{k}/{total}] {cell.name}: finished by another sweep meanwhile")
-            elsewhere[cell.name] = cell
+        if not self.rerun and Path(self.db).exists() and self.finished_now(cell.name):
+            self.log(f"[{k}/{self.total}] {cell.name}: finished by another sweep meanwhile")
+            self.elsewhere[cell.name] = cell
             return
-        claim = claims.take(db, cell.name)
+        claim = claims.take(self.db, cell.name)
         if claim is None:
-            log(f"[{k}/{total}] {cell.name}: another sweep is training it; its run is taken")
-            elsewhere[cell.name] = cell
+            self.log(f"[{k}/{self.total}] {cell.name}: another sweep is training it; its run "
+                     f"is taken")
+            self.elsewhere[cell.name] = cell
             return
         try:
-            _train(k, cell)
+            self.train_claimed(k, cell)
         finally:
             claim.release()
 
-    def _train(k: int, cell) -> None:
-        name = cell.name
-        cmd = [sys.executable, "-m", "fedlm", "run", "--quiet", "--backend", backend,
-               "--db", db]
-        for kv in [*overrides(spec, cell), f"name={name}"]:
+    def command(self, cell) -> list[str]:
+        """The ``fedlm run`` of ``cell``."""
+        cmd = [sys.executable, "-m", "fedlm", "run", "--quiet", "--backend", self.backend,
+               "--db", self.db]
+        for kv in [*overrides(self.spec, cell), f"name={cell.name}"]:
             cmd += ["--set", kv]
-        if track:
+        if self.track:
             group = json.dumps(f"{cell.arm['label']} @ {cell.profile}")  # a TOML string
             cmd += ["--set", f"track.group={group}"]
-            for tracker in track:
+            for tracker in self.track:
                 cmd += ["--track", tracker]
-        if children.stopping.is_set():
+        return cmd
+
+    def train_claimed(self, k: int, cell) -> None:
+        name, cmd = cell.name, self.command(cell)
+        if self.children.stopping.is_set():
             return
-        log(f"[{k}/{total}] {name} ...")
+        self.log(f"[{k}/{self.total}] {name} ...")
         t0 = time.time()
-        result = children.run(cmd)
-        if result is None or children.stopping.is_set() and result[0] != 0:
+        result = self.children.run(cmd)
+        if result is None or self.children.stopping.is_set() and result[0] != 0:
             return  # stopped with the sweep: not a failure of the cell
         status, _, err = result
         if status != 0:
-            failures.append(Failure(cell.arm["label"], cell.profile, _reason(err, status),
-                                    cell.seed,
-                                    "diverged" if status == DIVERGED_EXIT else "failed"))
-            log(f"    [{k}/{total}] {name} {failures[-1].status.upper()}: "
-                f"{failures[-1].reason}")
-            if fail_fast:
-                children.stop()
+            self.failures.append(Failure(cell.arm["label"], cell.profile, _reason(err, status),
+                                         cell.seed,
+                                         "diverged" if status == DIVERGED_EXIT else "failed"))
+            self.log(f"    [{k}/{self.total}] {name} {self.failures[-1].status.upper()}: "
+                     f"{self.failures[-1].reason}")
+            if self.fail_fast:
+                self.children.stop()
             return
-        trained.add(name)
-        log(f"    [{k}/{total}] {name} done in {time.time() - t0:.0f} s")
+        self.trained.add(name)
+        self.log(f"    [{k}/{self.total}] {name} done in {time.time() - t0:.0f} s")
 
-    def on_sigterm(signum, frame) -> None:
-        raise SweepStopped
-
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, on_sigterm) if main_thread else None
-    try:
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            futures = [pool.submit(train, item) for item in todo]
-            try:
-                for future in futures:
-                    future.result()
-            except BaseException:  # Ctrl-C or SIGTERM: stop what runs, start nothing more
-                children.stop()
-                pool.shutdown(wait=True, cancel_futures=True)
-                raise
-        for name in claims.wait_for(db, sorted(elsewhere), finished_now, log):
-            cell = elsewhere[name]  # its owner stopped before it finished
-            failures.append(Failure(cell.arm["label"], cell.profile, "another sweep claimed "
-                                    "it and stopped before it finished", cell.seed))
-    finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, previous)
-        try:
-            claims.folder_of(db).rmdir()  # once no sweep holds a claim
-        except OSError:
-            pass
-    newest = ({r["name"]: r["id"] for r in store.list_runs(db) if r["status"] == "finished"}
-              if trained or elsewhere else {})
-    cells = []
-    for cell in planned:
-        name = cell.name
-        ours = name in trained or name in elsewhere
-        run_id = newest.get(name) if ours else finished.get(name)
-        if run_id is not None and (ours or not rerun):
-            cells.append(Cell(cell.arm["label"], cell.profile, run_id,
-                              store.summarize(db, run_id), cell.seed))
-    return SweepResult(cells, failures, stopped=children.stopping.is_set(), not_run=not_run)
+    def cells(self) -> list[Cell]:
+        """Every planned cell that has a finished run to report: its own, another
+        sweep's, or one finished before (unless ``rerun``)."""
+        newest = ({r["name"]: r["id"] for r in store.list_runs(self.db)
+                   if r["status"] == "finished"} if self.trained or self.elsewhere else {})
+        out = []
+        for cell in self.planned:
+            name = cell.name
+            ours = name in self.trained or name in self.elsewhere
+            run_id = newest.get(name) if ours else self.finished.get(name)
+            if run_id is not None and (ours or not self.rerun):
+                out.append(Cell(cell.arm["label"], cell.profile, run_id,
+                                store.summarize(self.db, run_id), cell.seed))
+        return out
