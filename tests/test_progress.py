@@ -90,3 +90,14 @@ def test_a_fleet_in_which_no_job_can_finish_is_refused_before_it_runs(sets, star
     with pytest.raises(ConfigError) as err:
         tiny_config(*sets)
     assert str(err.value).startswith(start) and "no job can finish" in str(err.value)
+
+
+def test_a_run_whose_strategy_waits_for_a_worker_gone_for_good_stops_in_one_line(
+        tmp_path, monkeypatch):
+    # NoLoCo's rounds wait for the peers they drew; one left for good at 40 s. The loop
+    # used to pop an empty clock (IndexError): now it says why it stopped
+    monkeypatch.syspath_prepend(EXAMPLES)
+    why, conn = _stalled(tmp_path, "strategy=noloco_example:NoLoCo", "workers=4",
+                         "updates=20", "fleet.leave=[0, 40]")
+    assert why.startswith("stalled at version ") and "gives none to the 3 free workers" in why
+    sys.modules.pop("noloco_example", None)

@@ -162,7 +162,11 @@ class Engine:
             self._dispatch_free_workers()
             if self.presence is not None and self.presence.everyone_left(self.in_flight):
                 break
-            if not self.in_flight and not self.pool.offline:
+            # nothing in flight, and nobody coming back who could change that (a worker
+            # gone for good is offline with no return on the clock)
+            waiting = self.pool.offline and not (self.events.lookahead
+                                                 and self.events.next_time() is None)
+            if not self.in_flight and not waiting:
                 raise EngineError(f"stalled at version {self.version}: no job in flight "
                                   f"and strategy {self.strategy.name!r} gives none to "
                                   f"the {len(self.pool.free_since)} free workers")
