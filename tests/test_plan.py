@@ -215,7 +215,7 @@ def test_cli_plots(tmp_path, monkeypatch):
     (["--workers", "0"], "--workers: must be >= 1"),
     (["--workers", "9", "--data-centres", "2"], "do not spread evenly"),
     (["--bandwidth", "fast"], "--bandwidth: expected a bandwidth"),
-    (["--step-time", "0.5,-1"], "--step-time: must be > 0"),
+    (["--step-time", "0.5,-1"], "--step-time: must be seconds per inner step in"),
     (["--compression", "int2"], "--compression: must be one of"),
     (["--regions", "us,mars"], "--regions: unknown region 'mars'"),
     (["--H", "0"], "--H: must be >= 1"),

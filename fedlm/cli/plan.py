@@ -149,7 +149,7 @@ def input_from_args(args) -> PlanInput:
         fragments=args.fragments, overlap=args.overlap,
         intra_bw=parse_bandwidth(args.intra_bandwidth or "100Gbit", "--intra-bandwidth"))
     try:
-        return inp.check()
+        return inp.check_quantities()
     except ConfigError as exc:  # name the flag, not the field
         field_name, _, rest = str(exc).partition(":")
         raise ConfigError(f"{_FLAGS.get(field_name, field_name)}:{rest}") from None

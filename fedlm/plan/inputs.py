@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedlm.sim import fleet
+from fedlm.sim import fleet, quantities as Q
 from fedlm.errors import ConfigError
 from fedlm.sim.collectives import TOPOLOGIES, intra_step
 from fedlm.sim.wire_sizes import BYTES_PER_VALUE, payload_bytes
@@ -131,6 +131,22 @@ class PlanInput:
         need(0 <= self.overlap < self.H // self.fragments, "overlap", self.overlap,
              f"must be >= 0 and < H/P = {self.H // self.fragments} inner steps (an exchange "
              f"must end within the segment after it)")
+        return self
+
+    def check_quantities(self) -> PlanInput:
+        """``check``, and every step time, link and latency in the ranges a run's fleet
+        has (``fedlm.sim.quantities``: the same words), for what a user gave; the
+        planner's own searches (crossovers) go past them on purpose."""
+        kinds = {"step_time": Q.STEP, "down_bw": Q.BANDWIDTH, "up_bw": Q.BANDWIDTH,
+                 "latency": Q.LATENCY}
+        for name, quantity in kinds.items():
+            for v in getattr(self, name):
+                quantity.check(name, v)
+        self.check()
+        for name in ("server_down", "server_up"):
+            if getattr(self, name) != 0:  # 0: unlimited
+                Q.BANDWIDTH.check(name, getattr(self, name))
+        Q.BANDWIDTH.check("intra_bw", self.intra_bw)
         return self
 
     # -- derived quantities -----------------------------------------------------
