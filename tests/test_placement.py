@@ -106,6 +106,13 @@ def test_flower_on_the_cpu_asks_for_no_gpu():
     assert conf["init_args"]["num_gpus"] == 0 and conf["client_resources"]["num_gpus"] == 0
 
 
+def test_without_an_address_ray_is_our_own():
+    # a plain ray.init() joins the cluster `ray start` left on this host (or RAY_ADDRESS
+    # names) and then refuses num_cpus; "local" always starts a Ray of the run's own
+    init = backend_config(tiny_config("device=cpu"))["init_args"]
+    assert init["address"] == "local" and init["num_cpus"] >= 1
+
+
 def test_a_ray_address_attaches_without_resource_counts():
     # ray.init(address=...) refuses num_cpus / num_gpus ("When connecting to an existing
     # cluster, num_cpus and num_gpus must not be provided"): the cluster has its own

@@ -66,10 +66,13 @@ def backend_config(cfg: Config) -> dict:
     cpus = cfg.sim.cpus or (os.cpu_count() or 1)
     actors = cfg.sim.ray_actors or min(nodes, cpus)
     gpus = placement.gpu_count(cfg)
+    # "local": a Ray of our own even where `ray start` ran on this host (a plain
+    # ray.init() would join that cluster, found in /tmp/ray/ray_current_cluster or
+    # RAY_ADDRESS, and then refuse num_cpus)
     return {"client_resources": {"num_cpus": cpus / actors,
                                  "num_gpus": placement.gpu_share(actors, gpus)},
-            "init_args": {"num_cpus": cpus, "num_gpus": gpus, "include_dashboard": False,
-                          **logs}}
+            "init_args": {"address": "local", "num_cpus": cpus, "num_gpus": gpus,
+                          "include_dashboard": False, **logs}}
 
 
 def run_flower(cfg: Config, db_path: str, **kwargs) -> None:
