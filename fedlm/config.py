@@ -205,7 +205,7 @@ class SimConfig:
     # model copy (and CUDA stream on a GPU: docs/gpu.md); 1 = one after another. Results
     # and the virtual clock do not depend on it.
     job_threads: int = 1
-    # Devices of `device`'s kind the jobs spread over (fedlm.placement, docs/gpu.md):
+    # Devices of `device`'s kind the jobs spread over (fedlm.worker.placement, docs/gpu.md):
     # 0 = all this host sees (CUDA: every GPU; CPU: one), N = the first N. In process
     # worker w's jobs run on device w mod N, the server on the first; under Flower, Ray
     # shares the N GPUs among the actors. Results do not depend on it.

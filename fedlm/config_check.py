@@ -21,9 +21,6 @@ from fedlm.errors import ConfigError, first_line, shown, shown_key
 from fedlm.sim import fleet, geo, quantities as Q
 from fedlm.strategies import registry
 
-# sim.ray_address: a Ray head's GCS address (Ray Client's ray:// is not supported: untested)
-RAY_ADDRESS = re.compile(r"[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}")
-
 
 def coerce(path: str, value: Any, typ: Any) -> Any:
     """Check ``value`` against the annotated type; ints are accepted for floats."""
@@ -281,9 +278,8 @@ def validate(cfg: Config) -> None:
     s = cfg.sim
     _require(s.ray_actors >= 0, "sim.ray_actors", s.ray_actors, "must be >= 0")
     _require(s.job_threads >= 1, "sim.job_threads", s.job_threads, "must be >= 1")
-    # a CPU run takes any N (N job threads), so a bound keeps a typo from making millions
     _require(0 <= s.devices <= 1024, "sim.devices", s.devices, "must be in [0, 1024]")
-    _require(s.ray_address in ("", "auto") or RAY_ADDRESS.fullmatch(s.ray_address) is not None,
+    _require(s.ray_address in ("", "auto") or re.fullmatch(r"[\w.\-\[\]:]+:\d{1,5}", s.ray_address),
              "sim.ray_address", s.ray_address, "must be HOST:PORT of a Ray head or auto")
     _require(s.cpus >= 0, "sim.cpus", s.cpus, "must be >= 0")
     _require(s.ttl > 0, "sim.ttl", s.ttl, "must be > 0")

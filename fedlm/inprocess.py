@@ -9,7 +9,7 @@ in, to show that the engine's result does not depend on it.
 ``sim.job_threads = k`` runs up to k jobs at once, each in a thread of a
 pool with its own scratch model and, on CUDA, its own stream, so the jobs of
 several simulated workers share one GPU (or, on a CPU, several cores). With
-several GPUs (``sim.devices``, ``fedlm.placement``) worker w's jobs run on GPU
+several GPUs (``sim.devices``, ``fedlm.worker.placement``) worker w's jobs run on GPU
 w mod N, with k threads per GPU, and the server on the first. A job computes
 the same bits in any thread and on any device of one kind: what it reads is
 fixed by its message, and the engine orders replies by the virtual clock, not
@@ -24,8 +24,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 
 import numpy as np
 
-from fedlm import placement
-from fedlm.worker import precision
+from fedlm.worker import placement, precision
 from fedlm.config import Config
 from fedlm.job import JobResult, JobSpec
 from fedlm.worker.states import DiskStates, MemoryStates, worker_states

@@ -1,4 +1,4 @@
-"""sim.devices: jobs placed over a host's devices (fedlm.placement), in process and
+"""sim.devices: jobs placed over a host's devices (fedlm.worker.placement), in process and
 under Flower's Ray backend. No GPU here: CUDA counts are faked where Ray's or our
 arithmetic is checked, and real runs place jobs over two "cpu" devices."""
 
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from fedlm import placement
+from fedlm.worker import placement
 from fedlm.config_load import ConfigError
 from fedlm.flower.simulation import backend_config
 from fedlm.runner import run_inprocess

@@ -41,7 +41,7 @@ def quiet_libraries(flower: bool = True) -> None:
 
 def backend_config(cfg: Config) -> dict:
     """Ray resources: ``actors`` ClientApp actors sharing ``cpus`` (fractions allowed)
-    and, on CUDA, the host's GPUs (``fedlm.placement.gpu_share``: Ray hands each
+    and, on CUDA, the host's GPUs (``fedlm.worker.placement.gpu_share``: Ray hands each
     actor its own GPU, so ``"cuda"`` in an actor is that one).
 
     By default one actor per core: a job trains on ``inner.threads`` (1) threads, so
@@ -53,7 +53,7 @@ def backend_config(cfg: Config) -> dict:
     has them): each actor asks for ``sim.cpus / actors`` CPUs (``inner.threads`` when
     ``sim.cpus`` is 0) and its GPU share, and Flower starts as many actors as the
     cluster's nodes hold."""
-    from fedlm import placement  # torch: only once a run is starting
+    from fedlm.worker import placement  # torch: only once a run is starting
 
     logs = {"logging_level": "ERROR", "log_to_driver": True}
     nodes = fleet.node_count(cfg)

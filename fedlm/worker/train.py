@@ -198,7 +198,7 @@ def run_job(params, opt_state: dict, job: JobSpec, cfg: Config,
     gradient stays where the server keeps the global model (``server_device``: the
     run's device in process, where the engine, the outer step and the store's digest
     read it; the host under Flower, where it goes on the wire). ``device``: where the job
-    runs (``fedlm.placement``: one of the host's GPUs); None: the run's ``device``.
+    runs (``fedlm.worker.placement``: one of the host's GPUs); None: the run's ``device``.
     """
     import time
 
