@@ -208,7 +208,8 @@ class SimConfig:
     # Devices of `device`'s kind the jobs spread over (fedlm.worker.placement, docs/gpu.md):
     # 0 = all this host sees (CUDA: every GPU; CPU: one), N = the first N. In process
     # worker w's jobs run on device w mod N, the server on the first; under Flower, Ray
-    # shares the N GPUs among the actors. Results do not depend on it.
+    # shares the N GPUs among the actors (with sim.ray_address: the cluster's GPUs).
+    # Results do not depend on it.
     devices: int = 0
     # An existing Ray cluster for the ClientApp actors ("host:port" of its head, or
     # "auto"); "" = Flower starts its own Ray on this host (docs/scaling.md).

@@ -127,6 +127,17 @@ def test_a_ray_address_attaches_without_resource_counts():
     assert sized["client_resources"]["num_cpus"] == 1.5
 
 
+def test_on_a_cluster_sim_devices_counts_the_clusters_gpus(gpus):
+    # 2 machines of 4 GPUs, 16 actors: 1/2 a GPU each, though this host sees only 1
+    gpus(1)
+    conf = backend_config(tiny_config("device=cuda", "workers=16", "sim.ray_address=a:6379",
+                                      "sim.devices=8"))
+    assert conf["client_resources"]["num_gpus"] == 0.5
+    assert backend_config(tiny_config("device=cuda", "workers=16",
+                                      "sim.ray_address=a:6379"))["client_resources"] == {
+        "num_cpus": 1, "num_gpus": 1 / 16}  # without sim.devices: the driver's one GPU
+
+
 def _run(tmp_path, name: str, *overrides: str):
     db = tmp_path / f"{name}.db"
     run_id = run_inprocess(tiny_config("device=cpu", *overrides), str(db))

@@ -69,12 +69,14 @@ def job_pools(places: list[str], threads: int) -> list[ThreadPoolExecutor] | Non
 
 
 def gpu_count(cfg: Config) -> int:
-    """GPUs a Flower run gives Ray: ``sim.devices`` (or all this host sees) when the
-    run's device is CUDA, else none."""
+    """GPUs a Flower run's actors share when its device is CUDA (else none): this
+    host's (``devices``), or on a Ray cluster (``sim.ray_address``) ``sim.devices``
+    as given, the cluster's GPUs, which this host need not have."""
     from fedlm.model import resolve_device
 
-    kind = resolve_device(cfg.device)
-    return len(devices(cfg)) if kind == "cuda" else 0
+    if resolve_device(cfg.device) != "cuda":
+        return 0
+    return cfg.sim.devices if cfg.sim.ray_address and cfg.sim.devices else len(devices(cfg))
 
 
 def gpu_share(actors: int, gpus: int) -> float:
