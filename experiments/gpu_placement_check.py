@@ -1,4 +1,5 @@
-"""Device check for sim.devices (not part of the suite): run from the repository root on
+"""Device check for sim.devices (not part of the suite; docs/gpu.md): `python
+experiments/gpu_placement_check.py` from the repository root on
 a GPU host. Runs the same tiny async run (fp32, then auto precision) with the jobs on one
 GPU (sim.devices=1), on all visible GPUs (sim.devices=0, when there are several), and on
 cuda:0 named twice (two per-device pools on one GPU); prints the hashes and exits 1 when
