@@ -201,10 +201,19 @@ class SimConfig:
     resources, and the in-process backend's job threads."""
 
     ray_actors: int = 0  # Ray actors running ClientApps; 0 = min(workers, CPU cores)
-    # In-process backend: jobs run at once, each in a thread with its own model copy
-    # (and CUDA stream on a GPU: docs/gpu.md); 1 = one after another. Results and
-    # the virtual clock do not depend on it.
+    # In-process backend: jobs run at once on each device, each in a thread with its own
+    # model copy (and CUDA stream on a GPU: docs/gpu.md); 1 = one after another. Results
+    # and the virtual clock do not depend on it.
     job_threads: int = 1
+    # Devices of `device`'s kind the jobs spread over (fedlm.worker.placement, docs/gpu.md):
+    # 0 = all this host sees (CUDA: every GPU; CPU: one), N = the first N. In process
+    # worker w's jobs run on device w mod N, the server on the first; under Flower, Ray
+    # shares the N GPUs among the actors (with sim.ray_address: the cluster's GPUs).
+    # Results do not depend on it.
+    devices: int = 0
+    # An existing Ray cluster for the ClientApp actors ("host:port" of its head, or
+    # "auto"); "" = Flower starts its own Ray on this host (docs/scaling.md).
+    ray_address: str = ""
     cpus: int = 0  # CPUs given to Ray; 0 = all cores
     ttl: float = 3600.0  # Flower message time-to-live, seconds (counts queueing too)
     reply_timeout: float = 900.0  # give up on a job whose reply has not come in this long

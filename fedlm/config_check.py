@@ -9,6 +9,7 @@ regions, the strategy registry), none of which imports torch.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, get_type_hints
 
 from fedlm import presets
@@ -277,6 +278,9 @@ def validate(cfg: Config) -> None:
     s = cfg.sim
     _require(s.ray_actors >= 0, "sim.ray_actors", s.ray_actors, "must be >= 0")
     _require(s.job_threads >= 1, "sim.job_threads", s.job_threads, "must be >= 1")
+    _require(0 <= s.devices <= 1024, "sim.devices", s.devices, "must be in [0, 1024]")
+    _require(s.ray_address in ("", "auto") or re.fullmatch(r"[\w.\-\[\]:]+:\d{1,5}", s.ray_address),
+             "sim.ray_address", s.ray_address, "must be HOST:PORT of a Ray head or auto")
     _require(s.cpus >= 0, "sim.cpus", s.cpus, "must be >= 0")
     _require(s.ttl > 0, "sim.ttl", s.ttl, "must be > 0")
     _require(s.reply_timeout > 0, "sim.reply_timeout", s.reply_timeout, "must be > 0")

@@ -8,21 +8,23 @@ in, to show that the engine's result does not depend on it.
 
 ``sim.job_threads = k`` runs up to k jobs at once, each in a thread of a
 pool with its own scratch model and, on CUDA, its own stream, so the jobs of
-several simulated workers share one GPU (or, on a CPU, several cores). A job
-computes the same bits in any thread: what it reads is fixed by its message,
-and the engine orders replies by the virtual clock, not by arrival.
+several simulated workers share one GPU (or, on a CPU, several cores). With
+several GPUs (``sim.devices``, ``fedlm.worker.placement``) worker w's jobs run on GPU
+w mod N, with k threads per GPU, and the server on the first. A job computes
+the same bits in any thread and on any device of one kind: what it reads is
+fixed by its message, and the engine orders replies by the virtual clock, not
+by arrival.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 
 import numpy as np
 
-from fedlm import model as model_lib
-from fedlm.worker import precision
+from fedlm.worker import placement, precision
 from fedlm.config import Config
 from fedlm.job import JobResult, JobSpec
 from fedlm.worker.states import DiskStates, MemoryStates, worker_states
@@ -37,13 +39,12 @@ class InProcessTransport:
         self.states: dict[int, MemoryStates | DiskStates] = {}
         self.ready: list[JobResult] = []
         self.rng = np.random.default_rng(arrival_seed) if arrival_seed is not None else None
-        self.device = model_lib.resolve_device(cfg.device)
+        self.devices = placement.devices(cfg)
         # the engine keeps the global model, the outer step and each update on the run's
-        # device (fedlm.runner): nothing crosses to the host per job but the store's digest
-        self.server_device = self.device
-        k = cfg.sim.job_threads
-        self.pool = (ThreadPoolExecutor(max_workers=k, thread_name_prefix="fedlm-job")
-                     if k > 1 else None)
+        # (first) device (fedlm.runner): nothing crosses to the host per job but the
+        # store's digest
+        self.server_device = self.devices[0]
+        self.pools = placement.job_pools(self.devices, cfg.sim.job_threads)
         self.running: dict[Future, int] = {}  # job thread -> its job id
 
     def _states(self, worker: int):
@@ -51,11 +52,11 @@ class InProcessTransport:
             self.states[worker] = worker_states(self.cfg, self.run_key, worker)
         return self.states[worker]
 
-    def _serve(self, job: JobSpec, params, states) -> JobResult:
+    def _serve(self, job: JobSpec, params, states, device: str) -> JobResult:
         try:
-            with precision.job_stream(self.device):
+            with precision.job_stream(device):
                 result = serve_job(params, states, job, self.cfg,
-                                   server_device=self.server_device)
+                                   server_device=self.server_device, device=device)
         except Exception as exc:  # as a crashed ClientApp: an error reply
             return JobResult.failed(job.job_id, f"{type(exc).__name__}: {exc}", time.time())
         return result.arrived(time.time())
@@ -65,10 +66,12 @@ class InProcessTransport:
         # return new ones), so a job thread may read ``params`` while the engine
         # goes on; a worker's next job is only sent after this one's reply.
         states = self._states(job.worker)
-        if self.pool is None:
-            self.ready.append(self._serve(job, params, states))
+        at = placement.device_of(job.worker, len(self.devices))
+        if self.pools is None:
+            self.ready.append(self._serve(job, params, states, self.devices[at]))
         else:
-            self.running[self.pool.submit(self._serve, job, params, states)] = job.job_id
+            fut = self.pools[at].submit(self._serve, job, params, states, self.devices[at])
+            self.running[fut] = job.job_id
 
     def collect(self, timeout: float) -> list[JobResult]:
         if self.running:  # wait for a job thread only while nothing is ready yet
@@ -86,6 +89,6 @@ class InProcessTransport:
     def close(self) -> None:
         """Wait for the jobs still running (a thread cannot be stopped) and end the pool;
         jobs not started yet are dropped."""
-        if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
-            self.running.clear()
+        for pool in self.pools or []:
+            pool.shutdown(wait=True, cancel_futures=True)
+        self.running.clear()

@@ -16,8 +16,8 @@ from contextlib import closing
 from pathlib import Path
 from typing import Callable
 
-from fedlm import checkpoint as ckpt_lib, inputs, model as model_lib, start as start_lib
-from fedlm.worker import precision
+from fedlm import checkpoint as ckpt_lib, inputs, start as start_lib
+from fedlm.worker import placement, precision
 from fedlm.sim import dynamics, fleet as fleet_lib
 from fedlm.config import Config
 from fedlm.engine import Diverged, Engine, Interrupted, Progress, Transport
@@ -227,4 +227,4 @@ def run_inprocess(cfg: Config, db_path: str, **kwargs) -> int:
     nodes = fleet_lib.node_count(cfg)
     return execute(cfg, db_path, lambda run_key: (InProcessTransport(cfg, run_key=run_key),
                                                   {w: IN_PROCESS for w in range(nodes)}),
-                   server_device=model_lib.resolve_device(cfg.device), **kwargs)
+                   server_device=placement.devices(cfg)[0], **kwargs)

@@ -80,7 +80,8 @@ def test_speed_emulation_pads_a_job_to_its_workers_share_of_the_fastest(monkeypa
     from fedlm.worker import train
 
     measured = 0.05
-    monkeypatch.setattr(train, "job_update", lambda params, state, job, cfg, state_on_device, server_device:
+    monkeypatch.setattr(train, "job_update", lambda params, state, job, cfg, state_on_device,
+                        server_device, device=None:
                         train.Trained(JobResult(job.job_id, {}, compute_seconds=measured), {}))
     cfg = tiny_config("workers=2", "clock=wall", "fleet.step_times=[1.0, 4.0]",
                       "fleet.emulate_speed=true")

@@ -40,20 +40,39 @@ def quiet_libraries(flower: bool = True) -> None:
 
 
 def backend_config(cfg: Config) -> dict:
-    """Ray resources: ``actors`` ClientApp actors sharing ``cpus`` (fractions allowed).
+    """Ray resources: ``actors`` ClientApp actors sharing ``cpus`` (fractions allowed)
+    and, on CUDA, the host's GPUs (``fedlm.worker.placement.gpu_share``: Ray hands each
+    actor its own GPU, so ``"cuda"`` in an actor is that one).
 
     By default one actor per core: a job trains on ``inner.threads`` (1) threads, so
     more actors than cores only compete (measured on 2 cores: the default run took
-    150 s with 2 actors against 177 s with 4, the same weights)."""
-    from fedlm.model import resolve_device  # torch: only once a run is starting
+    150 s with 2 actors against 177 s with 4, the same weights).
 
+    With ``sim.ray_address`` Ray is not started but attached to (``ray.init(address=)``
+    through Flower's ``init_args``, which takes no resource counts then: the cluster
+    has them): each actor asks for ``sim.cpus / actors`` CPUs (``inner.threads`` when
+    ``sim.cpus`` is 0) and its GPU share, and Flower starts as many actors as the
+    cluster's nodes hold."""
+    from fedlm.worker import placement  # torch: only once a run is starting
+
+    logs = {"logging_level": "ERROR", "log_to_driver": True}
+    nodes = fleet.node_count(cfg)
+    if cfg.sim.ray_address:  # the cluster's cores are not known here: one actor per worker
+        actors = cfg.sim.ray_actors or nodes
+        share = placement.gpu_share(actors, placement.gpu_count(cfg))
+        cpus = cfg.sim.cpus / actors if cfg.sim.cpus else cfg.inner.threads
+        return {"client_resources": {"num_cpus": cpus, "num_gpus": share},
+                "init_args": {"address": cfg.sim.ray_address, **logs}}
     cpus = cfg.sim.cpus or (os.cpu_count() or 1)
-    actors = cfg.sim.ray_actors or min(fleet.node_count(cfg), cpus)
-    gpus = 1.0 / actors if resolve_device(cfg.device) == "cuda" else 0.0
-    return {"client_resources": {"num_cpus": cpus / actors, "num_gpus": gpus},
-            "init_args": {"num_cpus": cpus, "num_gpus": 1 if gpus else 0,
-                          "logging_level": "ERROR", "log_to_driver": True,
-                          "include_dashboard": False}}
+    actors = cfg.sim.ray_actors or min(nodes, cpus)
+    gpus = placement.gpu_count(cfg)
+    # "local": a Ray of our own even where `ray start` ran on this host (a plain
+    # ray.init() would join that cluster, found in /tmp/ray/ray_current_cluster or
+    # RAY_ADDRESS, and then refuse num_cpus)
+    return {"client_resources": {"num_cpus": cpus / actors,
+                                 "num_gpus": placement.gpu_share(actors, gpus)},
+            "init_args": {"address": "local", "num_cpus": cpus, "num_gpus": gpus,
+                          "include_dashboard": False, **logs}}
 
 
 def run_flower(cfg: Config, db_path: str, **kwargs) -> None:

@@ -119,10 +119,15 @@ def job_stream(device: str | torch.device):
     if device_type(device) != "cuda":
         yield
         return
-    stream = getattr(_THREAD, "stream", None)
-    if stream is None:
-        stream = _THREAD.stream = torch.cuda.Stream(device=device)
-    with torch.cuda.stream(stream):
+    # one stream per device: a thread may serve jobs on another GPU (sim.devices)
+    streams = getattr(_THREAD, "streams", None)
+    if streams is None:
+        streams = _THREAD.streams = {}
+    key = torch.device(device)
+    if key not in streams:
+        streams[key] = torch.cuda.Stream(device=key)
+    # the context also makes the stream's GPU this thread's current device
+    with torch.cuda.stream(streams[key]):
         yield
 
 
@@ -132,9 +137,40 @@ def to_device(tensors, device: str | torch.device) -> "OrderedDict[str, torch.Te
     elsewhere as ``tensor.to(device)`` (no copy when already there)."""
     if device_type(device) != "cuda":
         return OrderedDict((k, v.to(device)) for k, v in tensors.items())
-    return OrderedDict((k, v if v.device.type == "cuda" else
-                        v.pin_memory().to(device, non_blocking=True))
-                       for k, v in tensors.items())
+    target = torch.device(device)
+    return OrderedDict((k, _onto(v, target)) for k, v in tensors.items())
+
+
+def _onto(t: torch.Tensor, target: torch.device) -> torch.Tensor:
+    """``t`` on CUDA device ``target``: itself if there already, a peer copy from
+    another GPU (torch orders it after both devices' current streams), or a
+    pinned asynchronous copy from the host."""
+    if t.device.type == "cuda":
+        return t if same_device(t.device, target) else t.to(target, non_blocking=True)
+    return t.pin_memory().to(target, non_blocking=True)
+
+
+def same_device(a: str | torch.device, b: str | torch.device) -> bool:
+    """Whether ``a`` and ``b`` are one device; a bare ``cuda`` is this thread's current GPU."""
+    a, b = torch.device(a), torch.device(b)
+    if a.type != b.type:
+        return False
+    if a.type != "cuda":
+        return True
+    here = torch.cuda.current_device()
+    return (a.index if a.index is not None else here) == (b.index if b.index is not None else here)
+
+
+def to_server(tensors, job_device: str, server_device: str) -> "OrderedDict[str, torch.Tensor]":
+    """A job's outer gradient, from the job's device to the server's: the host
+    (``to_host``), or another GPU (``sim.devices``). A peer copy runs on the source
+    GPU's current stream (the job's), so one synchronisation of that stream has
+    the copies finished before the engine's thread, on other streams, reads them."""
+    if device_type(server_device) == "cpu":
+        return to_host(tensors)
+    out = to_device(tensors, server_device)
+    torch.cuda.current_stream(torch.device(job_device)).synchronize()
+    return out
 
 
 def to_host(tensors) -> "OrderedDict[str, torch.Tensor]":

@@ -184,7 +184,8 @@ def mean_loss(losses: torch.Tensor) -> float:
 
 
 def run_job(params, opt_state: dict, job: JobSpec, cfg: Config,
-            state_on_device: bool = False, server_device: str = "cpu") -> Trained:
+            state_on_device: bool = False, server_device: str = "cpu",
+            device: str | None = None) -> Trained:
     """Run one job; pure in (params, opt_state, job, cfg) for a fixed thread count.
 
     On a GPU the job's work stays on the device: its start point goes there in one
@@ -196,12 +197,13 @@ def run_job(params, opt_state: dict, job: JobSpec, cfg: Config,
     job: the in-process backend); either way the bits are the same. The outer
     gradient stays where the server keeps the global model (``server_device``: the
     run's device in process, where the engine, the outer step and the store's digest
-    read it; the host under Flower, where it goes on the wire).
+    read it; the host under Flower, where it goes on the wire). ``device``: where the job
+    runs (``fedlm.worker.placement``: one of the host's GPUs); None: the run's ``device``.
     """
     import time
 
     torch.set_num_threads(cfg.inner.threads)
-    device = model_lib.resolve_device(cfg.device)
+    device = device or model_lib.resolve_device(cfg.device)
     net = _scratch_model(cfg.model, cfg.data.seq_len, device, data.vocab_size(cfg.data))
     names = [n for n, _ in net.named_parameters()]
     stream = streaming.WorkerStream(job, opt_state, params, names, cfg, device)
@@ -239,19 +241,20 @@ def run_job(params, opt_state: dict, job: JobSpec, cfg: Config,
             new_state.update(stream.kept(end, state_on_device))
         else:
             grad = OrderedDict((k, start_params[k] - end[k].detach()) for k in start_params)
-    if device != "cpu" and server_device == "cpu":  # on the CPU: a fresh host tensor already
-        grad = precision.to_host(grad)
+    if not precision.same_device(device, server_device):  # on one device: stays there
+        grad = precision.to_server(grad, device, server_device)
     result = JobResult(job.job_id, grad, job.local_steps,
                        job.local_steps * batch_size * cfg.data.seq_len, train_loss, seconds)
     return Trained(result, new_state)
 
 
 def job_update(params, state: dict, job: JobSpec, cfg: Config,
-               state_on_device: bool = False, server_device: str = "cpu") -> Trained:
+               state_on_device: bool = False, server_device: str = "cpu",
+               device: str | None = None) -> Trained:
     """``run_job`` plus encoding its outer gradient for the wire (``fedlm.sim.compression``):
     the result's ``outer_grad`` is the payload, the new ``opt_state`` carries the
     error-feedback tensors on. Replay calls this too."""
-    result, new_state = run_job(params, state, job, cfg, state_on_device, server_device)
+    result, new_state = run_job(params, state, job, cfg, state_on_device, server_device, device)
     payload, errors = compression.encode(result.outer_grad, state, cfg.network)
     # a streaming job encodes one fragment: the other fragments' errors carry on
     carried = {k: v for k, v in state.items()
@@ -260,19 +263,21 @@ def job_update(params, state: dict, job: JobSpec, cfg: Config,
 
 
 def serve_job(params, states, job: JobSpec, cfg: Config,
-              step_time: float | None = None, server_device: str = "cpu") -> JobResult:
+              step_time: float | None = None, server_device: str = "cpu",
+              device: str | None = None) -> JobResult:
     """A worker's whole handling of one job, the same under Flower and in process.
 
     ``states`` is the worker's state store (``fedlm.worker.states``);
     ``step_time`` its seconds per step if the node was told (deployment),
-    else the profile's; ``server_device`` where the global model lives (``run_job``).
+    else the profile's; ``server_device`` where the global model lives and ``device``
+    where the job runs (``run_job``).
     """
     import time
 
     faults.before_job(job.fault, cfg)
     result, new_state = job_update(params, states.load(job.prev_job), job, cfg,
                                    state_on_device=getattr(states, "device_resident", False),
-                                   server_device=server_device)
+                                   server_device=server_device, device=device)
     states.save(job.job_id, new_state)
     states.prune(job.keep_from)
     seconds = result.compute_seconds
