@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Callable
 
 from fedlm.sim import fleet
-from fedlm import inputs, model as model_lib, start
+from fedlm import model as model_lib, start
+from fedlm.store import inputs
 from fedlm.worker import precision
 from fedlm.config_load import from_json
 from fedlm import servers

@@ -16,7 +16,8 @@ from contextlib import closing
 from pathlib import Path
 from typing import Callable
 
-from fedlm import checkpoint as ckpt_lib, inputs, start as start_lib
+from fedlm import checkpoint as ckpt_lib, start as start_lib
+from fedlm.store import inputs
 from fedlm.worker import placement, precision
 from fedlm.sim import dynamics, fleet as fleet_lib
 from fedlm.config import Config

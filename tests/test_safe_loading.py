@@ -175,7 +175,7 @@ def test_pickles_of_shared_or_deep_containers_are_refused_in_one_line(tmp_path):
 
 
 def test_a_run_owns_its_trace_resume_and_replay_refuse_other_contents(tmp_path):
-    from fedlm import inputs
+    from fedlm.store import inputs
     from fedlm.replay import ReplayError, replay
     from fedlm.store import input_pins
 

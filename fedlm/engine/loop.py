@@ -36,11 +36,10 @@ from fedlm.config import Config
 from fedlm import servers
 from fedlm.sim import dynamics, faults
 from fedlm.sim.fleet import WorkerProfile
-from fedlm.params import BadUpdate, check_update
 from fedlm.store import IntervalKind, RunWriter
 from fedlm.strategies.base import Strategy
 from fedlm.strategies.local_steps import LocalSteps
-from fedlm.engine import state
+from fedlm.engine import state, timeline
 from fedlm.engine.budget import StepBudget
 from fedlm.engine.divergence import DivergenceWatch, hint
 from fedlm.engine.events import VirtualEvents, WallEvents
@@ -49,6 +48,7 @@ from fedlm.engine.in_flight import InFlightJobs
 from fedlm.engine.inbox import Inbox
 from fedlm.engine.jobs import JobMaker
 from fedlm.engine.presence import Presence
+from fedlm.engine.replies import outcome
 from fedlm.engine.runlog import RunLog
 from fedlm.engine.stall import StallWatch
 from fedlm.engine.transfers import ServerTransfers
@@ -89,8 +89,7 @@ class Engine:
         self.jobs = JobMaker(cfg, fleet, shard_sizes)
         self.budget = StepBudget(cfg.local_step_budget, strategy.synchronous)
         self.transfers = ServerTransfers(cfg, servers_fleet, self.events, self.log)
-        # updates and eval.every count outer steps (a server may make several
-        # versions in one)
+        # updates and eval.every count outer steps (a server may make several versions in one)
         self.versions_wanted = self.model.versions_wanted(cfg.updates)
         self.grace = grace_for(cfg, strategy, local_steps, fleet)  # again once DyLU knows links
         self.base_params: dict[int, object] = {}  # versions in-flight jobs started from
@@ -162,11 +161,7 @@ class Engine:
             self._dispatch_free_workers()
             if self.presence is not None and self.presence.everyone_left(self.in_flight):
                 break
-            # nothing in flight, and nobody coming back who could change that (a worker
-            # gone for good is offline with no return on the clock)
-            waiting = self.pool.offline and not (self.events.lookahead
-                                                 and self.events.next_time() is None)
-            if not self.in_flight and not waiting:
+            if self.stall.stuck(self.in_flight, self.pool.offline, self.events):
                 raise EngineError(f"stalled at version {self.version}: no job in flight "
                                   f"and strategy {self.strategy.name!r} gives none to "
                                   f"the {len(self.pool.free_since)} free workers")
@@ -261,23 +256,8 @@ class Engine:
     def _finished(self, job_id: int, reply: JobResult) -> InFlight:
         flight = self.in_flight.pop(job_id)
         job, w, now = flight.job, flight.job.worker, self.now
-        self.log.intervals(self._spans(flight, now, reply.compute_seconds))
-        error, reason = reply.error, "error"
-        if error is not None and error.startswith("deadline"):
-            reason = "deadline"
-        elif error is not None and error.startswith("departed"):
-            reason = "departed"
-        grad = None
-        if error is None:  # decode what came over the wire, then check it
-            try:
-                # The one place tensors are unpacked: torch loads with the first update,
-                # so the scheduling core imports (and is benchmarked) without it.
-                from fedlm.sim import compression
-                ref = self.model.reference(job)
-                grad = compression.decode(reply.outer_grad, ref, self.cfg.network)
-                check_update(grad, ref)
-            except BadUpdate as exc:
-                error, reason = f"rejected update: {exc}", "rejected"
+        self.log.intervals(timeline.job_rows(self.events, flight, now, reply.compute_seconds))
+        grad, error, reason = outcome(reply, self.model.reference(job), self.cfg.network)
         if error is not None:
             self._lost(flight, error, reason)
             return flight
@@ -368,20 +348,11 @@ class Engine:
     def load_state_dict(self, st: dict) -> None:
         state.restore(self, st)  # also a checkpoint written by an older fedlm
 
-    def _spans(self, f: InFlight, end: float, compute_seconds: float) -> list:
-        """Interval rows of a job's download / compute / upload, cut at ``end``."""
-        return [(f.job.worker, kind, min(a, end), min(max(a, b), end), f.job.base_version,
-                 f.job.job_id) for kind, a, b in self.events.spans(f, end, compute_seconds)]
-
     def _close_timeline(self, why: str = "run finished") -> None:
         """Free workers were idle until now, offline ones offline; jobs in flight cancelled."""
-        end = self.now
-        rows = self.pool.closing_rows(end, self.version)
-        if self.presence is not None:  # when each worker ran slowed, for the timeline
-            rows += self.presence.slowed_rows(len(self.fleet), end, self.version)
-        for f in self.in_flight.flights():
-            rows += self._spans(f, end, compute_seconds=0.0)
-        self.log.intervals(rows)
+        self.log.intervals(timeline.closing_rows(self.now, self.version, self.pool,
+                                                 self.presence, self.in_flight, self.events,
+                                                 len(self.fleet)))
         self.cancel_in_flight(why)
         self.log.commit()
 

@@ -24,17 +24,46 @@ the whole state is in it; ``Engine.load_state_dict`` is ``restore``. The keys:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-if TYPE_CHECKING:  # the engine imports this module
-    from fedlm.engine.loop import Engine
+
+class Engine(Protocol):
+    """What this module reads and sets of an engine (``fedlm.engine.loop.Engine``): its
+    parts, its totals, where it stands."""
+
+    model: Any
+    policy: Any
+    grace: Any
+    pool: Any
+    events: Any
+    inbox: Any
+    log: Any
+    jobs: Any
+    in_flight: Any
+    stall: Any
+    transfers: Any
+    transport: Any
+    base_params: dict
+    last_eval_version: int
+    model_bytes: int
+    up_bytes: int
+    tokens: int
+    steps_done: int
+    jobs_done: int
+    last_perplexity: float | None
+
+    @property
+    def version(self) -> int: ...
+
+    @property
+    def now(self) -> float: ...
 
 PARTS = ("model", "policy", "grace", "pool", "events", "inbox", "log", "jobs", "in_flight",
          "stall")
 TOTALS = ("model_bytes", "up_bytes", "tokens", "steps_done", "jobs_done", "last_perplexity")
 
 
-def capture(engine: "Engine") -> dict:
+def capture(engine: Engine) -> dict:
     """``engine``'s state (an ``Engine``, at the top of its loop)."""
     st = {name: getattr(engine, name).state_dict() for name in PARTS}
     st.update({name: getattr(engine, name) for name in TOTALS})
@@ -43,7 +72,7 @@ def capture(engine: "Engine") -> dict:
             "last_eval_version": engine.last_eval_version, "position": position(engine)}
 
 
-def restore(engine: "Engine", st: dict) -> None:
+def restore(engine: Engine, st: dict) -> None:
     """Put ``engine`` where ``capture`` found it (in a checkpoint of this or an older
     version of fedlm)."""
     engine.model.load_state_dict(st["model"] if "model" in st else st["driver"], st)
@@ -61,14 +90,14 @@ def restore(engine: "Engine", st: dict) -> None:
     engine.events.set_payload(engine.model_bytes, engine.up_bytes)
 
 
-def position(engine: "Engine") -> dict:
+def position(engine: Engine) -> dict:
     """Where a checkpointed run stands, for the store to be cut back to it on resume."""
     return {"version": engine.version, "op": engine.log.op, "seq": engine.model.seq,
             "next_job_id": engine.jobs.next_job_id, "in_flight": engine.in_flight.ids(),
             "now": engine.now}
 
 
-def resubmit(engine: "Engine") -> None:
+def resubmit(engine: Engine) -> None:
     """Send the jobs in flight at the checkpoint again, each with what it carried."""
     for f in engine.in_flight.flights():
         engine.transport.submit(f.job, engine.model.resend(f, engine.base_params))

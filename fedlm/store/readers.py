@@ -283,7 +283,7 @@ def operation_log(path: str | Path, run_id: int) -> OperationLog:
 
 
 def input_pins(path: str | Path, run_id: int) -> list[str]:
-    """The files run ``run_id`` pinned when it began (``fedlm.inputs``): its
+    """The files run ``run_id`` pinned when it began (``fedlm.store.inputs``): its
     ``input_file`` events' details, JSON each."""
     with closing(connect_readonly(path)) as conn:
         return [r[0] for r in conn.execute("SELECT detail FROM events WHERE run_id=? AND "
