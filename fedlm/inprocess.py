@@ -11,6 +11,11 @@ pool with its own scratch model and, on CUDA, its own stream, so the jobs of
 several simulated workers share one GPU (or, on a CPU, several cores). A job
 computes the same bits in any thread: what it reads is fixed by its message,
 and the engine orders replies by the virtual clock, not by arrival.
+
+``sim.batched`` (``fedlm.worker.batching``): the jobs submitted since the last
+``collect`` wait there and are trained together, as one computation per group of
+equal shapes (``fedlm.worker.batched``; a group is one task of the pool if there
+is one); the jobs it does not take run as above.
 """
 
 from __future__ import annotations
@@ -18,15 +23,24 @@ from __future__ import annotations
 import time
 import uuid
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import NamedTuple
 
 import numpy as np
 
 from fedlm import model as model_lib
-from fedlm.worker import precision
+from fedlm.worker import batched, batching, precision
 from fedlm.config import Config
 from fedlm.job import JobResult, JobSpec
 from fedlm.worker.states import DiskStates, MemoryStates, worker_states
 from fedlm.worker.train import serve_job
+
+
+class Pending(NamedTuple):
+    """A job waiting to be trained with the others submitted before the next collect."""
+
+    job: JobSpec
+    params: object
+    states: object
 
 
 class InProcessTransport:
@@ -41,7 +55,9 @@ class InProcessTransport:
         k = cfg.sim.job_threads
         self.pool = (ThreadPoolExecutor(max_workers=k, thread_name_prefix="fedlm-job")
                      if k > 1 else None)
-        self.running: dict[Future, int] = {}  # job thread -> its job id
+        self.running: dict[Future, int] = {}  # job thread -> its (first) job id
+        self.batched = batching.resolve(cfg)
+        self.pending: list[Pending] = []  # batched: jobs submitted since the last collect
 
     def _states(self, worker: int):
         if worker not in self.states:
@@ -53,7 +69,7 @@ class InProcessTransport:
             with precision.job_stream(self.device):
                 result = serve_job(params, states, job, self.cfg)
         except Exception as exc:  # as a crashed ClientApp: an error reply
-            return JobResult.failed(job.job_id, f"{type(exc).__name__}: {exc}", time.time())
+            return _failed(job, exc)
         return result.arrived(time.time())
 
     def submit(self, job: JobSpec, params) -> None:
@@ -61,19 +77,58 @@ class InProcessTransport:
         # return new ones), so a job thread may read ``params`` while the engine
         # goes on; a worker's next job is only sent after this one's reply.
         states = self._states(job.worker)
-        if self.pool is None:
+        if self.batched and batching.batchable(job):
+            self.pending.append(Pending(job, params, states))  # trained in collect
+        elif self.pool is None:
             self.ready.append(self._serve(job, params, states))
         else:
-            self.running[self.pool.submit(self._serve, job, params, states)] = job.job_id
+            self.running[self.pool.submit(self._serve_one, job, params, states)] = job.job_id
+
+    def _serve_one(self, job: JobSpec, params, states) -> list[JobResult]:
+        return [self._serve(job, params, states)]
+
+    def _serve_group(self, group: list[Pending]) -> list[JobResult]:
+        """Jobs trained together (``worker.batched``), each loading and saving its own
+        worker's state as ``serve_job`` does; a job whose state cannot be loaded, or
+        every job of a computation that raised, gets an error reply."""
+        replies, loaded = [], []
+        for p in group:
+            try:
+                loaded.append((p, p.states.load(p.job.prev_job)))
+            except Exception as exc:
+                replies.append(_failed(p.job, exc))
+        try:
+            with precision.job_stream(self.device):
+                trained = batched.job_updates(
+                    [(p.params, state, p.job) for p, state in loaded], self.cfg,
+                    state_on_device=getattr(group[0].states, "device_resident", False))
+        except Exception as exc:  # as a crashed ClientApp, for each of them
+            return replies + [_failed(p.job, exc) for p, _ in loaded]
+        for (p, _), (result, new_state) in zip(loaded, trained):
+            p.states.save(p.job.job_id, new_state)
+            p.states.prune(p.job.keep_from)
+            replies.append(result.arrived(time.time()))
+        return replies
+
+    def _start_pending(self) -> None:
+        """The jobs submitted since the last collect, trained in groups of equal shapes."""
+        pending, self.pending = self.pending, []
+        for group in batching.groups(pending, lambda job: batched.group_key(self.cfg, job)):
+            if self.pool is None:
+                self.ready.extend(self._serve_group(group))
+            else:
+                self.running[self.pool.submit(self._serve_group, group)] = group[0].job.job_id
 
     def collect(self, timeout: float) -> list[JobResult]:
+        if self.pending:
+            self._start_pending()
         if self.running:  # wait for a job thread only while nothing is ready yet
             done, _ = wait(list(self.running), timeout=0 if self.ready else timeout,
                            return_when=FIRST_COMPLETED)
             # Several at once: by job id, so a run on the wall clock sees a stable order.
             for fut in sorted(done, key=self.running.__getitem__):
                 del self.running[fut]
-                self.ready.append(fut.result())
+                self.ready.extend(fut.result())
         replies, self.ready = self.ready, []
         if self.rng is not None:
             replies = [replies[i] for i in self.rng.permutation(len(replies))]
@@ -82,6 +137,11 @@ class InProcessTransport:
     def close(self) -> None:
         """Wait for the jobs still running (a thread cannot be stopped) and end the pool;
         jobs not started yet are dropped."""
+        self.pending.clear()
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=True)
             self.running.clear()
+
+
+def _failed(job: JobSpec, exc: Exception) -> JobResult:
+    return JobResult.failed(job.job_id, f"{type(exc).__name__}: {exc}", time.time())
