@@ -116,8 +116,9 @@ class InProcessTransport:
         for group in batching.groups(pending, lambda job: batched.group_key(self.cfg, job)):
             if self.pool is None:
                 self.ready.extend(self._serve_group(group))
-            else:
-                self.running[self.pool.submit(self._serve_group, group)] = group[0].job.job_id
+                continue
+            for part in batching.split(group, self.cfg.sim.job_threads):
+                self.running[self.pool.submit(self._serve_group, part)] = part[0].job.job_id
 
     def collect(self, timeout: float) -> list[JobResult]:
         if self.pending:

@@ -195,6 +195,8 @@ def test_groups_are_by_shape_and_capped():
     for group in out:
         ids = [item.job.job_id for item in group]
         assert ids == sorted(ids) and len({i % 2 for i in ids}) == 1
+    assert batching.split(list(range(5)), 2) == [[0, 1, 2], [3, 4]]  # one per job thread
+    assert batching.split(list(range(3)), 8) == [[0], [1], [2]]
 
 
 def test_auto_batches_where_measured_faster():

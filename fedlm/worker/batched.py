@@ -56,13 +56,14 @@ def run_group(items: list[tuple[object, dict, JobSpec]], cfg: Config,
     states = [items[i][1] for i in order]
     names = list(starts[0])
     params = {n: torch.stack([s[n] for s in starts]) for n in names}  # trained in place
-    opt = StackedAdamW(params, cfg.inner, [_adam_steps(st, names) for st in states])
+    lrs = [_learning_rates(job, st, cfg) for job, st in zip(jobs, states)]
+    opt = StackedAdamW(params, cfg.inner, [_adam_steps(st, names) for st in states], lrs)
     for k, st in enumerate(states):
         opt.load(k, {n: (st[f"{n}/exp_avg"], st[f"{n}/exp_avg_sq"])
                      for n in names if f"{n}/exp_avg" in st})
 
     t0 = time.perf_counter()
-    losses = _train(params, opt, jobs, states, cfg, device)
+    losses = _train(params, opt, jobs, cfg, device)
     seconds = time.perf_counter() - t0
 
     out: list[Trained | None] = [None] * len(items)
@@ -80,11 +81,14 @@ def _adam_steps(state: dict, names: list[str]) -> int:
     return int(state[key].item()) if key in state else 0
 
 
-def _schedule(job: JobSpec, state: dict, cfg: Config) -> tuple[int, int]:
-    """Where the job's learning-rate schedule starts and its horizon (as ``run_job``)."""
+def _learning_rates(job: JobSpec, state: dict, cfg: Config) -> list[float]:
+    """The job's learning rate at each of its steps: its schedule's, from where it
+    stands (as ``run_job``: the server's position, or the worker's own)."""
     if job.schedule_step >= 0:
-        return job.schedule_step, cfg.schedule_horizon(fleet.node_count(cfg))
-    return int(state.get("schedule_step", 0)), cfg.decay_steps()
+        start, horizon = job.schedule_step, cfg.schedule_horizon(fleet.node_count(cfg))
+    else:
+        start, horizon = int(state.get("schedule_step", 0)), cfg.decay_steps()
+    return [inner_lr(start + s, cfg.inner, horizon) for s in range(job.local_steps)]
 
 
 def _sequences(jobs: list[JobSpec], cfg: Config, device) -> torch.Tensor:
@@ -103,8 +107,8 @@ def _sequences(jobs: list[JobSpec], cfg: Config, device) -> torch.Tensor:
     return host
 
 
-def _train(params: dict, opt: StackedAdamW, jobs: list[JobSpec], states: list[dict],
-           cfg: Config, device) -> torch.Tensor:
+def _train(params: dict, opt: StackedAdamW, jobs: list[JobSpec], cfg: Config,
+           device) -> torch.Tensor:
     """The inner steps of all jobs; each step's losses, (H_max, K) fp32 (zeros past a
     job's H)."""
     longest = jobs[0].local_steps
@@ -114,7 +118,6 @@ def _train(params: dict, opt: StackedAdamW, jobs: list[JobSpec], states: list[di
     mcfg = model_lib.model_config(cfg.model, cfg.data.seq_len, data.vocab_size(cfg.data))
     mode = precision.resolve(cfg.inner.precision, str(device))
     seqs = _sequences(jobs, cfg, device)
-    schedules = [_schedule(job, st, cfg) for job, st in zip(jobs, states)]
     steps = [job.local_steps for job in jobs]
     with precision.matmul_scope(mode, device):
         for s in range(longest):
@@ -126,9 +129,7 @@ def _train(params: dict, opt: StackedAdamW, jobs: list[JobSpec], states: list[di
             loss.sum().backward()  # replica k's gradient is its own loss's
             if cfg.inner.grad_clip > 0:
                 clip_grad_norms(rows, cfg.inner.grad_clip)
-            lrs = [inner_lr(start + s, cfg.inner, horizon) for start, horizon in
-                   schedules[:active]]
-            opt.step(rows, lrs, active)
+            opt.step(rows, active)
             losses[s, :active] = loss.detach().float()
     return losses
 

@@ -67,3 +67,10 @@ def recorded(details: list[str]) -> bool | None:
 
 def detail(on: bool) -> str:
     return "on" if on else "off"
+
+
+def split(group: list, parts: int) -> list[list]:
+    """``group`` in at most ``parts`` near-equal runs (one per job thread: a group
+    trained on one thread would leave the others idle)."""
+    size = -(-len(group) // max(1, parts))
+    return [group[i:i + size] for i in range(0, len(group), size)]

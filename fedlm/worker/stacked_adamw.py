@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from fedlm.config import InnerConfig
@@ -25,13 +26,18 @@ EPS = 1e-8  # torch.optim.AdamW's default
 
 
 class StackedAdamW:
-    def __init__(self, params: dict[str, torch.Tensor], cfg: InnerConfig,
-                 steps: list[int]) -> None:
-        """``params``: name -> (K, *shape); ``steps``: each replica's AdamW steps so far."""
+    def __init__(self, params: dict[str, torch.Tensor], cfg: InnerConfig, steps: list[int],
+                 lrs: list[list[float]]) -> None:
+        """``params``: name -> (K, *shape); ``steps``: each replica's AdamW steps so far;
+        ``lrs[k]``: replica k's learning rate at each of its steps to come."""
         self.cfg = cfg
         self.exp_avg = {n: torch.zeros_like(p) for n, p in params.items()}
         self.exp_avg_sq = {n: torch.zeros_like(p) for n, p in params.items()}
         self.steps = list(steps)
+        self.taken = 0  # steps of this call so far
+        device = next(iter(params.values())).device
+        # every step's per-replica scalars in one upload: no host round trip per step
+        self.scalars = _scalar_table(cfg, steps, lrs, device)
 
     def load(self, k: int, moments: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Replica ``k``'s moments (name -> (exp_avg, exp_avg_sq)) from its saved state."""
@@ -40,18 +46,17 @@ class StackedAdamW:
                 self.exp_avg[name][k].copy_(m)
                 self.exp_avg_sq[name][k].copy_(v)
 
-    def step(self, params: dict[str, torch.Tensor], lrs: list[float], active: int) -> None:
-        """One AdamW step of replicas ``0..active-1`` at their learning rates ``lrs``;
-        ``params`` are those replicas' rows (leaf views with ``.grad``)."""
+    def step(self, params: dict[str, torch.Tensor], active: int) -> None:
+        """The next AdamW step of replicas ``0..active-1`` (each at its own learning rate
+        and step count); ``params`` are those replicas' rows (leaf views with ``.grad``)."""
         c = self.cfg
+        per_replica = self.scalars[:, self.taken, :active]  # (3, active)
+        self.taken += 1
         for k in range(active):
             self.steps[k] += 1
-        device = next(iter(params.values())).device
-        per_replica = self._scalars(lrs, active, device)
         with torch.no_grad():
             for name, p in params.items():
-                decay, neg_step, bc2_sqrt = (s.view(active, *[1] * (p.dim() - 1))
-                                             for s in per_replica)
+                decay, neg_step, bc2_sqrt = per_replica.view(3, active, *[1] * (p.dim() - 1))
                 g = p.grad
                 m, v = self.exp_avg[name][:active], self.exp_avg_sq[name][:active]
                 if c.weight_decay != 0:
@@ -61,24 +66,27 @@ class StackedAdamW:
                 denom = (v.sqrt() / bc2_sqrt).add_(EPS)
                 p.add_(m * neg_step / denom)
 
-    def _scalars(self, lrs: list[float], active: int, device) -> tuple[torch.Tensor, ...]:
-        """Per-replica (1 − lr·wd, −lr / bias_correction1, √bias_correction2), each
-        computed in double as torch's AdamW does, as fp32 (K,) tensors."""
-        c = self.cfg
-        decay, neg_step, bc2_sqrt = [], [], []
-        for k in range(active):
-            lr, step = lrs[k], self.steps[k]
-            decay.append(1 - lr * c.weight_decay)
-            neg_step.append(-(lr / (1 - c.beta1 ** step)))
-            bc2_sqrt.append(math.sqrt(1 - c.beta2 ** step))
-        return tuple(torch.tensor(x, dtype=torch.float32, device=device)
-                     for x in (decay, neg_step, bc2_sqrt))
-
     def state_of(self, k: int, name: str) -> dict[str, torch.Tensor]:
         """Replica ``k``'s state of tensor ``name`` as torch's AdamW keeps it."""
         return {"step": torch.tensor(float(self.steps[k])),
                 "exp_avg": self.exp_avg[name][k].clone(),
                 "exp_avg_sq": self.exp_avg_sq[name][k].clone()}
+
+
+def _scalar_table(cfg: InnerConfig, steps: list[int], lrs: list[list[float]],
+                  device) -> torch.Tensor:
+    """(3, H_max, K) fp32: at step s of replica k, 1 − lr·wd, −lr / bias_correction1 and
+    √bias_correction2, each computed in double as torch's AdamW does (past a replica's
+    last step: 1, 0, 1, never read)."""
+    longest = max((len(x) for x in lrs), default=0)
+    table = np.zeros((3, longest, len(lrs)))  # float64: Python's doubles, exactly
+    table[0] = table[2] = 1.0
+    for k, (done, rates) in enumerate(zip(steps, lrs)):
+        for s, lr in enumerate(rates):
+            step = done + s + 1
+            table[:, s, k] = (1 - lr * cfg.weight_decay, -(lr / (1 - cfg.beta1 ** step)),
+                              math.sqrt(1 - cfg.beta2 ** step))
+    return torch.from_numpy(table).to(device=device, dtype=torch.float32)
 
 
 def clip_grad_norms(params: dict[str, torch.Tensor], max_norm: float) -> None:
