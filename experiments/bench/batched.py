@@ -236,13 +236,16 @@ def main() -> None:
     repeats = args.repeats or (1 if args.smoke or args.quick else 3)
     variants = ([("tiny", 4, 4, 32)] if args.smoke else
                 [("tiny", 16, 8, 128), ("small", 8, 8, 128), ("20m", 8, 32, 256)] if gpu else
-                [("tiny", 16, 8, 128), ("tiny", 16, 4, 64), ("tiny", 8, 8, 128),
-                 ("tiny", 32, 8, 128), ("small", 8, 8, 128), ("small", 4, 8, 128)])
+                [("tiny", 16, 8, 128), ("tiny", 16, 4, 64), ("small", 8, 8, 128)] if args.quick
+                else [("tiny", 16, 8, 128), ("tiny", 16, 4, 64), ("tiny", 16, 8, 64),
+                      ("tiny", 16, 4, 128), ("tiny", 8, 8, 128), ("tiny", 32, 8, 128),
+                      ("tiny", 1, 4, 64), ("tiny", 2, 4, 64), ("small", 8, 8, 128),
+                      ("small", 4, 8, 128), ("small", 8, 4, 64)])
     before = machine(args.device)
     print(f"{before['cores']} cores ({before['cpu']}), GPU {before['gpu']}, load average "
           f"{before['load_average']}", flush=True)
     t0 = time.perf_counter()
-    rows = [step_variants(*v, repeats=2 if args.smoke else 6 if args.quick else 12,
+    rows = [step_variants(*v, repeats=2 if args.smoke else 4 if args.quick else 12,
                           device=args.device) for v in variants]
     results = []
     if not args.skip_runs:

@@ -33,10 +33,13 @@ from fedlm.worker import precision, stacked
 from fedlm.worker.stacked_adamw import StackedAdamW, clip_grad_norms
 from fedlm.worker.train import Trained, encoded, inner_lr, mean_loss
 
-# How far a batched run may land from the per-job loop's (fp32, CPU): the largest
-# |difference| of any weight or outer-gradient element, relative to the largest
-# |element| of that tensor. Measured: about 1e-6 after a few jobs of the tiny model.
+# How far a batched run may land from the per-job loop's, as ‖batched − per job‖₂ over
+# the whole model, relative to ‖per job‖₂ for a job's outer gradient, and to how far the
+# per-job run moved the weights (‖θ_end − θ_start‖₂) for a run's final weights. fp32 on
+# the CPU measured 2e-7 to 1e-6 (tiny and small, a group and whole runs of sync DiLoCo
+# and DN + DyLU); bf16 (autocast: its roundings fall elsewhere) 1e-3 to 3e-3 per job.
 TOLERANCE = 1e-4
+BF16_TOLERANCE = 3e-2
 
 
 def group_key(cfg: Config, job: JobSpec) -> tuple:
