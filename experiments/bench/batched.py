@@ -123,6 +123,8 @@ def bench_arm(arm: tuple, strategy: str, repeats: int, folder: str, device: str)
         "tokens": off["tokens"], **{f"{m}_{k}": v for m, d in per.items() for k, v in d.items()},
         # the ratio of the summed times: each repeat pair shares the load of its moment
         "ratio_run": sum(per["off"]["run_seconds"]) / sum(per["on"]["run_seconds"]),
+        "ratio_run_per_repeat": [a / b for a, b in zip(per["off"]["run_seconds"],
+                                                       per["on"]["run_seconds"])],
         "ratio_inner": (sum(x["compute_seconds"] for x in runs["off"])
                         / sum(x["compute_seconds"] for x in runs["on"])),
         "same_tokens": off["tokens"] == on["tokens"],
@@ -132,6 +134,7 @@ def bench_arm(arm: tuple, strategy: str, repeats: int, folder: str, device: str)
     print(f"{model:5} x{workers:2} {batch}x{seq:<3} {strategy:12} tokens/s off "
           f"{statistics.mean(per['off']['tokens_per_s']):8.0f} on "
           f"{statistics.mean(per['on']['tokens_per_s']):8.0f}  run x{row['ratio_run']:.2f}  "
+          f"(repeats {', '.join(f'{x:.2f}' for x in row['ratio_run_per_repeat'])})  "
           f"inner loops x{row['ratio_inner']:.2f}  weights differ by "
           f"{row['final_weights_relative_distance']:.1e}", flush=True)
     return row
