@@ -14,8 +14,8 @@ and the engine orders replies by the virtual clock, not by arrival.
 
 ``sim.batched`` (``fedlm.worker.batching``): the jobs submitted since the last
 ``collect`` wait there and are trained together, as one computation per group of
-equal shapes (``fedlm.worker.batched``; a group is one task of the pool if there
-is one); the jobs it does not take run as above.
+equal shapes (``fedlm.worker.batched``; split over the pool's threads if there is
+a pool); the jobs it does not take run as above.
 """
 
 from __future__ import annotations

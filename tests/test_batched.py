@@ -72,6 +72,47 @@ def _alone_as_in_any_group(cfg) -> None:
     assert together[4].opt_state == {"schedule_step": 0}  # no step: no AdamW state, as torch
 
 
+def test_stacked_adamw_and_clipping_are_torch_s_to_the_bit():
+    # Each replica with its own learning rates and step count (replica 1 goes on from
+    # 3 earlier steps), the shorter job stopping after 2 steps: every row as torch's
+    # AdamW and clip_grad_norm_ leave its own tensors. (The batched path's distance
+    # from the per-job loop is all in its forward and backward.)
+    from fedlm.config import InnerConfig
+    from fedlm.worker.stacked_adamw import StackedAdamW, clip_grad_norms
+
+    cfg, gen = InnerConfig(), torch.Generator().manual_seed(0)
+    shapes, steps = [(6, 4), (4,)], [4, 4, 2]
+    start = [torch.randn(3, *s, generator=gen) for s in shapes]
+    grads = [[torch.randn(3, *s, generator=gen) for s in shapes] for _ in range(4)]
+    lrs = [[1e-2 * (k + 1) / (s + 1) for s in range(h)] for k, h in enumerate(steps)]
+    ours = {str(i): t.clone() for i, t in enumerate(start)}
+    opt = StackedAdamW(ours, cfg, [0, 3, 0], lrs)
+    theirs = [[t[k].clone().requires_grad_() for t in start] for k in range(3)]
+    torch_opts = [torch.optim.AdamW(ps, betas=(cfg.beta1, cfg.beta2),
+                                    weight_decay=cfg.weight_decay) for ps in theirs]
+    for p in theirs[1]:  # 3 steps already taken, moments zero: as StackedAdamW starts it
+        torch_opts[1].state[p] = {"step": torch.tensor(3.0), "exp_avg": torch.zeros_like(p),
+                                  "exp_avg_sq": torch.zeros_like(p)}
+    for s in range(4):
+        active = sum(1 for h in steps if h > s)
+        rows = {n: t[:active].detach().requires_grad_() for n, t in ours.items()}
+        for i, row in enumerate(rows.values()):
+            row.grad = grads[s][i][:active].clone()
+        clip_grad_norms(rows, 0.5)
+        opt.step(rows, active)
+        for k in range(active):
+            for p, g in zip(theirs[k], grads[s]):
+                p.grad = g[k].clone()
+            torch.nn.utils.clip_grad_norm_(theirs[k], 0.5)
+            torch_opts[k].param_groups[0]["lr"] = lrs[k][s]
+            torch_opts[k].step()
+    for k in range(3):
+        assert all(torch.equal(ours[str(i)][k], p.detach()) for i, p in enumerate(theirs[k]))
+        assert all(torch.equal(opt.state_of(k, str(i))["exp_avg_sq"],
+                               torch_opts[k].state[p]["exp_avg_sq"])
+                   for i, p in enumerate(theirs[k]))
+
+
 def _relative(a, b, scale) -> float:
     """‖a − b‖₂ / ‖scale‖₂ over all tensors of the dicts (float64)."""
     def norm(d):

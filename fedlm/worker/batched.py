@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+
 import numpy as np
 import torch
 
