@@ -29,9 +29,10 @@ MAX_REPLICAS = 16
 def faster_on_cpu(cfg: Config) -> bool:
     """Where batching measured faster on the CPU (experiments/results/batched-cpu.json):
     the tiny model on sequences of up to 64 tokens, where the per-op cost of many small
-    ops bounds the per-job loop (1.3-2x per inner step, 1.4-1.5x over whole runs). At
+    ops bounds the per-job loop (1.3-2x per inner step, 1.1-1.5x over whole runs). At
     128 tokens (attention's T² grows) and for every larger model the matmuls and the
-    attention bound both ways alike (0.96-1.05x per step, 0.86-1.03x per run)."""
+    attention bound both ways alike (0.94-1.27x per step, 0.80-1.26x per run, as the
+    machine's load moved)."""
     return cfg.model == "tiny" and cfg.data.seq_len <= 64
 
 
