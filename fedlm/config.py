@@ -49,6 +49,10 @@ PARTITIONS = ("iid", "by-play", "dirichlet")
 TRACKERS = ("tensorboard", "mlflow", "wandb")
 WANDB_MODES = ("offline", "online")
 
+# How the in-process backend trains jobs in flight together (SimConfig.batched;
+# fedlm.worker.batching): as one computation over stacked replicas, or one by one.
+BATCH_MODES = ("auto", "on", "off")
+
 # Per-job fault kinds of the [faults] section (at most one per job), in draw order.
 FAULT_KINDS = ("crash", "hang", "nan", "bad_shape", "bad_dtype", "bad_size", "duplicate")
 
@@ -214,6 +218,11 @@ class SimConfig:
     # An existing Ray cluster for the ClientApp actors ("host:port" of its head, or
     # "auto"); "" = Flower starts its own Ray on this host (docs/scaling.md).
     ray_address: str = ""
+    # In-process backend: train the jobs in flight together as one computation over stacked
+    # replicas (docs/gpu.md, "Batched workers"): on | off (one job at a time, the reference
+    # bits) | auto (on where measured faster: fedlm.worker.batching.resolve). Equal to off
+    # within rounding (not to the bit); a batched run replays and resumes bit for bit.
+    batched: str = "off"
     cpus: int = 0  # CPUs given to Ray; 0 = all cores
     ttl: float = 3600.0  # Flower message time-to-live, seconds (counts queueing too)
     reply_timeout: float = 900.0  # give up on a job whose reply has not come in this long

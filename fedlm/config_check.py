@@ -13,9 +13,9 @@ import re
 from typing import Any, get_type_hints
 
 from fedlm import presets
-from fedlm.config import (CLOCKS, COMPRESSIONS, DEVICES, FAULT_KINDS, GRACE_RULES, PARTITIONS,
-                          PRECISIONS, SCHEDULES, SHARD_CHOICES, STATE_STORES, TOPOLOGIES,
-                          TRACKERS, WANDB_MODES, Config)
+from fedlm.config import (BATCH_MODES, CLOCKS, COMPRESSIONS, DEVICES, FAULT_KINDS, GRACE_RULES,
+                          PARTITIONS, PRECISIONS, SCHEDULES, SHARD_CHOICES, STATE_STORES,
+                          TOPOLOGIES, TRACKERS, WANDB_MODES, Config)
 from fedlm.data import shakespeare_play_count, tokenizer
 from fedlm.errors import ConfigError, first_line, shown, shown_key
 from fedlm.sim import fleet, fleet_check, geo, quantities as Q
@@ -281,6 +281,12 @@ def validate(cfg: Config) -> None:
     _require(0 <= s.devices <= 1024, "sim.devices", s.devices, "must be in [0, 1024]")
     _require(s.ray_address in ("", "auto") or re.fullmatch(r"[\w.\-\[\]:]+:\d{1,5}", s.ray_address),
              "sim.ray_address", s.ray_address, "must be HOST:PORT of a Ray head or auto")
+    _require_choice("sim.batched", s.batched, BATCH_MODES)
+    _require(s.batched != "on" or not i.compile, "sim.batched", s.batched,
+             "trains without torch.compile: set inner.compile = false or sim.batched = off")
+    _require(s.batched != "on" or not (cfg.clock == "wall" and f.emulate_speed), "sim.batched",
+             s.batched, "cannot pad each job's own compute (fleet.emulate_speed on the wall "
+             "clock): set sim.batched = off")
     _require(s.cpus >= 0, "sim.cpus", s.cpus, "must be >= 0")
     _require(s.ttl > 0, "sim.ttl", s.ttl, "must be > 0")
     _require(s.reply_timeout > 0, "sim.reply_timeout", s.reply_timeout, "must be > 0")

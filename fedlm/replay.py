@@ -14,7 +14,8 @@ jobs reached the strategy. Replay walks it:
                     started from, with the worker state it started from (the
                     job records which: ``prev_job``), on the data shard and at
                     the schedule position it was given (``shard``,
-                    ``schedule_step``), and hand it to the strategy with the
+                    ``schedule_step``), in the run's ``sim.batched`` mode (its
+                    log's ``batched`` event), and hand it to the strategy with the
                     recorded staleness
 
 It drives the strategy through the engine's own server (``fedlm.servers``), so a
@@ -42,9 +43,11 @@ from fedlm.config_load import from_json
 from fedlm import servers
 from fedlm.errors import ConfigError
 from fedlm.params import params_hash, same_update
-from fedlm.store import StoreError, input_pins, operation_log, replayable_row
+from fedlm.store import StoreError, event_details, input_pins, operation_log, replayable_row
 from fedlm.sim import compression
 from fedlm.job import FRESH, JobSpec
+from fedlm.worker import batching
+from fedlm.worker.batched import job_updates as batched_updates
 from fedlm.worker.train import job_update
 from fedlm.worker.states import MemoryStates
 from fedlm.strategies import registry
@@ -126,6 +129,7 @@ def replay(db: str | Path, run_id: int,
     versions = {0: params}
     held, mismatched = 1, 0
     states = [MemoryStates() for _ in range(fleet.node_count(cfg))]
+    train = _trainer(cfg, batching.recorded(event_details(db, run_id, batching.KIND)), device)
 
     def new_version(params) -> None:
         model.new_version(params)
@@ -164,8 +168,7 @@ def replay(db: str | Path, run_id: int,
             sent = model.send(job, start_from, _seen(jobs, job))  # what the run sent
             job = sent.job
             worker_states = states[job.worker]
-            result, new_state = job_update(sent.payload, worker_states.load(job.prev_job), job,
-                                           cfg, server_device=device)
+            result, new_state = train(sent.payload, worker_states.load(job.prev_job), job)
             worker_states.save(job.job_id, new_state)
             worker_states.prune(job.prev_job)
             grad = compression.decode(result.outer_grad, model.reference(job), cfg.network)
@@ -190,6 +193,18 @@ def replay(db: str | Path, run_id: int,
 
     return ReplayResult(run_id, run["final_hash"], params_hash(model.params), model.version,
                         len(updates), mismatched, held)
+
+
+def _trainer(cfg, batched: bool | None, server_device: str = "cpu"):
+    """How replay runs a job: as the run did, batched (``sim.batched``: the run log
+    says) or on its own. A batched job computes the same bits alone as in the group
+    it ran in (``fedlm.worker.batched``), so replay runs each alone, in log order."""
+    def train(params, state: dict, job: JobSpec):
+        if batched and batching.batchable(job):
+            return batched_updates([(params, state, job)], cfg,
+                                   server_device=server_device)[0]
+        return job_update(params, state, job, cfg, server_device=server_device)
+    return train
 
 
 def _seen(jobs: dict, job: JobSpec) -> int | None:

@@ -25,9 +25,10 @@ from fedlm.engine import Diverged, Engine, Interrupted, Progress, Transport
 from fedlm.evaluate import Evaluator
 from fedlm.inprocess import InProcessTransport
 from fedlm.params import params_hash
-from fedlm.store import (RunWriter, StoreError, best_loss, connect_readonly, input_pins,
-                         resumable_row, store_id)
+from fedlm.store import (RunWriter, StoreError, best_loss, connect_readonly, event_details,
+                         input_pins, resumable_row, store_id)
 from fedlm.shards import data_shards, shard_sizes
+from fedlm.worker import batching
 from fedlm.worker.states import disk_folder
 from fedlm.strategies import registry
 
@@ -105,6 +106,8 @@ def execute(cfg: Config, db_path: str, connect: Connect,
     engine = transport = None
     try:
         transport, node_of = connect(run_key)
+        notes = [*notes, *_batched_mode(transport, db_path, writer.run_id,
+                                        resumed=state is not None)]
         fleet = fleet_lib.node_profiles(cfg)
         sizes = shard_sizes(cfg)
         writer.add_workers(worker_rows(cfg, fleet, node_of, sizes))
@@ -161,6 +164,20 @@ def execute(cfg: Config, db_path: str, connect: Connect,
             transport.close()
         writer.close()
     return writer.run_id
+
+
+def _batched_mode(transport, db_path: str, run_id: int, resumed: bool) -> list:
+    """The in-process backend's ``sim.batched`` mode, as the run log keeps it: a new run
+    records the mode it resolved to; a resumed one trains in the mode it recorded (the
+    bits of a job depend on it), whatever this machine would resolve ``auto`` to."""
+    if not hasattr(transport, "batched"):  # Flower: every job on its own
+        return []
+    if resumed:
+        then = batching.recorded(event_details(db_path, run_id, batching.KIND))
+        if then is not None:
+            transport.batched = then
+            return []
+    return [(batching.KIND, batching.detail(transport.batched))]
 
 
 def _forget(folder, run_key: str) -> None:

@@ -40,6 +40,8 @@ SMOKES = {
                                    '"transactions_per_second"']),
     "deploy_echo.py": (300, ["echo app round trips: 1 arrays", "4 arrays"]),
     "deploy_overhead.py": (420, ["tiny/warm", "wrote /dev/null"]),
+    "batched.py": (240, ["one step: per job", "sync DiLoCo", "DN + DyLU",
+                         "smoke: nothing written"]),
 }
 # Scripts whose smoke lives in a test file of their own.
 COVERED_ELSEWHERE = {"engine_throughput.py": "tests/test_bench_engine_throughput.py"}

@@ -34,7 +34,7 @@ from fedlm.store.export import export  # the function; the module is fedlm.store
 from fedlm.store.fleet_changes import WorkerChanges, fleet_changes
 from fedlm.store.progress import ProgressPoint, progress_points
 from fedlm.store.readers import (OperationLog, RunSummary, Troubles, WorkerSummary, best_loss,
-                                 config_of, input_pins, last_seen, list_runs, metric_curve,
+                                 config_of, event_details, input_pins, last_seen, list_runs, metric_curve,
                                  operation_log,
                                  region_transfers,
                                  replayable_row, resumable_row, run_row, shown_status, summarize,
@@ -48,7 +48,7 @@ __all__ = [
     "RunWriter",
     "StoreError", "Troubles", "WorkerSummary", "best_loss", "check_writable", "config_of",
     "connect",
-    "connect_readonly", "db_error", "db_timeout", "export", "input_pins", "last_seen",
+    "connect_readonly", "db_error", "db_timeout", "event_details", "export", "input_pins", "last_seen",
     "list_runs",
     "mark_ended", "metric_curve", "operation_log", "progress_points", "region_transfers",
     "replayable_row",

@@ -285,9 +285,14 @@ def operation_log(path: str | Path, run_id: int) -> OperationLog:
 def input_pins(path: str | Path, run_id: int) -> list[str]:
     """The files run ``run_id`` pinned when it began (``fedlm.store.inputs``): its
     ``input_file`` events' details, JSON each."""
+    return event_details(path, run_id, "input_file")
+
+
+def event_details(path: str | Path, run_id: int, kind: str) -> list[str]:
+    """The details of run ``run_id``'s events of ``kind``, in order."""
     with closing(connect_readonly(path)) as conn:
         return [r[0] for r in conn.execute("SELECT detail FROM events WHERE run_id=? AND "
-                                           "kind='input_file' ORDER BY id", (run_id,))]
+                                           "kind=? ORDER BY id", (run_id, kind))]
 
 
 def metric_curve(path: str | Path, run_id: int) -> list[tuple[float, int, float]]:

@@ -254,7 +254,14 @@ def job_update(params, state: dict, job: JobSpec, cfg: Config,
     """``run_job`` plus encoding its outer gradient for the wire (``fedlm.sim.compression``):
     the result's ``outer_grad`` is the payload, the new ``opt_state`` carries the
     error-feedback tensors on. Replay calls this too."""
-    result, new_state = run_job(params, state, job, cfg, state_on_device, server_device, device)
+    return encoded(run_job(params, state, job, cfg, state_on_device, server_device, device),
+                   state, cfg)
+
+
+def encoded(trained: Trained, state: dict, cfg: Config) -> Trained:
+    """A trained job's outer gradient encoded for the wire, the error-feedback tensors
+    of ``state`` (the one it started from) carried on in its new state."""
+    result, new_state = trained
     payload, errors = compression.encode(result.outer_grad, state, cfg.network)
     # a streaming job encodes one fragment: the other fragments' errors carry on
     carried = {k: v for k, v in state.items()
