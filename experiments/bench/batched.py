@@ -232,6 +232,14 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=None, help="ABBA repeats per arm")
     ap.add_argument("--skip-runs", action="store_true", help="only the step variants")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--arm", action="append", default=None, metavar="M,W,B,T,H,R",
+                    help="a whole-run arm instead of the defaults: model, workers, batch, "
+                         "seq_len, H, rounds (repeatable)")
+    ap.add_argument("--variant", action="append", default=None, metavar="M,K,B,T",
+                    help="a one-step variant instead of the defaults: model, replicas, batch, "
+                         "seq_len (repeatable)")
+    ap.add_argument("--out", default=None, help="the JSON's path (default: "
+                    "experiments/results/batched-cpu.json or -gpu.json)")
     args = ap.parse_args()
     gpu = args.device == "cuda"
     arms = (SMOKE if args.smoke else (GPU_QUICK if gpu else QUICK) if args.quick
@@ -244,6 +252,10 @@ def main() -> None:
                       ("tiny", 16, 4, 128), ("tiny", 8, 8, 128), ("tiny", 32, 8, 128),
                       ("tiny", 1, 4, 64), ("tiny", 2, 4, 64), ("small", 8, 8, 128),
                       ("small", 4, 8, 128), ("small", 8, 4, 64)])
+    if args.arm:
+        arms = [_fields(a, 6) for a in args.arm]
+    if args.variant:
+        variants = [_fields(v, 4) for v in args.variant]
     before = machine(args.device)
     print(f"{before['cores']} cores ({before['cpu']}), GPU {before['gpu']}, load average "
           f"{before['load_average']}", flush=True)
@@ -261,13 +273,21 @@ def main() -> None:
     if args.smoke:
         print("smoke: nothing written")
         return
-    out = RESULTS / f"batched-{'gpu' if gpu else 'cpu'}.json"
+    out = Path(args.out) if args.out else RESULTS / f"batched-{'gpu' if gpu else 'cpu'}.json"
     out.write_text(json.dumps({
         "machine": {**before, "load_average_after": after},
         "note": ("ratios are batched over per-job, measured in one call with the sides "
                  "interleaved (ABBA); inner.threads = 1; the machine ran other work"),
         "quick": args.quick, "runs": results, "step_variants": rows}, indent=1) + "\n")
-    print(f"wrote {out.relative_to(ROOT)}")
+    print(f"wrote {out}")
+
+
+def _fields(text: str, n: int) -> tuple:
+    """"20m,16,32,256" -> ("20m", 16, 32, 256): a model name, then integers."""
+    parts = text.split(",")
+    if len(parts) != n:
+        raise SystemExit(f"batched.py: {text!r} needs {n} comma-separated fields")
+    return (parts[0], *(int(x) for x in parts[1:]))
 
 
 if __name__ == "__main__":
