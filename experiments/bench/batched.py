@@ -198,10 +198,16 @@ def step_variants(preset: str, replicas: int, batch: int, seq: int, repeats: int
 
     ways = {"per_job": per_job, "bmm": bmm, "vmap": vmapped}
     seconds = dict.fromkeys(ways, 0.0)
+    failed = {}
     with warnings.catch_warnings():  # vmap: "no batching rule" for CPU flash attention
         warnings.simplefilter("ignore")
-        for fn in ways.values():
-            fn()  # warm-up
+        for name, fn in list(ways.items()):
+            try:
+                fn()  # warm-up
+            except Exception as exc:  # noqa: BLE001 - one way failing leaves the others
+                failed[name] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                del ways[name]
+                seconds[name] = float("nan")
         for _ in range(repeats):  # interleaved
             for name, fn in ways.items():
                 sync(device)
@@ -213,7 +219,7 @@ def step_variants(preset: str, replicas: int, batch: int, seq: int, repeats: int
            "precision": mode,
            "repeats": repeats, **{f"{k}_ms_per_step": 1e3 * v / repeats for k, v in seconds.items()},
            "bmm_speedup": seconds["per_job"] / seconds["bmm"],
-           "vmap_speedup": seconds["per_job"] / seconds["vmap"]}
+           "vmap_speedup": seconds["per_job"] / seconds["vmap"], "failed": failed}
     print(f"{preset:5} K={replicas:2} {batch}x{seq:<3} one step: per job "
           f"{row['per_job_ms_per_step']:7.1f} ms, bmm x{row['bmm_speedup']:.2f}, "
           f"vmap x{row['vmap_speedup']:.2f}", flush=True)
