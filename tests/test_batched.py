@@ -221,8 +221,8 @@ def test_jobs_the_batched_path_does_not_take_run_on_their_own(tmp_path, monkeypa
 
     alone, serve = [], inprocess.serve_job
     monkeypatch.setattr(inprocess, "serve_job",
-                        lambda params, states, job, cfg: alone.append(job) or serve(
-                            params, states, job, cfg))
+                        lambda params, states, job, cfg, **kw: alone.append(job) or serve(
+                            params, states, job, cfg, **kw))
     run_inprocess(tiny_config("strategy=async-sgd", "faults.crash=0.3", "faults.nan=0.2",
                               "faults.duplicate=0.2", "updates=6", "sim.batched=on"),
                   str(tmp_path / "faults.db"))
