@@ -22,7 +22,7 @@ from tests.conftest import tiny_config
 from tests.support import run_engine
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = ROOT / "docs" / "examples"
+EXAMPLES = ROOT / "examples"
 PLUGIN = "fedasync_example:FedAsync"
 SYNC_PLUGIN = "trimmed_mean_example:TrimmedMean"
 NAMES = sorted(registry.STRATEGIES) + [PLUGIN, SYNC_PLUGIN]

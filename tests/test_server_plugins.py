@@ -1,5 +1,5 @@
 """Families fedlm's core does not have, as plug-ins outside fedlm/ and strategies/
-(docs/examples): each strategy names its own server kind (``Strategy.server``), its
+(examples/): each strategy names its own server kind (``Strategy.server``), its
 rule is pinned step by step on a toy, and its runs replay and resume bit for bit."""
 
 import subprocess
@@ -14,7 +14,7 @@ from tests.conftest import tiny_config
 from tests.support import scalar as _p, scalar_update as _update, value as _v
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = ROOT / "docs" / "examples"
+EXAMPLES = ROOT / "examples"
 PLUGINS = ["noloco_example.py", "overlap_dc_example.py"]
 
 
@@ -89,10 +89,12 @@ def test_a_noloco_run_trains_replays_and_resumes_bit_identically(tmp_path):
 
 
 def test_the_plugins_touch_no_file_of_the_core():
-    # they live in docs/examples and come in by dotted path: git knows no change of
-    # theirs under fedlm/ or strategies/ (their commits add files there only)
+    # they live in examples/ and come in by dotted path: git knows no change of
+    # theirs under fedlm/ or strategies/ (their commits add files there only; --follow:
+    # also those from before they moved out of docs/examples)
     for name in PLUGINS:
-        log = subprocess.run(["git", "log", "--format=%H", "--", f"docs/examples/{name}"],
+        log = subprocess.run(["git", "log", "--follow", "--format=%H", "--",
+                              f"examples/{name}"],
                              cwd=ROOT, capture_output=True, text=True, timeout=30)
         if log.returncode != 0 or not log.stdout.strip():
             pytest.skip("no git history here")
