@@ -80,6 +80,9 @@ class InnerConfig:
     # CPU) | bf16 (autocast around forward + loss; fp32 weights and AdamW state).
     precision: str = "auto"
     compile: bool = False  # torch.compile the model (once per process, reused across jobs)
+    # The inner optimizer (fedlm/worker/optimizers.py): adamw (the settings above) |
+    # package.module:name, a factory (parameters, inner) -> torch.optim.Optimizer.
+    optimizer: str = "adamw"
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from fedlm.config import (CLOCKS, COMPRESSIONS, DEVICES, FAULT_KINDS, GRACE_RULE
 from fedlm.data import shakespeare_play_count, tokenizer
 from fedlm.errors import ConfigError, first_line, shown, shown_key
 from fedlm.sim import fleet, geo, quantities as Q
+from fedlm.worker import optimizers
 from fedlm.strategies import registry
 
 
@@ -173,6 +174,7 @@ def validate(cfg: Config) -> None:
     _require_choice("inner.state_store", i.state_store, STATE_STORES)
     _require_choice("inner.schedule", i.schedule, SCHEDULES)
     _require_choice("inner.precision", i.precision, PRECISIONS)
+    optimizers.check(i.optimizer)  # adamw, or a factory loaded by dotted path
 
     _require(cfg.init.pretrain_steps >= 0, "init.pretrain_steps", cfg.init.pretrain_steps,
              "must be >= 0")
