@@ -12,12 +12,12 @@ import math
 from typing import Any, get_type_hints
 
 from fedlm import presets
-from fedlm.config import (CLOCKS, COMPRESSIONS, DEVICES, FAULT_KINDS, GRACE_RULES, PARTITIONS,
+from fedlm.config import (CLOCKS, DEVICES, FAULT_KINDS, GRACE_RULES, PARTITIONS,
                           PRECISIONS, SCHEDULES, SHARD_CHOICES, STATE_STORES, TOPOLOGIES,
                           TRACKERS, WANDB_MODES, Config)
 from fedlm.data import shakespeare_play_count, tokenizer
 from fedlm.errors import ConfigError, first_line, shown, shown_key
-from fedlm.sim import fleet, geo, quantities as Q
+from fedlm.sim import codecs, fleet, geo, quantities as Q
 from fedlm.worker import optimizers
 from fedlm.strategies import registry
 
@@ -247,7 +247,7 @@ def validate(cfg: Config) -> None:
     _require(0 <= n.daily_amplitude < 1, "network.daily_amplitude", n.daily_amplitude,
              "must be in [0, 1)")
     _require(0 <= n.peak_hour < 24, "network.peak_hour", n.peak_hour, "must be in [0, 24)")
-    _require_choice("network.compression", n.compression, COMPRESSIONS)
+    codecs.check(n.compression)  # a built-in encoding, or a codec by dotted path
     _require(n.block_size >= 0, "network.block_size", n.block_size, "must be >= 0")
     Q.BANDWIDTH.check("network.intra_bw", n.intra_bw)
     _require_choice("network.topology", n.topology, TOPOLOGIES)
