@@ -26,7 +26,7 @@ EXAMPLES = ROOT / "examples"
 PLUGIN = "fedasync_example:FedAsync"
 SYNC_PLUGIN = "trimmed_mean_example:TrimmedMean"
 # the strategy plug-ins of examples/ (their own tests pin each rule)
-EXAMPLE_STRATEGIES = ["decoupled_diloco:DecoupledMerge", "heloco:HeLoCo"]
+EXAMPLE_STRATEGIES = ["decoupled_diloco:DecoupledMerge", "heloco:HeLoCo", "cgad:CGAD"]
 NAMES = sorted(registry.STRATEGIES) + [PLUGIN, SYNC_PLUGIN, *EXAMPLE_STRATEGIES]
 
 
