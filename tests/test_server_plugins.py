@@ -18,7 +18,7 @@ EXAMPLES = ROOT / "examples"
 # the plug-ins of examples/ written as such (the strategies, inner optimizers and codecs
 # too; the two page examples, older than the rule, were once part of the core's commits)
 PLUGINS = ["noloco_example.py", "overlap_dc_example.py", "decoupled_diloco.py", "heloco.py",
-           "cgad.py", "muloco.py"]
+           "cgad.py", "muloco.py", "sparseloco.py"]
 
 
 @pytest.fixture(autouse=True)
