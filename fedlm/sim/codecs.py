@@ -8,8 +8,8 @@ it loads here. A codec is a class, made once per process with no arguments, with
         grad: the outer gradient, name -> fp32 tensor (all of the model, or one
         fragment of it with Streaming DiLoCo); state: the worker's state, which holds
         the ``errors`` this codec returned for the worker's last accepted job; net: the
-        run's NetworkConfig. payload: name -> tensor, what goes on the wire (dtypes
-        numpy has, since Flower's messages carry numpy arrays: no bfloat16); errors:
+        run's NetworkConfig. payload: name -> tensor, what goes on the wire (any
+        dtype: a message carries the tensors' own bytes, fedlm.flower.messages); errors:
         name -> tensor kept on the worker for its next job, each name starting with
         ``EF_PREFIX`` ("ef/"): error feedback lives with the worker's optimizer state,
         addressed by job like the int8/int4 codecs' (a rejected or lost job leaves none)
