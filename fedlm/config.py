@@ -84,6 +84,9 @@ class InnerConfig:
     # CPU) | bf16 (autocast around forward + loss; fp32 weights and AdamW state).
     precision: str = "auto"
     compile: bool = False  # torch.compile the model (once per process, reused across jobs)
+    # The inner optimizer (fedlm/worker/optimizers.py): adamw (the settings above) |
+    # package.module:name, a factory (parameters, inner) -> torch.optim.Optimizer.
+    optimizer: str = "adamw"
 
 
 @dataclass(frozen=True)
@@ -184,7 +187,9 @@ class NetworkConfig:
     server_up: float = 0.0  # server ingress, bytes/s, shared by all uploads (0: unlimited)
     daily_amplitude: float = 0.0  # bandwidth dips by this fraction at peak_hour (0: off)
     peak_hour: float = 14.0  # hour of the virtual day with the least bandwidth
-    compression: str = "fp32"  # outer gradients sent as fp32 | bf16 | fp16 | int8 | int4
+    # outer gradients sent as fp32 | bf16 | fp16 | int8 | int4 | package.module:Codec (a
+    # codec of your own: fedlm/sim/codecs.py)
+    compression: str = "fp32"
     block_size: int = 256  # int8/int4: values per scale (0: one scale per tensor)
     error_feedback: bool = True  # int8/int4: the worker carries its rounding error forward
     # Hierarchical: the workers of a region train as one data-parallel pod (gradients

@@ -13,12 +13,13 @@ import re
 from typing import Any, get_type_hints
 
 from fedlm import presets
-from fedlm.config import (BATCH_MODES, CLOCKS, COMPRESSIONS, DEVICES, FAULT_KINDS, GRACE_RULES,
-                          PARTITIONS, PRECISIONS, SCHEDULES, SHARD_CHOICES, STATE_STORES,
-                          TOPOLOGIES, TRACKERS, WANDB_MODES, Config)
+from fedlm.config import (BATCH_MODES, CLOCKS, DEVICES, FAULT_KINDS, GRACE_RULES, PARTITIONS,
+                          PRECISIONS, SCHEDULES, SHARD_CHOICES, STATE_STORES, TOPOLOGIES,
+                          TRACKERS, WANDB_MODES, Config)
 from fedlm.data import shakespeare_play_count, tokenizer
 from fedlm.errors import ConfigError, first_line, shown, shown_key
-from fedlm.sim import fleet, fleet_check, geo, quantities as Q
+from fedlm.sim import codecs, fleet, fleet_check, geo, quantities as Q
+from fedlm.worker import optimizers
 from fedlm.strategies import registry
 
 
@@ -174,6 +175,7 @@ def validate(cfg: Config) -> None:
     _require_choice("inner.state_store", i.state_store, STATE_STORES)
     _require_choice("inner.schedule", i.schedule, SCHEDULES)
     _require_choice("inner.precision", i.precision, PRECISIONS)
+    optimizers.check(i.optimizer)  # adamw, or a factory loaded by dotted path
 
     _require(cfg.init.pretrain_steps >= 0, "init.pretrain_steps", cfg.init.pretrain_steps,
              "must be >= 0")
@@ -246,7 +248,7 @@ def validate(cfg: Config) -> None:
     _require(0 <= n.daily_amplitude < 1, "network.daily_amplitude", n.daily_amplitude,
              "must be in [0, 1)")
     _require(0 <= n.peak_hour < 24, "network.peak_hour", n.peak_hour, "must be in [0, 24)")
-    _require_choice("network.compression", n.compression, COMPRESSIONS)
+    codecs.check(n.compression)  # a built-in encoding, or a codec by dotted path
     _require(n.block_size >= 0, "network.block_size", n.block_size, "must be >= 0")
     Q.BANDWIDTH.check("network.intra_bw", n.intra_bw)
     _require_choice("network.topology", n.topology, TOPOLOGIES)
@@ -284,6 +286,9 @@ def validate(cfg: Config) -> None:
     _require_choice("sim.batched", s.batched, BATCH_MODES)
     _require(s.batched != "on" or not i.compile, "sim.batched", s.batched,
              "trains without torch.compile: set inner.compile = false or sim.batched = off")
+    _require(s.batched != "on" or i.optimizer == "adamw", "sim.batched", s.batched,
+             f"stacks AdamW's state, not inner.optimizer {i.optimizer!r}'s: set sim.batched "
+             f"= off")
     _require(s.batched != "on" or not (cfg.clock == "wall" and f.emulate_speed), "sim.batched",
              s.batched, "cannot pad each job's own compute (fleet.emulate_speed on the wall "
              "clock): set sim.batched = off")

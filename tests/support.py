@@ -55,3 +55,38 @@ def scalar_update(worker: int, g: float) -> Update:
     """Worker ``worker``'s finished job with outer gradient ``g``."""
     return Update(worker=worker, job_id=0, base_version=0, outer_grad=scalar(g), tokens=1,
                   local_steps=1, staleness=0)
+
+
+def trains_replays_and_resumes(tmp_path, *sets: str, stop_at: int = 2):
+    """A short tiny run of ``sets`` (``tests.conftest.tiny_config``, a checkpoint every
+    version): its perplexity falls, its replay ends on the same weights, and the run
+    stopped once version ``stop_at`` exists, then resumed from that checkpoint, ends on the
+    same weights too. Returns the reference run's store."""
+    import sqlite3
+
+    import pytest
+
+    from fedlm import store
+    from fedlm.engine import Interrupted
+    from fedlm.replay import replay
+    from fedlm.runner import run_inprocess
+    from tests.conftest import tiny_config
+
+    cfg = tiny_config(*sets, "reliability.checkpoint_every=1")
+    ref = tmp_path / "reference.db"
+    run_inprocess(cfg, str(ref))
+    (run,) = store.list_runs(ref)
+    s = store.summarize(ref, run["id"])
+    assert run["status"] == "finished" and s.final_perplexity < s.first_perplexity
+    assert replay(ref, run["id"]).identical
+    cut, stop = tmp_path / "stopped.db", []
+    with pytest.raises(Interrupted):
+        run_inprocess(cfg, str(cut), should_stop=lambda: bool(stop),
+                      progress=lambda p: stop.append(1) if p.version >= stop_at else None)
+    run_inprocess(cfg, str(cut), resume=1)
+    (again,) = store.list_runs(cut)
+    assert again["status"] == "finished" and again["final_hash"] == run["final_hash"]
+    with sqlite3.connect(cut) as conn:
+        (how,) = conn.execute("SELECT detail FROM events WHERE kind='resumed'").fetchone()
+    assert how.startswith("from ") and "version" in how  # from a checkpoint, not the start
+    return ref

@@ -13,7 +13,7 @@ from fedlm.runner import run_inprocess
 from tests.conftest import tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLES = str(ROOT / "docs" / "examples")
+EXAMPLES = str(ROOT / "examples")
 
 
 def _stalled(tmp_path, *sets) -> tuple[str, sqlite3.Connection]:

@@ -29,10 +29,10 @@ def _applied(db) -> int:
         return 0
 
 
-# On Flower the run is a plug-in strategy loaded by dotted path from docs/examples
+# On Flower the run is a plug-in strategy loaded by dotted path from examples/
 # (FedAsync, async): so this run also shows a plug-in running end to end on Flower's
 # simulation engine (it was a Flower run of its own in test_contract).
-EXAMPLES = Path(__file__).resolve().parent.parent / "docs" / "examples"
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 PLUGIN = "fedasync_example:FedAsync"
 
 

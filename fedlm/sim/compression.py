@@ -23,6 +23,9 @@ for good, only late. The error lives with the worker's optimizer state
 
 A payload that does not decode — a missing or extra tensor, a wrong dtype or
 size — is a ``BadUpdate``, refused at the boundary like a NaN.
+
+``network.compression = "package.module:Codec"`` is a codec of your own
+(``fedlm.sim.codecs``): ``encode`` and ``decode`` hand it the same arguments.
 """
 
 from __future__ import annotations
@@ -32,11 +35,11 @@ from collections import OrderedDict
 
 import torch
 
-from fedlm.sim import wire_sizes as wire
+from fedlm.sim import codecs, wire_sizes as wire
 from fedlm.config import NetworkConfig
 from fedlm.params import BadUpdate
 
-EF_PREFIX = "ef/"
+EF_PREFIX = codecs.EF_PREFIX
 _LEVELS = {"int8": 127, "int4": 7}
 
 
@@ -77,6 +80,8 @@ def encode(grad, state: dict, net: NetworkConfig) -> tuple["OrderedDict[str, tor
 
     ``state`` holds the previous errors (``ef/<name>``); returns the new ones."""
     codec = net.compression
+    if codecs.is_plugin(codec):
+        return codecs.encode(grad, state, net)
     payload: OrderedDict[str, torch.Tensor] = OrderedDict()
     errors: dict[str, torch.Tensor] = {}
     for name, g in grad.items():
@@ -99,6 +104,8 @@ def encode(grad, state: dict, net: NetworkConfig) -> tuple["OrderedDict[str, tor
 def decode(payload, reference, net: NetworkConfig) -> "OrderedDict[str, torch.Tensor]":
     """fp32 tensors shaped like ``reference`` from a payload; ``BadUpdate`` if it cannot be."""
     codec = net.compression
+    if codecs.is_plugin(codec):
+        return codecs.decode(payload, reference, net)
     if codec in ("fp32",):
         return OrderedDict(payload)  # checked as it is by params.check_update
     want = {"bf16": torch.int16, "fp16": torch.float16}.get(codec)

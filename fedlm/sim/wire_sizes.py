@@ -15,7 +15,9 @@ here, once, torch-free:
                            at the middle of hour h, constant within the hour:
                            1 at the quietest hour, 1 − a at ``peak_hour``.
 
-The encodings are ``fedlm.config.COMPRESSIONS`` (a test checks they agree).
+The encodings are ``fedlm.config.COMPRESSIONS`` (a test checks they agree); a codec
+of your own (``fedlm.sim.codecs``) gives its own size, which the simulator times and
+the store counts alike (the planner knows the built-in encodings only).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import numpy as np
 
 from fedlm.config import NetworkConfig
 from fedlm.errors import ConfigError
+from fedlm.sim import codecs
 
 BYTES_PER_VALUE = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "int8": 1.0, "int4": 0.5}
 QUANTISED = ("int8", "int4")  # these also send one scale per block of values
@@ -52,6 +55,8 @@ def tensor_bytes(n: int, compression: str, block_size: int) -> int:
 
 def encoded_bytes(params, net: NetworkConfig) -> int:
     """Bytes of an encoded update of a model shaped like ``params``."""
+    if codecs.is_plugin(net.compression):
+        return codecs.payload_bytes(params, net)
     return sum(tensor_bytes(t.numel(), net.compression, net.block_size)
                for t in params.values())
 

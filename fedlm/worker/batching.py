@@ -46,7 +46,7 @@ def resolve(cfg: Config) -> bool:
 
     streaming = Streaming.of_config(cfg) is not None
     return (resolve_device(cfg.device) == "cpu" and faster_on_cpu(cfg)
-            and not cfg.inner.compile and not streaming
+            and not cfg.inner.compile and not streaming and cfg.inner.optimizer == "adamw"
             and not (cfg.clock == "wall" and cfg.fleet.emulate_speed))
 
 

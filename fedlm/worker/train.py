@@ -26,7 +26,7 @@ import torch
 from fedlm.sim import compression, faults, fleet
 from fedlm import data, model as model_lib
 from fedlm.shards import data_shards, job_data, pod_size
-from fedlm.worker import precision, streaming
+from fedlm.worker import optimizers, precision, streaming
 from fedlm.config import Config, InnerConfig
 from fedlm.job import JobResult, JobSpec
 from fedlm.model import load_into
@@ -161,7 +161,10 @@ def train_steps(net, opt: torch.optim.Optimizer, batches: np.ndarray, lr_at,
 
 
 def new_optimizer(net, cfg: Config) -> torch.optim.Optimizer:
+    """The job's inner optimizer (``inner.optimizer``, ``fedlm.worker.optimizers``)."""
     i = cfg.inner
+    if i.optimizer != "adamw":
+        return optimizers.build(i.optimizer, list(net.named_parameters()), i)
     device = next(net.parameters()).device
     extra = {"fused": True} if precision.fused_adamw(device) else {}
     return torch.optim.AdamW(net.parameters(), lr=i.lr, betas=(i.beta1, i.beta2),
@@ -211,8 +214,9 @@ def run_job(params, opt_state: dict, job: JobSpec, cfg: Config,
     load_into(net, start_params)
 
     opt = new_optimizer(net, cfg)
+    opt_names = optimizers.state_names(opt, net)  # AdamW: ``names``, in the model's order
     tensors = {k: v for k, v in opt_state.items() if k != "schedule_step"}
-    _import_opt_state(opt, names, tensors, device)
+    _import_opt_state(opt, opt_names, tensors, device)
     own_step = int(opt_state.get("schedule_step", 0))  # the worker's own inner steps so far
     if job.schedule_step >= 0:  # the server placed the job on a shard's or the run's schedule
         start, horizon = job.schedule_step, cfg.schedule_horizon(fleet.node_count(cfg))
@@ -232,7 +236,7 @@ def run_job(params, opt_state: dict, job: JobSpec, cfg: Config,
     train_loss = mean_loss(losses) if job.local_steps else 0.0
     seconds = time.perf_counter() - t0
 
-    new_state = _export_opt_state(opt, names, on_device=state_on_device)
+    new_state = _export_opt_state(opt, opt_names, on_device=state_on_device)
     new_state["schedule_step"] = own_step + job.local_steps
     with torch.no_grad():
         end = dict(net.named_parameters())

@@ -21,7 +21,7 @@ report up and the model down) hides behind up to its whole compute; a worker's
 first job waits for its download as in DiLoCo. The last round's reports are not
 timed (the run ends when its version exists).
 
-    PYTHONPATH=docs/examples fedlm run --set strategy=overlap_dc_example:OverlappedDiLoCo
+    PYTHONPATH=examples fedlm run --set strategy=overlap_dc_example:OverlappedDiLoCo
 """
 
 from __future__ import annotations

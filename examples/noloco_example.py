@@ -24,7 +24,7 @@ version per group, so ``updates`` counts rounds (``PeerServer.versions_per_updat
 Timing in fedlm: a job's download and upload go over its worker's own link, standing
 for the exchange with its peer (the peer's link is not modelled).
 
-    PYTHONPATH=docs/examples fedlm run --set strategy=noloco_example:NoLoCo
+    PYTHONPATH=examples fedlm run --set strategy=noloco_example:NoLoCo
 """
 
 from __future__ import annotations

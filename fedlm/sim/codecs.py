@@ -1,0 +1,91 @@
+"""Codecs of your own for outer gradients: ``network.compression = "package.module:Codec"``.
+
+The built-in encodings (fp32, bf16, fp16, int8, int4) live in ``fedlm.sim.compression``
+and their sizes in ``fedlm.sim.wire_sizes``; both hand a name with a colon to the codec
+it loads here. A codec is a class, made once per process with no arguments, with:
+
+    encode(grad, state, net) -> (payload, errors)
+        grad: the outer gradient, name -> fp32 tensor (all of the model, or one
+        fragment of it with Streaming DiLoCo); state: the worker's state, which holds
+        the ``errors`` this codec returned for the worker's last accepted job; net: the
+        run's NetworkConfig. payload: name -> tensor, what goes on the wire (any
+        dtype: a message carries the tensors' own bytes, fedlm.flower.messages); errors:
+        name -> tensor kept on the worker for its next job, each name starting with
+        ``EF_PREFIX`` ("ef/"): error feedback lives with the worker's optimizer state,
+        addressed by job like the int8/int4 codecs' (a rejected or lost job leaves none)
+    decode(payload, reference, net) -> grad
+        fp32 tensors named and shaped like ``reference``; raise
+        ``fedlm.params.BadUpdate`` for a payload that cannot be one (it is refused
+        like a NaN); what comes out is checked as every update is
+    payload_bytes(reference, net) -> int
+        the bytes ``encode`` sends for an update shaped like ``reference``: the virtual
+        clock times uploads by it and the run store counts it, as it does the built-in
+        encodings' ``wire_sizes.encoded_bytes`` (so it must not depend on the values)
+
+Settings of a codec are its class attributes (a subclass changes them). The planner
+(``fedlm plan``) knows the built-in encodings only. Torch-free until a codec is loaded.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fedlm.config import COMPRESSIONS
+from fedlm.errors import ConfigError, shown
+
+EF_PREFIX = "ef/"  # the worker's error-feedback tensors (shared with fedlm.sim.compression)
+METHODS = ("encode", "decode", "payload_bytes")
+_LOADED: dict[str, Any] = {}  # path -> the codec instance (one per process)
+
+
+def is_plugin(name: str) -> bool:
+    """Whether ``network.compression`` names a codec by dotted path."""
+    return ":" in name
+
+
+def check(name: str) -> None:
+    """A built-in encoding or a loadable codec; else one line naming the setting."""
+    if not is_plugin(name):
+        if name not in COMPRESSIONS:
+            raise ConfigError(f"network.compression: must be {', '.join(COMPRESSIONS)} or "
+                              f"package.module:Codec, got {shown(name)}")
+        return
+    codec(name)
+
+
+def codec(name: str):
+    """The codec ``name`` loads, made once per process."""
+    if name not in _LOADED:
+        from fedlm.strategies.registry import load_dotted
+
+        try:
+            cls = load_dotted(name, "network.compression")
+        except ConfigError:
+            raise
+        except (ValueError, TypeError):  # not a module name at all (":x")
+            raise ConfigError(f"network.compression: not a package.module:Codec, "
+                              f"got {shown(name)}") from None
+        missing = [m for m in METHODS if not callable(getattr(cls, m, None))]
+        if not isinstance(cls, type) or missing:
+            raise ConfigError(f"network.compression: {name!r} is not a codec class (it needs "
+                              f"{', '.join(missing or METHODS)})")
+        _LOADED[name] = cls()
+    return _LOADED[name]
+
+
+def encode(grad, state: dict, net) -> tuple[Any, dict]:
+    """The codec's payload and error-feedback tensors, each error named ``ef/...``."""
+    payload, errors = codec(net.compression).encode(grad, state, net)
+    stray = [k for k in errors if not k.startswith(EF_PREFIX)]
+    if stray:
+        raise ValueError(f"network.compression: {net.compression!r} returned errors named "
+                         f"{stray[:3]}: error-feedback tensors must be named {EF_PREFIX}...")
+    return payload, errors
+
+
+def decode(payload, reference, net):
+    return codec(net.compression).decode(payload, reference, net)
+
+
+def payload_bytes(reference, net) -> int:
+    return int(codec(net.compression).payload_bytes(reference, net))
