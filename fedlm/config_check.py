@@ -13,12 +13,12 @@ import re
 from typing import Any, get_type_hints
 
 from fedlm import presets
-from fedlm.config import (BATCH_MODES, CLOCKS, DEVICES, FAULT_KINDS, GRACE_RULES, PARTITIONS,
+from fedlm.config import (BATCH_MODES, CLOCKS, DEVICES, GRACE_RULES, PARTITIONS,
                           PRECISIONS, SCHEDULES, SHARD_CHOICES, STATE_STORES, TOPOLOGIES,
                           TRACKERS, WANDB_MODES, Config)
 from fedlm.data import shakespeare_play_count, tokenizer
 from fedlm.errors import ConfigError, first_line, shown, shown_key
-from fedlm.sim import codecs, fleet, fleet_check, geo, quantities as Q
+from fedlm.sim import codecs, faults, fleet, fleet_check, geo, quantities as Q
 from fedlm.worker import optimizers
 from fedlm.strategies import registry
 
@@ -129,7 +129,14 @@ def _check_outer_types(cls: type, outer: dict[str, Any]) -> None:
 
 
 def validate(cfg: Config) -> None:
-    """Range and name checks that need more than a type."""
+    """Range and name checks beyond types, section by section (the first one fails)."""
+    for check in (_check_run, _check_strategy, _check_inner, _check_data, _check_eval,
+                  _check_fleet, _check_network, faults.check_config, _check_reliability,
+                  _check_sim, _check_track):
+        check(cfg)
+
+
+def _check_run(cfg: Config) -> None:
     _require(cfg.workers >= 1, "workers", cfg.workers, "must be >= 1")
     _require(cfg.updates >= 1, "updates", cfg.updates, "must be >= 1")
     _require(cfg.db.strip() != "", "db", cfg.db, "must be a path (the run database)")
@@ -145,6 +152,10 @@ def validate(cfg: Config) -> None:
              f"{MAX_GRACE:g}]")
     _require(0 < cfg.grace_span <= 10, "grace_span", cfg.grace_span, "must be in (0, 10]")
     _require_choice("clock", cfg.clock, CLOCKS)
+
+
+def _check_strategy(cfg: Config) -> None:
+    """The strategy (built-in or plug-in), its settings, the local-steps policy."""
     try:
         _check_outer_types(registry.strategy_class(cfg.strategy), cfg.outer)
         registry.check_strategy(cfg.strategy, cfg.outer)
@@ -160,6 +171,8 @@ def validate(cfg: Config) -> None:
              cfg.local_steps, f"sizes synchronous rounds; {cfg.strategy!r} has none "
              f"(use dylu with an asynchronous strategy)")
 
+
+def _check_inner(cfg: Config) -> None:
     i = cfg.inner
     _require(i.steps >= 1, "inner.steps", i.steps, "must be >= 1")
     _require(i.batch_size >= 1, "inner.batch_size", i.batch_size, "must be >= 1")
@@ -180,6 +193,8 @@ def validate(cfg: Config) -> None:
     _require(cfg.init.pretrain_steps >= 0, "init.pretrain_steps", cfg.init.pretrain_steps,
              "must be >= 0")
 
+
+def _check_data(cfg: Config) -> None:
     d = cfg.data
     _require(d.source == "shakespeare" or (d.source.startswith(("hf:", "text:"))
                                            and d.source.split(":", 1)[1].strip() != ""),
@@ -203,6 +218,8 @@ def validate(cfg: Config) -> None:
                  f"must be at most {plays} with data.partition = 'by-play' (the corpus has "
                  f"{plays} plays; use fewer {key.split('.')[-1]} or data.partition = 'iid')")
 
+
+def _check_eval(cfg: Config) -> None:
     e = cfg.eval
     _require(e.every >= 1, "eval.every", e.every, "must be >= 1")
     _require(e.batches >= 1, "eval.batches", e.batches, "must be >= 1")
@@ -210,6 +227,9 @@ def validate(cfg: Config) -> None:
     _require(e.diverge_factor == 0 or e.diverge_factor > 1, "eval.diverge_factor",
              e.diverge_factor, "must be 0 (only non-finite losses) or > 1")
 
+
+def _check_fleet(cfg: Config) -> None:
+    """The workers' profiles and placement (``fleet_check``: traces, dynamics)."""
     f = cfg.fleet
     _require(f.preset in fleet.PRESETS, "fleet.preset", f.preset,
              f"unknown preset (known: {', '.join(fleet.PRESETS)})")
@@ -241,6 +261,8 @@ def validate(cfg: Config) -> None:
                  f"places {total} workers, but workers = {cfg.workers}")
     fleet_check.check(cfg)
 
+
+def _check_network(cfg: Config) -> None:
     n = cfg.network
     for name in ("server_down", "server_up"):  # 0: no shared server link
         if getattr(n, name) != 0:
@@ -254,19 +276,8 @@ def validate(cfg: Config) -> None:
     _require_choice("network.topology", n.topology, TOPOLOGIES)
     _check_exchange(cfg)
 
-    fa = cfg.faults
-    for name in (*FAULT_KINDS, "offline"):
-        p = getattr(fa, name)
-        _require(0 <= p <= 1, f"faults.{name}", p, "must be a probability in [0, 1]")
-    total = sum(getattr(fa, n) for n in FAULT_KINDS)
-    _require(total <= 1, "faults", total, "per-job fault probabilities must sum to <= 1")
-    _require(0 < fa.offline_seconds < float("inf"), "faults.offline_seconds",
-             fa.offline_seconds, "must be > 0 and finite")
-    _require(0 <= fa.hang_seconds < float("inf"), "faults.hang_seconds", fa.hang_seconds,
-             "must be >= 0 and finite")
-    for k, w in enumerate(fa.workers):
-        _require(0 <= w < cfg.workers, f"faults.workers[{k}]", w, "must be a worker index")
 
+def _check_reliability(cfg: Config) -> None:
     r = cfg.reliability
     _require(r.deadline >= 0, "reliability.deadline", r.deadline, "must be >= 0")
     _require(r.deadline_factor >= 1, "reliability.deadline_factor", r.deadline_factor,
@@ -277,7 +288,9 @@ def validate(cfg: Config) -> None:
     _require(r.checkpoint_keep >= 2, "reliability.checkpoint_keep", r.checkpoint_keep,
              "must be >= 2 (a corrupt newest one falls back to the one before)")
 
-    s = cfg.sim
+
+def _check_sim(cfg: Config) -> None:
+    s, i, f = cfg.sim, cfg.inner, cfg.fleet
     _require(s.ray_actors >= 0, "sim.ray_actors", s.ray_actors, "must be >= 0")
     _require(s.job_threads >= 1, "sim.job_threads", s.job_threads, "must be >= 1")
     _require(0 <= s.devices <= 1024, "sim.devices", s.devices, "must be in [0, 1024]")
@@ -296,6 +309,8 @@ def validate(cfg: Config) -> None:
     _require(s.ttl > 0, "sim.ttl", s.ttl, "must be > 0")
     _require(s.reply_timeout > 0, "sim.reply_timeout", s.reply_timeout, "must be > 0")
 
+
+def _check_track(cfg: Config) -> None:
     t = cfg.track
     for k, name in enumerate(t.backends):
         _require_choice(f"track.backends[{k}]", name, TRACKERS)

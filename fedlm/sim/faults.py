@@ -27,6 +27,7 @@ from collections import OrderedDict
 import numpy as np
 
 from fedlm.config import FAULT_KINDS, Config
+from fedlm.errors import ConfigError, shown
 
 
 class InjectedFault(RuntimeError):
@@ -112,3 +113,24 @@ class DuplicatingTransport:
                 self.duplicate.discard(reply.job_id)
                 out.append(reply)
         return out
+
+
+def check_config(cfg: Config) -> None:
+    """The ``[faults]`` section's values, each refused in one line naming it."""
+    fa = cfg.faults
+    for name in (*FAULT_KINDS, "offline"):
+        p = getattr(fa, name)
+        _require(0 <= p <= 1, f"faults.{name}", p, "must be a probability in [0, 1]")
+    total = sum(getattr(fa, n) for n in FAULT_KINDS)
+    _require(total <= 1, "faults", total, "per-job fault probabilities must sum to <= 1")
+    _require(0 < fa.offline_seconds < float("inf"), "faults.offline_seconds",
+             fa.offline_seconds, "must be > 0 and finite")
+    _require(0 <= fa.hang_seconds < float("inf"), "faults.hang_seconds", fa.hang_seconds,
+             "must be >= 0 and finite")
+    for k, w in enumerate(fa.workers):
+        _require(0 <= w < cfg.workers, f"faults.workers[{k}]", w, "must be a worker index")
+
+
+def _require(ok: bool, path: str, value, why: str) -> None:
+    if not ok:
+        raise ConfigError(f"{path}: {why}, got {shown(value)}")
