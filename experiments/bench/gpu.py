@@ -210,8 +210,16 @@ def bench_model(model: str, args, device: str, peak: float | None) -> list[dict]
         # on the CPU as many jobs as cores, a core each
         (f"fedlm sync DiLoCo, {at_once} jobs at once",
          ["strategy=diloco", f"updates={rounds}", f"eval.every={rounds}",
-          f"sim.job_threads={at_once}", f"inner.threads={threads_each}"])]
-    if args.arms:  # a subset, by position: 1 sync, 2 async, 3 jobs at once
+          f"sim.job_threads={at_once}", f"inner.threads={threads_each}"]),
+        # 16 workers of the same budget of rounds, per job and batched (sim.batched): what
+        # one device gives many simulated workers (docs/gpu.md, "Batched workers")
+        ("fedlm sync DiLoCo, 16 workers, per job",
+         ["strategy=diloco", "workers=16", f"updates={rounds}", f"eval.every={rounds}",
+          "sim.batched=off", "inner.compile=false"]),
+        ("fedlm sync DiLoCo, 16 workers, batched",
+         ["strategy=diloco", "workers=16", f"updates={rounds}", f"eval.every={rounds}",
+          "sim.batched=on", "inner.compile=false"])]
+    if args.arms:  # a subset, by position: 1 sync, 2 async, 3 jobs at once, 4-5 16 workers
         configs = [configs[int(k) - 1] for k in args.arms.split(",") if k]
     if args.smoke:  # one fedlm process (the last); the others' settings are only loaded
         for _, sets in configs[:-1]:
@@ -261,7 +269,8 @@ def main() -> None:
     ap.add_argument("--variants", default="", help="plain-loop variants to time, comma-"
                     "separated (default: all; fp32 must be among them)")
     ap.add_argument("--arms", default="", help="fedlm runs, by number: 1 sync DiLoCo, 2 "
-                    "async delayed Nesterov, 3 jobs at once (default: all)")
+                    "async delayed Nesterov, 3 jobs at once, 4 and 5 sixteen workers per job "
+                    "and batched (default: all)")
     ap.add_argument("--replay", action="store_true", help="`fedlm replay` the first fedlm "
                     "run and report whether it re-executes to the same weights")
     ap.add_argument("--timeout", type=int, default=1200, help="seconds per fedlm run")
