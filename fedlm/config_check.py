@@ -3,7 +3,7 @@
 checks that need more than a type (``validate``). Each refusal is a one-line
 ``ConfigError`` naming the field and the value. Choices are spelled from the schema's constants (``fedlm.config``); names
 are checked against what they name (the model presets, the fleet presets and
-regions, the strategy registry), none of which imports torch.
+regions, the strategy registry, the kinds of server), none of which imports torch.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from fedlm.config import (BATCH_MODES, CLOCKS, DEVICES, FAULT_KINDS, GRACE_RULES
                           TRACKERS, WANDB_MODES, Config)
 from fedlm.data import shakespeare_play_count, tokenizer
 from fedlm.errors import ConfigError, first_line, shown, shown_key
+from fedlm.servers import Server, kind_name, server_class
 from fedlm.sim import codecs, fleet, fleet_check, geo, quantities as Q
 from fedlm.worker import optimizers
 from fedlm.strategies import registry
@@ -155,12 +156,6 @@ def validate(cfg: Config) -> None:
                           f"({type(exc).__name__}: {first_line(exc)})") from None
     registry.check_local_steps(cfg.local_steps)
     strategy_cls = registry.strategy_class(cfg.strategy)
-    named = getattr(strategy_cls, "server", None)
-    _require(not (isinstance(named, str) and named), "strategy", cfg.strategy,
-             f"names its server in `server` ({named!r}), which fedlm no longer reads: call "
-             f"it default_server, or set server = {named!r} in the config")
-    from fedlm.servers import kind_name
-
     _require(not registry.LOCAL_STEPS[cfg.local_steps].sizes_rounds
              or (strategy_cls.synchronous and kind_name(cfg) == "one"), "local_steps",
              cfg.local_steps, f"sizes synchronous rounds; {cfg.strategy!r} has none "
@@ -324,6 +319,10 @@ def _check_exchange(cfg: Config) -> None:
     except ValueError as exc:
         raise ConfigError(str(exc).splitlines()[0]) from None
     cls = strategy_class(cfg.strategy)
+    named = getattr(cls, "server", None)  # where a strategy named its server before
+    _require(not (isinstance(named, str) and named), "strategy", cfg.strategy,
+             f"names its server in `server` ({named!r}), which fedlm no longer reads: call "
+             f"it default_server, or set server = {named!r} in the config")
     n = cfg.network
     shared = n.server_down > 0 or n.server_up > 0 or n.daily_amplitude > 0
     if n.topology in ("ring", "tree"):
@@ -332,8 +331,6 @@ def _check_exchange(cfg: Config) -> None:
                  f"(diloco, fedavg), not {cfg.strategy!r}")
         _require(not shared, "network.topology", n.topology,
                  "has no server: drop network.server_down, server_up and daily_amplitude")
-    from fedlm.servers import Server, kind_name, server_class
-
     kind, name = server_class(cfg), kind_name(cfg)
     # a shared link times every job by its flows (fedlm.sim.network): a kind that times
     # its own jobs (an overlapped exchange, say) would lose its timing there, silently
