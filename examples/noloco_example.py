@@ -75,7 +75,8 @@ class PeerServer(Server):
 
     def load_state_dict(self, state: dict, checkpoint: dict | None = None) -> None:
         super().load_state_dict(state, checkpoint)
-        self.phi = state["phi"]
+        # older checkpoints kept the φ in the strategy's state
+        self.phi = state["phi"] if "phi" in state else state["strategy"]["phi"]
 
     @property
     def versions_per_update(self) -> int:
@@ -167,6 +168,7 @@ class NoLoCo(Strategy):
         return {k: getattr(self, k) for k in self._STATE}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        state = {"num_workers": len(state.get("phi", ())), **state}  # older: φ kept here
         for k in self._STATE:
             setattr(self, k, state[k])
 
