@@ -220,3 +220,16 @@ def test_a_short_halos_run_with_the_defaults_trains_its_evaluated_model(tmp_path
     assert _rows(db, "SELECT count(*) FROM transfers WHERE kind = 'push'")[0][0] >= 2
     s = store.summarize(db, 1)
     assert s.final_perplexity < s.first_perplexity - 5  # K = 32: equal
+
+
+def test_the_region_servers_compose_any_asynchronous_strategy(tmp_path):
+    # server = "regions" is a kind, not HALoS: delayed Nesterov at every region's server
+    # and at the global one (a push every region version, merged whole) trains and replays
+    db = tmp_path / "dn.db"
+    run_inprocess(tiny_config("strategy=delayed-nesterov", "server=regions", "workers=4",
+                              "fleet.topology={us = 2, eu = 2}", "updates=6",
+                              "outer.buffer_size=2"), str(db))
+    (run,) = store.list_runs(db)
+    assert (run["status"], run["updates"]) == ("finished", 6)
+    assert _rows(db, "SELECT count(*) FROM transfers WHERE kind = 'push'")[0][0] >= 6
+    assert replay(db, 1).identical
