@@ -62,7 +62,7 @@ class DecoupledMerge(Strategy):
     name = "decoupled-merge"
     synchronous = False  # no barrier: a free worker always gets a job
     wants_grace = True  # grace = auto: the adaptive window where jobs finish together
-    server = "decoupled_diloco:SpeedServer"
+    default_server = "decoupled_diloco:SpeedServer"
 
     def __init__(self, *, lr: float = 0.7, momentum: float = 0.9, nesterov: bool = True,
                  quorum: int = 0) -> None:

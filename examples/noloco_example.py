@@ -16,10 +16,13 @@ the whole fleet. α = ``momentum`` (0.9), β = ``lr`` (0.7), γ = ``gamma`` (β 
 default, as in their code). A lost job counts as g = 0 (the worker still meets its
 group with its φ); a retired worker leaves every later group.
 
-What is evaluated: the mean of the workers' slow models, mean_i(φ_i). NoLoCo never
-forms it (each replica is a model of its own); it is the one model a fedlm run
-reports and hashes, a new version each time a group merges. A round makes one
-version per group, so ``updates`` counts rounds (``PeerServer.versions_per_update``).
+Who holds what: the server (``PeerServer``, the strategy's ``default_server``) keeps
+the workers' slow models φ and hands them to the strategy, which returns them merged
+(tensors in, tensors out); the strategy keeps the momenta and the rounds. What is
+evaluated: the mean of the workers' slow models, mean_i(φ_i). NoLoCo never forms it
+(each replica is a model of its own); it is the one model a fedlm run reports and
+hashes, a new version each time a group merges. A round makes one version per group,
+so ``updates`` counts rounds (``PeerServer.versions_per_update``).
 
 Timing in fedlm: a job's download and upload go over its worker's own link, standing
 for the exchange with its peer (the peer's link is not modelled).
@@ -40,12 +43,40 @@ from fedlm.strategies.base import Strategy, Update, check_outer_sgd
 
 
 class PeerServer(Server):
-    """No global server: a job starts from its worker's own slow model."""
+    """No global server: each worker's slow model φ_i is its own, and its jobs start
+    from it; the strategy is handed the φ (as the models it steps) and returns them
+    merged, and the evaluated model is their mean."""
 
     keeps_job_starts = True  # φ_i moves on: each job keeps its own start
 
+    def start_strategy(self, params, fleet: list) -> None:
+        self.phi = [params] * len(fleet)  # tensors are never changed in place
+        super().start_strategy(params, fleet)
+
     def start_of(self, worker: int):
-        return self.strategy.phi[worker]
+        return self.phi[worker]
+
+    def take(self, update):
+        return self._merged(self.strategy.on_update(update, self.phi))
+
+    def lose(self, worker: int, *, job_id: int, reason: str):
+        return self._merged(self.strategy.on_job_lost(worker, job_id=job_id, reason=reason,
+                                                      params=self.phi))
+
+    def _merged(self, phi):
+        """A group merged (``phi``: every worker's slow model now): the evaluated mean."""
+        if phi is None:
+            return None
+        self.phi, count = phi, float(len(phi))
+        return T.tree_map(lambda *p: sum(p) / count, *phi)  # evaluated: mean_i φ_i
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "phi": self.phi}
+
+    def load_state_dict(self, state: dict, checkpoint: dict | None = None) -> None:
+        super().load_state_dict(state, checkpoint)
+        # older checkpoints kept the φ in the strategy's state
+        self.phi = state["phi"] if "phi" in state else state["strategy"]["phi"]
 
     @property
     def versions_per_update(self) -> int:
@@ -69,7 +100,7 @@ class NoLoCo(Strategy):
 
     name = "noloco"
     synchronous = False  # no barrier across the fleet: a worker waits for its group only
-    server = "noloco_example:PeerServer"
+    default_server = "noloco_example:PeerServer"  # it hands on_update the φ, not a model
 
     def __init__(self, *, lr: float = 0.7, momentum: float = 0.9,
                  gamma: float | None = None) -> None:
@@ -80,7 +111,7 @@ class NoLoCo(Strategy):
         self.lr, self.momentum, self.gamma = lr, momentum, gamma
 
     def start(self, params, *, num_workers: int) -> None:
-        self.phi = [params] * num_workers  # tensors are never changed in place
+        self.num_workers = num_workers
         self.mom = [T.tree_map(lambda t: t * 0.0, params)] * num_workers
         self.round = [0] * num_workers  # outer steps each worker has merged
         self.reported: dict[int, Any] = {}  # worker -> its g for its current round
@@ -92,50 +123,52 @@ class NoLoCo(Strategy):
     def _group(self, worker: int) -> list[int]:
         """``worker``'s group this round, less the retired (the partition itself does
         not change when a worker retires: the others may have merged in it already)."""
-        group = next(g for g in groups(self.round[worker], list(range(len(self.phi))))
+        group = next(g for g in groups(self.round[worker], list(range(self.num_workers)))
                      if worker in g)
         return [w for w in group if w not in self.gone]
 
+    # ``params``: every worker's slow model φ (PeerServer's); a merge returns them anew
     def on_update(self, update: Update, params):
         self.reported[update.worker] = update.outer_grad
-        return self._merge(update.worker)
+        return self._merge(update.worker, params)
 
     def on_job_lost(self, worker: int, *, job_id: int, reason: str, params):
         if reason == "retired":
             self.gone.append(worker)
             self.reported.pop(worker, None)
             for w in list(self.reported):  # a group that only lacked it merges now
-                merged = self._merge(w)
+                merged = self._merge(w, params)
                 if merged is not None:
                     return merged
             return None
-        self.reported[worker] = T.tree_map(lambda t: t * 0.0, self.phi[worker])
-        return self._merge(worker)
+        self.reported[worker] = T.tree_map(lambda t: t * 0.0, params[worker])
+        return self._merge(worker, params)
 
-    def _merge(self, worker: int):
-        """Merge ``worker``'s group if every member has reported this round."""
+    def _merge(self, worker: int, phi: list):
+        """Merge ``worker``'s group if every member has reported this round: the
+        workers' slow models ``phi`` with the group's moved, else None."""
         group = self._group(worker)
         if any(w not in self.reported or self.round[w] != self.round[worker] for w in group):
             return None
-        n = float(len(group))
+        n, phi = float(len(group)), list(phi)
         mean_g = T.tree_map(lambda *g: sum(g) / n, *(self.reported[w] for w in group))
-        mean_phi = T.tree_map(lambda *p: sum(p) / n, *(self.phi[w] for w in group))
+        mean_phi = T.tree_map(lambda *p: sum(p) / n, *(phi[w] for w in group))
         a, b, c = self.momentum, self.lr, self.gamma
         for w in group:
             self.mom[w] = T.tree_map(lambda m, g, p, mp: a * m - b * g - c * (p - mp),
-                                     self.mom[w], mean_g, self.phi[w], mean_phi)
-            self.phi[w] = T.tree_map(lambda p, m: p + m, self.phi[w], self.mom[w])
+                                     self.mom[w], mean_g, phi[w], mean_phi)
+            phi[w] = T.tree_map(lambda p, m: p + m, phi[w], self.mom[w])
             self.round[w] += 1
             del self.reported[w]
-        count = float(len(self.phi))
-        return T.tree_map(lambda *p: sum(p) / count, *self.phi)  # evaluated: mean_i φ_i
+        return phi
 
-    _STATE = ("phi", "mom", "round", "reported", "gone")
+    _STATE = ("num_workers", "mom", "round", "reported", "gone")
 
     def state_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self._STATE}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        state = {"num_workers": len(state.get("phi", ())), **state}  # older: φ kept here
         for k in self._STATE:
             setattr(self, k, state[k])
 

@@ -48,9 +48,9 @@ class OverlappedServer(Server):
     def start_of(self, worker: int):
         return self.previous
 
-    def new_version(self, params) -> list[int]:
+    def new_version(self, params) -> None:
         self.previous = self.params
-        return super().new_version(params)
+        super().new_version(params)
 
     def timing(self, sent: Sent, events, index: int):
         first = self.seen.get(sent.job.worker) is None
@@ -70,7 +70,7 @@ class OverlappedDiLoCo(DiLoCo):
     """DiLoCo whose rounds overlap the exchange, with a delay-compensated outer step."""
 
     name = "overlapped-diloco"
-    server = "overlap_dc_example:OverlappedServer"
+    default_server = "overlap_dc_example:OverlappedServer"
 
     def __init__(self, *, lr: float = 0.7, momentum: float = 0.9, nesterov: bool = True,
                  weighting: str = "tokens", min_replies: int = 1,

@@ -165,10 +165,10 @@ def safe_classes() -> list[type]:
     from fedlm.sim.fleet import JobTiming, Region, WorkerProfile
     from fedlm.store import IntervalKind
     from fedlm.strategies.base import Update
-    from fedlm.strategies.halos import Transfer
+    from fedlm.servers import Message
     return [types.InFlight, types.JobDone, types.BackOnline, types.Delivery, events._JobEnds,
             events._LinkChange, events._Computed, events._Uploaded, events._Deadline, JobSpec,
-            JobResult, JobTiming, Region, WorkerProfile, Straggle, IntervalKind, Update, Transfer]
+            JobResult, JobTiming, Region, WorkerProfile, Straggle, IntervalKind, Update, Message]
 
 
 def latest(folder: Path, expect: dict[str, Any], map_location: str = "cpu"

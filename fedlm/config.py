@@ -267,7 +267,7 @@ class ReliabilityConfig:
 @dataclass(frozen=True)
 class StreamConfig:
     """Streaming DiLoCo's rounds (``fedlm.strategies.fragments``; the streamed server,
-    ``fedlm.servers.streamed``): for a synchronous strategy on one server. The
+    ``fedlm.servers.streamed``, ``server = "streamed"``): for a synchronous strategy. The
     defaults are whole-model rounds; ``outer.fragments/overlap/mix`` is the old spelling."""
 
     fragments: int = 0  # P: exchange the model one fragment at a time (0: whole model)
@@ -298,6 +298,11 @@ class Config:
     model: str = "small"  # tiny | small | 20m | 60m | 150m
     strategy: str = "diloco"  # aggregation strategy (see `strategies/`)
     local_steps: str = "fixed"  # local-steps policy: how many inner steps a job gets
+    # The kind of server (fedlm.servers): one | streamed (Streaming DiLoCo's fragments) |
+    # regions (a server in every region and a global one) | package.module:Class of your
+    # own; "" = chosen as the config loads: the strategy's default_server (halos: regions),
+    # else streamed where [stream] asks for it, else one.
+    server: str = ""
     updates: int = 10  # outer updates of the global model to apply, then stop
     local_step_budget: int = 0  # also stop once workers have run this many inner steps (0: off)
     time_budget: float = 0.0  # also stop at this virtual time, seconds (0: off)

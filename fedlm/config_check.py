@@ -3,7 +3,7 @@
 checks that need more than a type (``validate``). Each refusal is a one-line
 ``ConfigError`` naming the field and the value. Choices are spelled from the schema's constants (``fedlm.config``); names
 are checked against what they name (the model presets, the fleet presets and
-regions, the strategy registry), none of which imports torch.
+regions, the strategy registry, the kinds of server), none of which imports torch.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from fedlm.config import (BATCH_MODES, CLOCKS, DEVICES, GRACE_RULES, PARTITIONS,
                           TRACKERS, WANDB_MODES, Config)
 from fedlm.data import shakespeare_play_count, tokenizer
 from fedlm.errors import ConfigError, first_line, shown, shown_key
+from fedlm.servers import Server, kind_name, server_class
 from fedlm.sim import codecs, faults, fleet, fleet_check, geo, quantities as Q
 from fedlm.worker import optimizers
 from fedlm.strategies import registry
@@ -167,7 +168,7 @@ def _check_strategy(cfg: Config) -> None:
     registry.check_local_steps(cfg.local_steps)
     strategy_cls = registry.strategy_class(cfg.strategy)
     _require(not registry.LOCAL_STEPS[cfg.local_steps].sizes_rounds
-             or (strategy_cls.synchronous and not strategy_cls.server), "local_steps",
+             or (strategy_cls.synchronous and kind_name(cfg) == "one"), "local_steps",
              cfg.local_steps, f"sizes synchronous rounds; {cfg.strategy!r} has none "
              f"(use dylu with an asynchronous strategy)")
 
@@ -333,6 +334,10 @@ def _check_exchange(cfg: Config) -> None:
     except ValueError as exc:
         raise ConfigError(str(exc).splitlines()[0]) from None
     cls = strategy_class(cfg.strategy)
+    named = getattr(cls, "server", None)  # where a strategy named its server before
+    _require(not (isinstance(named, str) and named), "strategy", cfg.strategy,
+             f"names its server in `server` ({named!r}), which fedlm no longer reads: call "
+             f"it default_server, or set server = {named!r} in the config")
     n = cfg.network
     shared = n.server_down > 0 or n.server_up > 0 or n.daily_amplitude > 0
     if n.topology in ("ring", "tree"):
@@ -341,9 +346,7 @@ def _check_exchange(cfg: Config) -> None:
                  f"(diloco, fedavg), not {cfg.strategy!r}")
         _require(not shared, "network.topology", n.topology,
                  "has no server: drop network.server_down, server_up and daily_amplitude")
-    from fedlm.servers import Server, server_class
-
-    kind = server_class(cfg, cls)
+    kind, name = server_class(cfg), kind_name(cfg)
     # a shared link times every job by its flows (fedlm.sim.network): a kind that times
     # its own jobs (an overlapped exchange, say) would lose its timing there, silently
     _require(not (shared and kind.timing is not Server.timing), "network.server_up",
@@ -358,11 +361,18 @@ def _check_exchange(cfg: Config) -> None:
         _require(not (n.server_down or n.server_up), "network.server_up",
                  n.server_up or n.server_down, f"{cfg.strategy!r}'s workers talk to their "
                  f"region's server, not a shared one: drop network.server_down and server_up")
+    _require(name != "regions" or not cls.synchronous, "server", name,
+             f"runs an asynchronous strategy at every region's server (halos, "
+             f"delayed-nesterov, ...), not {cfg.strategy!r}")
+    _require(name != "streamed" or stream is not None, "server", name,
+             "has streaming rounds to run: set stream.fragments (or stream.overlap)")
     if stream is None:
         return
-    _require(cls.synchronous and not cls.server, "stream.fragments", cfg.stream.fragments,
-             f"streaming rounds need a synchronous strategy on one server (diloco, fedavg), "
+    _require(cls.synchronous, "stream.fragments", cfg.stream.fragments,
+             f"streaming rounds need a synchronous strategy (diloco, fedavg), "
              f"not {cfg.strategy!r}")
+    _require(name == "streamed", "stream.fragments", cfg.stream.fragments,
+             f"streaming rounds run on server = 'streamed', not {name!r}")
     blocks = presets.PRESETS[cfg.model][0]
     _require(stream.fragments <= blocks, "stream.fragments", stream.fragments,
              f"must be at most the {blocks} blocks of layers of model {cfg.model!r}")

@@ -22,7 +22,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, get_type_hints
 
-from fedlm import files
+from fedlm import files, servers
 from fedlm.config import SECTIONS, SPELLING, Config
 from fedlm.config_check import coerce, validate
 from fedlm.errors import ConfigError, first_line, shown, shown_key
@@ -98,6 +98,8 @@ def from_dict(raw: dict[str, Any]) -> Config:
     policy = registry.local_steps_for(cfg.strategy, cfg.local_steps, given="local_steps" in raw)
     if policy != cfg.local_steps:
         cfg = replace(cfg, local_steps=policy)
+    if not cfg.server:  # the strategy may suggest its kind of server (halos: regions)
+        cfg = replace(cfg, server=servers.default_kind(cfg))
     net = cfg.network
     # One idea, two spellings: network.hierarchical = true is topology "hierarchical"
     if net.topology == "hierarchical" and not net.hierarchical:

@@ -5,33 +5,34 @@ was dispatched to which worker from which model version with which data seed
 and how many local steps, which jobs were lost, and in which order finished
 jobs reached the strategy. Replay walks it:
 
-    dispatch op  -> strategy.on_dispatch(worker, version)
-    lost op      -> strategy.on_job_lost(worker, job, reason); a version if it
-                    returns one (a sync round closing with what it had)
-    transfer op  -> a message between servers arrives (server.deliver); a version
-                    if the evaluated model changed
-    update op    -> run the job again (worker.run_job) from the model version it
-                    started from, with the worker state it started from (the
-                    job records which: ``prev_job``), on the data shard and at
-                    the schedule position it was given (``shard``,
-                    ``schedule_step``), in the run's ``sim.batched`` mode (its
-                    log's ``batched`` event), and hand it to the strategy with the
-                    recorded staleness
+    dispatch op  -> ServerCalls.dispatch: what the job is sent (the strategy hears
+                    of it, as in the run)
+    lost op      -> ServerCalls.lost; a version if the strategy makes one (a sync
+                    round closing with what it had)
+    transfer op  -> ServerCalls.arrived: a message between servers arrives; a
+                    version if the evaluated model changed
+    update op    -> run the job again (worker.run_job) from what it was sent, with
+                    the worker state it started from (the job records which:
+                    ``prev_job``), on the data shard and at the schedule position it
+                    was given (``shard``, ``schedule_step``), in the run's
+                    ``sim.batched`` mode (its log's ``batched`` event), and hand it
+                    on (ServerCalls.finished) with the recorded staleness
 
-It drives the strategy through the engine's own server (``fedlm.servers``), so a
-run and its replay hand updates, lost jobs, transfers and new versions to the
-strategy the same way, and send each job what the run sent it. It starts from the run's
+It drives the run's own kind of server through the engine's calls (``fedlm.servers``:
+``ServerCalls``, which holds the order of each event's calls), so a run and its
+replay hand updates, lost jobs, messages and new versions to the strategy the same
+way, and send each job what the run sent it. It starts from the run's
 recorded start: the seeded model, ``init.from``'s weights and pretraining,
 recomputed (``fedlm.start``) and checked against the hashes in the ``runs``
 row; it ends with the final weights' hash, to compare with the recorded one.
 The order came from the log, so it does not matter whether the run's order came
-from a virtual clock or from real arrival times. Only the model versions that
-some job still to be replayed starts from are kept in memory.
+from a virtual clock or from real arrival times. Only what the jobs still to be
+replayed were sent (versions of the model, or their own starts) is kept in memory.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -45,7 +46,7 @@ from fedlm.errors import ConfigError
 from fedlm.params import params_hash, same_update
 from fedlm.store import StoreError, event_details, input_pins, operation_log, replayable_row
 from fedlm.sim import compression
-from fedlm.job import FRESH, JobSpec
+from fedlm.job import JobSpec
 from fedlm.worker import batching
 from fedlm.worker.batched import job_updates as batched_updates
 from fedlm.worker.train import job_update
@@ -101,12 +102,6 @@ def replay(db: str | Path, run_id: int,
     ops += [(t["op"], "transfer", t) for t in transfers]
     ops.sort(key=lambda o: o[0])
 
-    # The last op that needs each version as a job's starting point.
-    last_use: dict[int, int] = {}
-    for op, kind, row in ops:
-        if kind == "update":
-            last_use[row["base_version"]] = max(last_use.get(row["base_version"], -1), op)
-
     if run["initial_hash"] and params_hash(start.initial(cfg)) != run["initial_hash"]:
         raise ReplayError("the initial model differs from the recorded one "
                           "(different torch version or model code?)")
@@ -122,77 +117,85 @@ def replay(db: str | Path, run_id: int,
                           "(init.from's weights changed, or the pretraining code did)")
     # the server where the run's was: on its device in process (fedlm.runner), else the host
     device = model_lib.resolve_device(cfg.device) if _in_process(db, run_id) else "cpu"
-    params = precision.to_device(params, device)
-    model = servers.build(cfg, registry.build_strategy(cfg.strategy, cfg.outer))
-    model.start(params, model.worker_links(fleet.node_profiles(cfg)))
-    starts: dict[int, object] = {}  # jobs of a server that keeps job starts: each one's
-    versions = {0: params}
-    held, mismatched = 1, 0
-    states = [MemoryStates() for _ in range(fleet.node_count(cfg))]
-    train = _trainer(cfg, batching.recorded(event_details(db, run_id, batching.KIND)), device)
-
-    def new_version(params) -> None:
-        model.new_version(params)
-        versions[model.version] = params
-
+    walk = _Walk(cfg, precision.to_device(params, device),
+                 _trainer(cfg, batching.recorded(event_details(db, run_id, batching.KIND)),
+                          device))
+    held = 1
     if progress:
         progress(0, len(ops))
     for n, (op, kind, row) in enumerate(ops):
-        if kind == "dispatch":
-            model.dispatched(row["worker"], row["base_version"])
-            if model.keeps_job_starts:
-                starts[row["job_id"]] = model.start_of(row["worker"])
-        elif kind == "transfer":
-            new, staleness = model.deliver(row["key"])
-            if staleness != row["staleness"]:
-                raise ReplayError(f"transfer {row['key']}: staleness {staleness}, "
-                                  f"log says {row['staleness']}")
-            if new is not None:
-                new_version(new)
-        elif kind == "lost":
-            starts.pop(row["job_id"], None)
-            new = model.lose(row["worker"], job_id=row["job_id"], reason=row["reason"] or "error")
-            if new is not None:
-                new_version(new)
-        else:
-            base = row["base_version"]
-            if base not in versions:
-                raise ReplayError(f"update {row['seq']} starts from version {base}, "
-                                  f"which the log never produced")
-            job = jobs[row["job_id"]]
-            job = JobSpec(row["job_id"], row["worker"], base, row["local_steps"],
-                          row["data_seed"], prev_job=job["prev_job"],
-                          **{k: job[k] for k in ("shard", "cursor", "schedule_step")
-                             if job[k] is not None})  # schema 4 and older: none
-            start_from = starts.pop(job.job_id) if model.keeps_job_starts else versions[base]
-            sent = model.send(job, start_from, _seen(jobs, job))  # what the run sent
-            job = sent.job
-            worker_states = states[job.worker]
-            result, new_state = train(sent.payload, worker_states.load(job.prev_job), job)
-            worker_states.save(job.job_id, new_state)
-            worker_states.prune(job.prev_job)
-            grad = compression.decode(result.outer_grad, model.reference(job), cfg.network)
-            if not same_update(grad, row["update_hash"]):
-                mismatched += 1
-            update = model.update(worker=job.worker, job_id=job.job_id, base_version=base,
-                                  outer_grad=grad, tokens=result.tokens,
-                                  local_steps=result.steps)
+        getattr(walk, kind)(row)
+        held = max(held, walk.versions_held())
+        if progress:
+            progress(n + 1, len(ops))
+    version, final = walk.server.evaluated()
+    return ReplayResult(run_id, run["final_hash"], params_hash(final), version, len(updates),
+                        walk.mismatched, held)
+
+
+class _Walk:
+    """The operation log, op by op, through the run's own server calls (``ServerCalls``:
+    the order of the server's hooks at each event is the engine's)."""
+
+    def __init__(self, cfg, params, train) -> None:
+        self.cfg, self.train, self.mismatched = cfg, train, 0
+        strategy = registry.build_strategy(cfg.strategy, cfg.outer)
+        # messages between servers were timed by the run: here only their arrivals count
+        self.server = servers.ServerCalls(servers.build(cfg, strategy),
+                                          on_version=lambda version: None)
+        self.server.start(params, self.server.links(fleet.node_profiles(cfg)))
+        self.sent: dict[int, servers.Sent] = {}  # each job not yet over: what it was sent
+        self.states = [MemoryStates() for _ in range(fleet.node_count(cfg))]
+
+    def versions_held(self) -> int:
+        """Global versions in memory: the current one and those jobs still to be
+        replayed start from."""
+        return len({s.job.base_version for s in self.sent.values()}
+                   | {self.server.evaluated()[0]})
+
+    def dispatch(self, row) -> None:
+        version = self.server.evaluated()[0]
+        if row["base_version"] != version:
+            raise ReplayError(f"job {row['job_id']} starts from version {row['base_version']}, "
+                              f"dispatched at version {version} of the replay")
+        job = JobSpec(row["job_id"], row["worker"], row["base_version"], row["local_steps"],
+                      row["data_seed"], prev_job=row["prev_job"],
+                      **{k: row[k] for k in ("shard", "cursor", "schedule_step")
+                         if row[k] is not None})  # schema 4 and older: none
+        self.sent[job.job_id] = self.server.dispatch(job)  # what the run sent it
+
+    def lost(self, row) -> None:
+        self.sent.pop(row["job_id"], None)
+        self.server.lost(row["worker"], row["job_id"], row["reason"] or "error")
+
+    def transfer(self, row) -> None:
+        staleness = self.server.arrived(row["key"])
+        if staleness != row["staleness"]:
+            raise ReplayError(f"transfer {row['key']}: staleness {staleness}, "
+                              f"log says {row['staleness']}")
+
+    def update(self, row) -> None:
+        """Run the job again, from what it was sent and the worker state it started
+        from, and hand its update on as the run did."""
+        if row["job_id"] not in self.sent:
+            raise ReplayError(f"update {row['seq']} is of job {row['job_id']}, which the "
+                              f"log never dispatched")
+        sent = self.sent.pop(row["job_id"])
+        job = replace(sent.job, local_steps=row["local_steps"], data_seed=row["data_seed"])
+        worker_states = self.states[job.worker]
+        result, new_state = self.train(sent.payload, worker_states.load(job.prev_job), job)
+        worker_states.save(job.job_id, new_state)
+        worker_states.prune(job.prev_job)
+        grad = compression.decode(result.outer_grad, self.server.reference(job),
+                                  self.cfg.network)
+        if not same_update(grad, row["update_hash"]):
+            self.mismatched += 1
+
+        def check(update, seq: int) -> None:
             if update.staleness != row["staleness"]:
                 raise ReplayError(f"update {row['seq']}: staleness {update.staleness}, "
                                   f"log says {row['staleness']}")
-            new = model.apply(update)
-            if new is not None:
-                new_version(new)
-        model.take_transfers()  # timed by the run; here only their arrivals count
-        # forget versions no later job starts from (always keep the current one)
-        for v in [v for v in versions if v != model.version and last_use.get(v, -1) <= op]:
-            del versions[v]
-        held = max(held, len(versions))
-        if progress:
-            progress(n + 1, len(ops))
-
-    return ReplayResult(run_id, run["final_hash"], params_hash(model.params), model.version,
-                        len(updates), mismatched, held)
+        self.server.finished(job, grad, result.tokens, result.steps, record=check)
 
 
 def _trainer(cfg, batched: bool | None, server_device: str = "cpu"):
@@ -205,13 +208,6 @@ def _trainer(cfg, batched: bool | None, server_device: str = "cpu"):
                                    server_device=server_device)[0]
         return job_update(params, state, job, cfg, server_device=server_device)
     return train
-
-
-def _seen(jobs: dict, job: JobSpec) -> int | None:
-    """The base version of the job whose worker state ``job`` started from (None: a
-    fresh state), as the run's server knew it (``Server.seen``)."""
-    prev = job.prev_job
-    return None if prev is None or prev == FRESH else jobs[prev]["base_version"]
 
 
 def _in_process(db, run_id: int) -> bool:

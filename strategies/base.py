@@ -19,9 +19,11 @@ The engine's loop, for sync and async alike::
             if new is not None: params = new; v += 1   # e.g. a sync round closes
 
 The engine reaches the strategy through a server (``fedlm.servers``): one server
-for a flat strategy, as above; a strategy that needs another kind (servers in
-regions, fragments, peers) names it in ``server``, and that kind's docstring says
-which calls beyond these it makes.
+for a flat strategy, as above. Other kinds (servers in regions, fragments, peers),
+which the config names (``server``), own the models they serve and hand each
+strategy instance they compose the model it steps; they too call only the methods
+below. A strategy may suggest its kind in a class attribute ``default_server``,
+which a config that names none gets (as ``default_local_steps`` for the policy).
 
 How many local steps a job gets is a separate policy (``fedlm.strategies.local_steps``),
 so any strategy combines with any policy.
@@ -59,9 +61,6 @@ class Strategy(ABC):
     # Async: jobs that finish together should be applied together, so their workers
     # restart from the same model (grace = "auto" then opens the adaptive window).
     wants_grace: ClassVar[bool] = False
-    # The server kind the strategy runs on (``fedlm.servers``), as "package.module:Class";
-    # empty: one server, which every flat strategy needs.
-    server: ClassVar[str] = ""
 
     @abstractmethod
     def start(self, params, *, num_workers: int) -> None:

@@ -21,22 +21,22 @@ LPS) next to its workers, and one *global server* (GPS) sits in one region:
 Nobody blocks: a region's workers keep training while its push and the global
 model travel. The evaluated (and hashed) model is the global server's θ_g.
 
-In fedlm's engine (through ``fedlm.servers.regions``): the strategy keeps every
-region's model and both levels' optimizer states; the server asks it where each
-job starts (``start_params``), the engine times the server-to-server transfers it
-asks for (``take_transfers``) over the network model, and each one is handed back
-when it arrives (``on_transfer``): a delivery is an operation of the run log, so
-replay and resume are exact. Only a push merged at the global server makes a global
-version (the evaluated model changes); a worker update is held until then, so
-``updates`` and ``eval.every`` count what they count for every strategy: changes of
-the evaluated model. Staleness is counted per level: a worker update's in region
-versions, a push's in global versions.
+In fedlm this is a composition (``server = "regions"``, ``fedlm.servers.regions``,
+the default for this strategy): the region servers own every region's model, the
+global server the evaluated (and hashed) θ_g, and each steps its model with an
+instance of this strategy, which is delayed Nesterov and nothing else; the global
+server's instance is made with the ``global_*`` settings. Each push and each global
+model on its way is a message between servers, timed by the engine and handed back
+on arrival as an operation of the run log, so replay and resume are exact. Only a
+push merged at the global server makes a global version (the evaluated model
+changes); a worker update is held until then, so ``updates`` and ``eval.every``
+count what they count for every strategy: changes of the evaluated model.
 
 Settings, with HALoS's names (their run_halos.sh for Pythia-70M, 4 x 4):
 
     lr, momentum, buffer_size  region DN: HALoS LLR·N, β = 0.9, N = 16 (lr 3.2)
-    global_lr, global_momentum, global_buffer_size
-                               global DN: HALoS GLR·N, β = 0.5, N = 2 (lr 0.3)
+    global_lr, global_momentum, global_buffer_size, global_c
+                               global DN: HALoS GLR·N, β = 0.5, N = 2 (lr 0.3), c = 0
     merge                      α = 0.25 (HALoS's model_merge_weight)
     push_every                 K = 2 (local_updates_accumulation; HALoS: 32)
 
@@ -57,33 +57,26 @@ moves the region model by 0.2·g before momentum.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import ClassVar
 
 from fedlm.strategies import transforms as T
-from fedlm.strategies.base import Strategy, Update, check_outer_sgd
+from fedlm.strategies.base import check_outer_sgd
+from fedlm.strategies.delayed_nesterov import DelayedNesterov
 
 
-@dataclass(frozen=True)
-class Transfer:
-    """A server-to-server message the engine times and hands back on arrival."""
-
-    key: int  # the strategy's number for it
-    kind: str  # "push" (region -> global) | "model" (global -> region)
-    region: int  # the region server at the other end from the global server
-    nbytes: int  # what travels (fp32 tensors)
-
-
-class Halos(Strategy):
+class Halos(DelayedNesterov):
     """HALoS: region servers (delayed Nesterov) and an async global server that merges them."""
 
     name = "halos"
-    synchronous = False
-    server = "fedlm.servers.regions:RegionServers"  # it calls place ... on_transfer below
+    wants_grace = False  # HALoS has no grace window (delayed Nesterov alone asks for one)
+    # its servers: one in every region and a global one (fedlm.servers.regions), which
+    # read merge, push_every and the global_* settings from the config's outer section
+    default_server: ClassVar[str] = "regions"
 
     def __init__(self, *, lr: float = 3.2, momentum: float = 0.9, buffer_size: int = 16,
                  c: float = 0.0, global_lr: float = 0.3, global_momentum: float = 0.5,
-                 global_buffer_size: int = 2, merge: float = 0.25, push_every: int = 2) -> None:
+                 global_buffer_size: int = 2, global_c: float = 0.0, merge: float = 0.25,
+                 push_every: int = 2) -> None:
         check_outer_sgd(lr, momentum)
         if global_lr <= 0:
             raise ValueError(f"outer.global_lr: must be > 0, got {global_lr!r}")
@@ -96,119 +89,17 @@ class Halos(Strategy):
                            ("push_every", push_every)):
             if value < 1:
                 raise ValueError(f"outer.{key}: must be >= 1, got {value!r}")
-        self.lr, self.momentum, self.buffer_size, self.c = lr, momentum, buffer_size, c
+        T.delayed_nesterov(momentum, buffer_size, c)  # c in [0, 1/N]: checked as it loads
+        if not 0 <= global_c <= 1 / global_buffer_size:
+            raise ValueError(f"outer.global_c: must be in [0, 1/global_buffer_size], "
+                             f"got {global_c!r}")
+        super().__init__(lr=lr, momentum=momentum, buffer_size=buffer_size, c=c)
         self.global_lr, self.global_momentum = global_lr, global_momentum
-        self.global_buffer_size, self.merge = global_buffer_size, merge
-        self.push_every = push_every
-        self.region_chain = T.chain(T.delayed_nesterov(momentum, buffer_size, c), T.scale(lr))
-        self.global_chain = T.chain(T.delayed_nesterov(global_momentum, global_buffer_size),
-                                    T.scale(global_lr))
-        self.regions: list[list[int]] = []
-        self.region_of: dict[int, int] = {}
-
-    # -- setup ---------------------------------------------------------------------
-    def place(self, regions: list[list[int]]) -> None:
-        self.regions = [list(r) for r in regions]
-        self.region_of = {w: r for r, ws in enumerate(regions) for w in ws}
-
-    def start(self, params, *, num_workers: int) -> None:
-        if not self.regions:  # not placed: one region of every worker
-            self.place([list(range(num_workers))])
-        n = len(self.regions)
-        self.models = [params] * n  # θ_r (tensors are never changed in place)
-        self.merged = [params] * n  # θ̂_r
-        self.region_opt = [self.region_chain.init(params) for _ in range(n)]
-        self.global_opt = self.global_chain.init(params)
-        self.region_version = [0] * n  # updates applied at each region server
-        self.merged_version = [0] * n  # ... when it last merged (or started)
-        self.global_version = 0  # pushes applied at the global server
-        self.global_seen = [0] * n  # the global version each region last merged
-        self.dispatched_at: dict[int, int] = {}  # worker -> its region's version then
-        self.pending: dict[int, dict] = {}  # transfers in flight, by key (see _send)
-        self.outbox: list[Transfer] = []
-        self.next_key = 0
-        self.pushes = [0] * n
-
-    # -- the worker level ----------------------------------------------------------
-    def wants_job(self, worker: int, *, version: int) -> bool:
-        return True
-
-    def start_params(self, worker: int, params):
-        return self.models[self.region_of[worker]]
-
-    def on_dispatch(self, worker: int, *, version: int) -> None:
-        self.dispatched_at[worker] = self.region_version[self.region_of[worker]]
-
-    def staleness(self, worker: int, base_version: int, version: int) -> int:
-        r = self.region_of[worker]
-        return self.region_version[r] - self.dispatched_at.get(worker, self.region_version[r])
-
-    def on_update(self, update: Update, params):
-        r = self.region_of[update.worker]
-        step, self.region_opt[r] = self.region_chain.update(update.outer_grad,
-                                                            self.region_opt[r], update)
-        self.models[r] = T.descend(self.models[r], step)
-        self.region_version[r] += 1
-        if self.region_version[r] - self.merged_version[r] == self.push_every:
-            delta = T.tree_map(lambda a, b: a - b, self.merged[r], self.models[r])
-            self._send("push", r, delta, self.region_version[r])
-        return None  # the global model is unchanged: held until a push is merged
-
-    # -- the global level ----------------------------------------------------------
-    def _send(self, kind: str, region: int, tensors, region_version: int) -> None:
-        """Queue a transfer; ``region_version``: the region's version when it pushed
-        (a global model's transfer carries its push's, for the staleness on arrival)."""
-        key, self.next_key = self.next_key, self.next_key + 1
-        self.pending[key] = {"kind": kind, "region": region, "tensors": tensors,
-                             "region_version": region_version,
-                             "global_version": self.global_version}
-        nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
-        self.outbox.append(Transfer(key, kind, region, nbytes))
-
-    def take_transfers(self) -> list[Transfer]:
-        """Transfers to start now (the engine times them); each comes back through
-        ``on_transfer`` when it arrives."""
-        out, self.outbox = self.outbox, []
-        return out
-
-    def on_transfer(self, key: int, params) -> tuple[Any | None, int]:
-        """Transfer ``key`` arrived. Returns (new global params or None, its staleness:
-        a push's in global versions since its region last merged, a global model's in
-        region versions since its region pushed)."""
-        sent = self.pending.pop(key)
-        r = sent["region"]
-        if sent["kind"] == "push":
-            staleness = self.global_version - self.global_seen[r]
-            step, self.global_opt = self.global_chain.update(sent["tensors"], self.global_opt,
-                                                             None)
-            params = T.descend(params, step)
-            self.global_version += 1
-            self.pushes[r] += 1
-            self._send("model", r, params, sent["region_version"])
-            return params, staleness
-        a = self.merge  # the global model is back at region r: merge it in
-        self.models[r] = T.tree_map(lambda mine, glob: (1.0 - a) * mine + a * glob,
-                                    self.models[r], sent["tensors"])
-        self.merged[r] = self.models[r]
-        self.merged_version[r] = self.region_version[r]
-        self.global_seen[r] = sent["global_version"]
-        return None, self.region_version[r] - sent["region_version"]
-
-    # -- state -----------------------------------------------------------------------
-    _STATE = ("models", "merged", "region_opt", "global_opt", "region_version",
-              "merged_version", "global_version", "global_seen", "dispatched_at", "pending",
-              "next_key", "pushes", "regions", "outbox")
-
-    def state_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self._STATE}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.place(state["regions"])
-        for k in self._STATE:
-            setattr(self, k, state[k])
+        self.global_buffer_size, self.global_c = global_buffer_size, global_c
+        self.merge, self.push_every = merge, push_every
 
     def summary(self) -> str:
-        return (f"{self.name}: {len(self.regions) or '?'} regions; region DN lr {self.lr}, "
-                f"momentum {self.momentum}, N {self.buffer_size}; global DN lr "
-                f"{self.global_lr}, momentum {self.global_momentum}, N "
-                f"{self.global_buffer_size}; merge {self.merge}, push every {self.push_every}")
+        return (f"{self.name}: region DN lr {self.lr}, momentum {self.momentum}, N "
+                f"{self.buffer_size}; global DN lr {self.global_lr}, momentum "
+                f"{self.global_momentum}, N {self.global_buffer_size}; merge {self.merge}, "
+                f"push every {self.push_every}")

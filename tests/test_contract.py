@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from fedlm import servers
+from fedlm.job import JobSpec
 from fedlm.params import params_hash
 from fedlm.sim import fleet
 from fedlm.strategies import registry
-from fedlm.strategies.base import Update
 from tests.conftest import tiny_config
 from tests.support import run_engine
 
@@ -35,40 +35,48 @@ def _examples_on_path(monkeypatch):
     monkeypatch.syspath_prepend(str(EXAMPLES))
 
 
-def serve(name: str, theta, workers: int = 3):
-    """Strategy ``name`` on the server kind it runs on (``fedlm.servers``), started."""
-    cfg = tiny_config(f"workers={workers}")
-    server = servers.build(cfg, registry.build_strategy(name, {}))
-    server.start(theta, fleet.node_profiles(cfg))
-    return server
+class Served:
+    """Strategy ``name`` on the server kind its config gets (``fedlm.servers``), started,
+    driven through the calls the engine makes (``ServerCalls``)."""
+
+    def __init__(self, name: str, theta, workers: int = 3) -> None:
+        cfg = tiny_config(f"workers={workers}", f"strategy={name}")
+        self.kind = servers.build(cfg, registry.build_strategy(name, {}))
+        self.out, self.queue = [], []  # new models' hashes; messages on their way
+        self.calls = servers.ServerCalls(
+            self.kind, on_version=lambda v: self.out.append(params_hash(v.params)),
+            on_messages=self.queue.extend)
+        self.calls.start(theta, self.calls.links(fleet.node_profiles(cfg)))
+
+    def state_dict(self) -> dict:
+        return {"server": self.calls.state_dict(), "queue": list(self.queue)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.calls.load_state_dict(state["server"])
+        self.queue[:] = state["queue"]
 
 
-def drive(server, steps, start_at=0, workers=3):
-    """Feed synthetic jobs the way the engine does, through the server: dispatch free
-    workers, then finish the oldest job, and deliver every message between servers at
-    once; return the hashes of the new evaluated models."""
-    free, flight, out = list(range(workers)), [], []
-
-    def new(params):
-        if params is not None:
-            server.new_version(params)
-            out.append(params_hash(params))
+def drive(served: Served, steps, start_at=0, workers=3):
+    """Feed synthetic jobs the way the engine does, through the server's calls: dispatch
+    free workers, then finish the oldest job, and deliver the messages between servers
+    on their way; return the hashes of the new evaluated models."""
+    calls, free, flight, first = served.calls, list(range(workers)), [], len(served.out)
     for k in range(start_at, start_at + steps):
+        version, theta = calls.evaluated()
         for w in list(free):
-            if server.strategy.wants_job(w, version=server.version):
-                server.dispatched(w, server.version)
-                flight.append((w, server.version))
+            if calls.wants_job(w, version):
+                flight.append(calls.dispatch(JobSpec(1000 * k + w, w, version, 3, 0)).job)
                 free.remove(w)
-        w, base = flight.pop(0)
-        free.append(w)
+        job = flight.pop(0)
+        free.append(job.worker)
         g = torch.Generator().manual_seed(1000 + k)
         grad = OrderedDict((n, 0.01 * torch.randn(t.shape, generator=g))
-                           for n, t in server.params.items())
-        new(server.apply(server.update(worker=w, job_id=k, base_version=base, outer_grad=grad,
-                                       tokens=100, local_steps=3)))
-        for t in server.take_transfers():
-            new(server.deliver(t.key)[0])
-    return out
+                           for n, t in theta.items())
+        calls.finished(job, grad, tokens=100, steps=3)
+        arriving, served.queue[:] = list(served.queue), []
+        for m in arriving:
+            calls.arrived(m.key)
+    return served.out[first:]
 
 
 def params():
@@ -79,10 +87,10 @@ def params():
 @pytest.mark.parametrize("name", NAMES)
 def test_state_survives_a_save_load_round_trip(name, tmp_path):
     # through its server, messages between servers delivered: all of its state counts
-    a = serve(name, params())
+    a = Served(name, params())
     drive(a, 6)  # two full rounds of 3 workers: a sync round boundary
     torch.save(a.state_dict(), tmp_path / "state.pt")
-    b = serve(name, params())
+    b = Served(name, params())
     b.load_state_dict(torch.load(tmp_path / "state.pt", weights_only=False))
     # Both continue from the same point with the same inputs: same models.
     ha, hb = drive(a, 9, start_at=100), drive(b, 9, start_at=100)

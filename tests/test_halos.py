@@ -1,75 +1,122 @@
 """strategy = halos: region servers and a global server, both asynchronous
-(``fedlm.strategies.halos``; the engine's side in ``fedlm/engine/transfers.py``)."""
+(``fedlm.strategies.halos``, composed by ``fedlm.servers.regions``; the messages'
+timing in ``fedlm/engine/transfers.py``)."""
 
 import sqlite3
+from dataclasses import replace
 
 import pytest
 
-from fedlm import store
+from fedlm import servers, store
 from fedlm.replay import replay
 from fedlm.runner import run_inprocess
+from fedlm.sim import fleet
+from fedlm.strategies import registry
 from fedlm.strategies.halos import Halos
 from tests.conftest import tiny_config
 from tests.support import scalar as _p, scalar_update as _update, value as _v
+
+
+def _regions(*sets: str, topology: str):
+    """HALoS's region servers (``fedlm.servers.regions``) on one-number models, started,
+    their strategies built from ``outer.*`` ``sets``; and a way to send a job's update."""
+    cfg = tiny_config("strategy=halos", "workers=2", f"fleet.topology={topology}",
+                      *(f"outer.{s}" for s in sets))
+    server = servers.build(cfg, registry.build_strategy(cfg.strategy, cfg.outer))
+    server.start(_p(0.0), server.worker_links(fleet.node_profiles(cfg)))
+
+    def update(worker: int, g: float) -> None:  # dispatched, then its update is in
+        server.dispatched(worker, server.version)
+        u = _update(worker, g)
+        assert server.take(replace(u, staleness=server.staleness(worker, 0))) is None
+    return server, update
+
+
+def _deliver(server, message):
+    """``message`` arrives: (the evaluated model's value, its staleness)."""
+    new, staleness = server.deliver(message.key)
+    if new is not None:
+        server.new_version(new)
+    return _v(server.params), staleness
 
 
 def test_two_regions_two_workers_step_by_step():
     # Region servers: plain SGD at lr 1 (delayed Nesterov with N = 1, no momentum), so
     # an update g moves the region model by -g; global server the same; merge 0.5; push
     # after every region update. Worker 0 is region 0, worker 1 region 1.
-    s = Halos(lr=1.0, momentum=0.0, buffer_size=1, global_lr=1.0, global_momentum=0.0,
-              global_buffer_size=1, merge=0.5, push_every=1)
-    s.place([[0], [1]])
-    g = _p(0.0)
-    s.start(g, num_workers=2)
-    assert s.on_update(_update(0, 1.0), g) is None  # held: the global model does not move
-    assert _v(s.start_params(0, g)) == -1.0 and _v(s.start_params(1, g)) == 0.0
-    (push0,) = s.take_transfers()
-    assert (push0.kind, push0.region, push0.nbytes) == ("push", 0, 8)
-    s.on_update(_update(1, 2.0), g)
-    (push1,) = s.take_transfers()
+    s, update = _regions("lr=1.0", "momentum=0.0", "buffer_size=1", "global_lr=1.0",
+                         "global_momentum=0.0", "global_buffer_size=1", "merge=0.5",
+                         "push_every=1", topology="{us = 1, eu = 1}")
+    update(0, 1.0)  # held: the global model does not move
+    assert _v(s.params) == 0.0
+    assert _v(s.start_of(0)) == -1.0 and _v(s.start_of(1)) == 0.0
+    (push0,) = s.take_messages()
+    assert (push0.kind, push0.source, push0.destination, push0.nbytes) == ("push", 0, None, 8)
+    update(1, 2.0)
+    (push1,) = s.take_messages()
 
-    g, staleness = s.on_transfer(push0.key, g)  # Δ0 = 0 - (-1) = 1 at the global server
-    assert (_v(g), staleness) == (-1.0, 0)
-    (model0,) = s.take_transfers()
-    assert (model0.kind, model0.region) == ("model", 0)
-    s.dispatched_at[0] = s.region_version[0]
-    s.on_update(_update(0, 1.0), g)  # region 0 goes on while the global model travels
-    assert _v(s.start_params(0, g)) == -2.0 and s.take_transfers() == []  # one push at a time
+    assert _deliver(s, push0) == (-1.0, 0)  # Δ0 = 0 - (-1) = 1 at the global server
+    (model0,) = s.take_messages()
+    assert (model0.kind, model0.source, model0.destination) == ("model", None, 0)
+    update(0, 1.0)  # region 0 goes on while the global model travels
+    assert _v(s.start_of(0)) == -2.0 and s.take_messages() == []  # one push at a time
 
-    g, staleness = s.on_transfer(push1.key, g)  # Δ1 = 2, one global version after r1 merged
-    assert (_v(g), staleness) == (-3.0, 1)
-    (model1,) = s.take_transfers()
+    assert _deliver(s, push1) == (-3.0, 1)  # Δ1 = 2, one global version after r1 merged
+    (model1,) = s.take_messages()
 
-    new, staleness = s.on_transfer(model0.key, g)  # global -1 merged into region 0's -2
-    assert new is None and staleness == 1  # region 0 moved once since it pushed
-    assert _v(s.start_params(0, g)) == -1.5
-    new, staleness = s.on_transfer(model1.key, g)  # global -3 into region 1's -2
-    assert new is None and staleness == 0
-    assert _v(s.start_params(1, g)) == -2.5
+    assert _deliver(s, model0) == (-3.0, 1)  # -1 merged into region 0's -2; it moved once
+    assert _v(s.start_of(0)) == -1.5
+    assert _deliver(s, model1) == (-3.0, 0)  # global -3 into region 1's -2
+    assert _v(s.start_of(1)) == -2.5
 
-    s.on_update(_update(1, 1.0), g)  # region 1: -3.5, pushes Δ = -2.5 - (-3.5) = 1
-    (push2,) = s.take_transfers()
-    g, staleness = s.on_transfer(push2.key, g)
-    assert (_v(g), staleness) == (-4.0, 0)  # it had merged the latest global version
-    assert s.pushes == [1, 2]
+    update(1, 1.0)  # region 1: -3.5, pushes Δ = -2.5 - (-3.5) = 1
+    (push2,) = s.take_messages()
+    assert _deliver(s, push2) == (-4.0, 0)  # it had merged the latest global version
+    assert s.version == 3
 
 
 def test_with_k1_alpha1_and_no_global_momentum_the_global_model_follows_the_region():
-    s = Halos(lr=0.5, momentum=0.9, buffer_size=2, global_lr=1.0, global_momentum=0.0,
-              global_buffer_size=1, merge=1.0, push_every=1)
-    s.place([[0, 1]])
-    g = _p(0.0)
-    s.start(g, num_workers=2)
+    s, update = _regions("lr=0.5", "momentum=0.9", "buffer_size=2", "global_lr=1.0",
+                         "global_momentum=0.0", "global_buffer_size=1", "merge=1.0",
+                         "push_every=1", topology="{us = 2}")
     for i, grad in enumerate([1.0, -0.5, 2.0, 0.25, 1.5]):
-        s.on_update(_update(i % 2, grad), g)
-        region_now = _v(s.start_params(0, g))
-        (push,) = s.take_transfers()
-        g, _ = s.on_transfer(push.key, g)
-        assert _v(g) == pytest.approx(region_now, abs=1e-12)
-        (model,) = s.take_transfers()
-        s.on_transfer(model.key, g)
-        assert _v(s.start_params(1, g)) == pytest.approx(_v(g), abs=1e-12)
+        update(i % 2, grad)
+        region_now = _v(s.start_of(0))
+        (push,) = s.take_messages()
+        g, _ = _deliver(s, push)
+        assert g == pytest.approx(region_now, abs=1e-12)
+        (model,) = s.take_messages()
+        _deliver(s, model)
+        assert _v(s.start_of(1)) == pytest.approx(g, abs=1e-12)
+
+
+def test_a_checkpoint_of_an_older_fedlm_loads_into_the_region_servers():
+    # older fedlm kept the regions' models and both levels' optimizer states in the
+    # strategy's state: they load into the servers, which go on as if never stopped
+    s, update = _regions("buffer_size=2", "push_every=1", topology="{us = 1, eu = 1}")
+    update(0, 1.0)
+    update(1, 0.5)
+    (push0, _), state = s.take_messages(), s.state_dict()
+    old = {k: state[k] for k in ("models", "merged", "region_version", "merged_version",
+                                 "global_version", "global_seen", "dispatched_at",
+                                 "next_key", "regions")}
+    old.update(region_opt=[p["opt_state"] for p in state["parts"]],
+               global_opt=state["global"]["opt_state"], pushes=[0, 0], outbox=[],
+               pending={k: {"kind": "push" if m["destination"] is None else "model",
+                            "region": m["source"] if m["destination"] is None
+                            else m["destination"], "tensors": m["tensors"],
+                            "region_version": m["region_version"],
+                            "global_version": m["global_version"]}
+                        for k, m in state["pending"].items()})
+    legacy = {k: state[k] for k in ("params", "version", "seen")} | {"strategy": old}
+    b, update_b = _regions("buffer_size=2", "push_every=1", topology="{us = 1, eu = 1}")
+    b.load_state_dict(legacy)
+    for server, up in ((s, update), (b, update_b)):
+        _deliver(server, push0)
+        up(0, 0.25)
+    assert _v(b.params) == _v(s.params) != 0.0
+    assert _v(b.start_of(0)) == _v(s.start_of(0))
+    assert [m.key for m in b.take_messages()] == [m.key for m in s.take_messages()]
 
 
 def test_settings_out_of_range_are_refused():
@@ -173,3 +220,16 @@ def test_a_short_halos_run_with_the_defaults_trains_its_evaluated_model(tmp_path
     assert _rows(db, "SELECT count(*) FROM transfers WHERE kind = 'push'")[0][0] >= 2
     s = store.summarize(db, 1)
     assert s.final_perplexity < s.first_perplexity - 5  # K = 32: equal
+
+
+def test_the_region_servers_compose_any_asynchronous_strategy(tmp_path):
+    # server = "regions" is a kind, not HALoS: delayed Nesterov at every region's server
+    # and at the global one (a push every region version, merged whole) trains and replays
+    db = tmp_path / "dn.db"
+    run_inprocess(tiny_config("strategy=delayed-nesterov", "server=regions", "workers=4",
+                              "fleet.topology={us = 2, eu = 2}", "updates=6",
+                              "outer.buffer_size=2"), str(db))
+    (run,) = store.list_runs(db)
+    assert (run["status"], run["updates"]) == ("finished", 6)
+    assert _rows(db, "SELECT count(*) FROM transfers WHERE kind = 'push'")[0][0] >= 6
+    assert replay(db, 1).identical

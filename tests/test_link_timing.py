@@ -42,16 +42,21 @@ def test_the_simulators_job_transfers_are_the_links_rule(monkeypatch):
 
 def test_messages_between_servers_are_timed_by_the_links_rule(monkeypatch):
     from fedlm.engine import transfers
+    from fedlm.servers import Message
 
     calls = _counting(monkeypatch, transfers)
     profiles = fleet.node_profiles(tiny_config("workers=4", "fleet.topology={us = 2, eu = 2}"))
     st = transfers.ServerTransfers(tiny_config(), profiles, events=None, log=None)
-    eu = st.links[1]
-    assert st.seconds("push", 1, 8_000_000, now=0.0) == \
+    us, eu = st.links
+    # to the fleet's server: up eu's link; from it: down; between two regions: both legs
+    assert st.seconds(Message(0, 1, None, 8_000_000), now=0.0) == \
         links.transfer_seconds(8_000_000, eu.up_bw, eu.latency)
-    assert st.seconds("model", 1, 8_000_000, now=0.0) == \
+    assert st.seconds(Message(1, None, 1, 8_000_000), now=0.0) == \
         links.transfer_seconds(8_000_000, eu.down_bw, eu.latency)
-    assert len(calls) == 2
+    assert st.seconds(Message(2, 1, 0, 8_000_000), now=0.0) == \
+        links.transfer_seconds(8_000_000, eu.up_bw, eu.latency) + \
+        links.transfer_seconds(8_000_000, us.down_bw, us.latency)
+    assert len(calls) == 4  # each leg once, through the rule
 
 
 def test_the_planners_transfers_are_the_links_rule(monkeypatch):

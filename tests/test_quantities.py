@@ -119,13 +119,17 @@ def test_a_plugins_server_that_is_no_server_or_raises_is_one_line(tmp_path, monk
     (tmp_path / "plug_srv.py").write_text(
         "from fedlm.strategies.diloco import DiLoCo\n"
         "class NotServer:\n    pass\n"
-        "class A(DiLoCo):\n    name = 'a'\n    server = 'plug_srv:NotServer'\n"
-        "class B(DiLoCo):\n    name = 'b'\n    server = 'plug_raise:X'\n")
+        "class A(DiLoCo):\n    name = 'a'\n    default_server = 'plug_srv:NotServer'\n"
+        "class B(DiLoCo):\n    name = 'b'\n    default_server = 'plug_raise:X'\n")
     (tmp_path / "plug_raise.py").write_text("raise RuntimeError('boom')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(ConfigError, match=r"^strategy 'a': its server 'plug_srv:NotServer' is "
-                                          r"not a fedlm.servers.Server subclass$"):
+    with pytest.raises(ConfigError, match=r"^server \(the default of strategy 'plug_srv:A'\): "
+                                          r"'plug_srv:NotServer' is not a fedlm.servers.Server "
+                                          r"subclass$"):
         tiny_config("strategy=plug_srv:A")
-    with pytest.raises(ConfigError, match=r"^strategy 'b': its server 'plug_raise:X': importing "
-                                          r"'plug_raise' raised RuntimeError: boom$"):
+    with pytest.raises(ConfigError, match=r"^server \(the default of strategy 'plug_srv:B'\): "
+                                          r"importing 'plug_raise' raised RuntimeError: boom$"):
         tiny_config("strategy=plug_srv:B")
+    with pytest.raises(ConfigError, match=r"^server: importing 'plug_raise' raised "
+                                          r"RuntimeError: boom$"):
+        tiny_config("server=plug_raise:X")

@@ -1,6 +1,7 @@
 """Families fedlm's core does not have, as plug-ins outside fedlm/ and strategies/
-(examples/): each strategy names its own server kind (``Strategy.server``), its
-rule is pinned step by step on a toy, and its runs replay and resume bit for bit."""
+(examples/): each strategy suggests its own server kind (``default_server``, which the
+config takes), its rule is pinned step by step on a toy, and its runs replay and
+resume bit for bit."""
 
 import subprocess
 from pathlib import Path
@@ -31,25 +32,43 @@ def test_noloco_merges_each_pair_by_its_modified_nesterov_step():
 
     s = NoLoCo(lr=0.5, momentum=0.9, gamma=0.25)
     s.start(_p(1.0), num_workers=4)
+    phi = [_p(1.0)] * 4  # the workers' slow models (its server's, PeerServer)
     (a, b), (c, d) = groups(0, [0, 1, 2, 3])  # a seeded shuffle, paired in order
-    assert s.on_update(_update(a, 0.2), None) is None  # its peer has not reported
+    assert s.on_update(_update(a, 0.2), phi) is None  # its peer has not reported
     assert not s.wants_job(a, version=0) and s.wants_job(b, version=0)
-    mean = s.on_update(_update(b, 0.6), None)  # the pair merges: m = -0.5·0.4 - 0.25·0
-    assert _v(s.phi[a]) == _v(s.phi[b]) == pytest.approx(1.0 - 0.2)
-    assert _v(mean) == pytest.approx((2 * 0.8 + 2 * 1.0) / 4)  # evaluated: mean of φ
+    phi = s.on_update(_update(b, 0.6), phi)  # the pair merges: m = -0.5·0.4 - 0.25·0
+    assert _v(phi[a]) == _v(phi[b]) == pytest.approx(1.0 - 0.2)
+    assert _v(phi[c]) == _v(phi[d]) == 1.0
     assert s.round[a] == s.round[b] == 1 and s.round[c] == s.round[d] == 0
     # round 1: the pulling term -γ(φ_j - mean φ) shows once the pair's φ differ
-    s.phi[a], s.phi[b] = _p(0.8), _p(0.4)
+    phi[a], phi[b] = _p(0.8), _p(0.4)
     s.mom[a], s.mom[b] = _p(-0.2), _p(-0.2)
     group = next(g for g in groups(1, [0, 1, 2, 3]) if a in g)
     peer = next(w for w in group if w != a)
-    s.phi[peer], s.mom[peer], s.round[peer] = _p(0.4), _p(-0.2), 1
-    s.on_update(_update(a, 0.1), None)
-    s.on_update(_update(peer, 0.3), None)
+    phi[peer], s.mom[peer], s.round[peer] = _p(0.4), _p(-0.2), 1
+    assert s.on_update(_update(a, 0.1), phi) is None
+    phi = s.on_update(_update(peer, 0.3), phi)
     # m_a = 0.9·(-0.2) - 0.5·0.2 - 0.25·(0.8 - 0.6) = -0.33;  φ_a = 0.8 - 0.33
-    assert _v(s.mom[a]) == pytest.approx(-0.33) and _v(s.phi[a]) == pytest.approx(0.47)
+    assert _v(s.mom[a]) == pytest.approx(-0.33) and _v(phi[a]) == pytest.approx(0.47)
     # m_peer = -0.18 - 0.1 - 0.25·(0.4 - 0.6) = -0.23;  φ_peer = 0.4 - 0.23
-    assert _v(s.mom[peer]) == pytest.approx(-0.23) and _v(s.phi[peer]) == pytest.approx(0.17)
+    assert _v(s.mom[peer]) == pytest.approx(-0.23) and _v(phi[peer]) == pytest.approx(0.17)
+
+
+def test_noloco_s_server_keeps_the_slow_models_and_evaluates_their_mean():
+    from fedlm import servers
+    from fedlm.sim import fleet
+    from fedlm.strategies import registry
+    from noloco_example import PeerServer, groups
+
+    cfg = tiny_config(*NOLOCO, "outer.lr=0.5", "outer.momentum=0.9", "outer.gamma=0.25")
+    server = servers.build(cfg, registry.build_strategy(cfg.strategy, cfg.outer))
+    assert isinstance(server, PeerServer)
+    server.start(_p(1.0), fleet.node_profiles(cfg))
+    (a, b), _ = groups(0, [0, 1, 2, 3])
+    assert server.take(_update(a, 0.2)) is None
+    mean = server.take(_update(b, 0.6))
+    assert _v(server.start_of(a)) == _v(server.start_of(b)) == pytest.approx(0.8)
+    assert _v(mean) == pytest.approx((2 * 0.8 + 2 * 1.0) / 4)  # evaluated: mean of φ
 
 
 def test_noloco_lost_jobs_and_retired_workers_never_strand_a_peer():
@@ -57,13 +76,14 @@ def test_noloco_lost_jobs_and_retired_workers_never_strand_a_peer():
 
     s = NoLoCo(lr=1.0, momentum=0.0, gamma=0.0)
     s.start(_p(1.0), num_workers=2)
+    phi = [_p(1.0)] * 2
     (a, b), = groups(0, [0, 1])
-    s.on_update(_update(a, 0.4), None)
-    mean = s.on_job_lost(b, job_id=1, reason="error", params=None)  # b counts as g = 0
-    assert _v(s.phi[a]) == _v(s.phi[b]) == pytest.approx(0.8) and _v(mean) == pytest.approx(0.8)
-    s.on_update(_update(a, 0.2), None)
-    mean = s.on_job_lost(b, job_id=2, reason="retired", params=None)  # a merges alone
-    assert _v(s.phi[a]) == pytest.approx(0.6) and _v(s.phi[b]) == pytest.approx(0.8)
+    s.on_update(_update(a, 0.4), phi)
+    phi = s.on_job_lost(b, job_id=1, reason="error", params=phi)  # b counts as g = 0
+    assert _v(phi[a]) == _v(phi[b]) == pytest.approx(0.8)
+    s.on_update(_update(a, 0.2), phi)
+    phi = s.on_job_lost(b, job_id=2, reason="retired", params=phi)  # a merges alone
+    assert _v(phi[a]) == pytest.approx(0.6) and _v(phi[b]) == pytest.approx(0.8)
     assert not s.wants_job(b, version=0) and s.wants_job(a, version=0)
 
 

@@ -1,15 +1,22 @@
 """The server protocol (``fedlm.servers``): the engine, replay and resume reach every
-kind of server through it and name no method family; the Strategy base class keeps
-only hooks that several strategies use."""
+kind of server through ``ServerCalls`` alone and name no method family; a kind calls
+its strategies only through the Strategy base class, which keeps only hooks that
+several strategies use; the config names the kind."""
 
+import ast
+import json
 import re
 from pathlib import Path
 
+import pytest
+
 from fedlm import servers
+from fedlm.errors import ConfigError
 from fedlm.servers.regions import RegionServers
 from fedlm.servers.streamed import StreamedServer
 from fedlm.strategies.base import Strategy
-from fedlm.strategies.registry import STRATEGIES, strategy_class
+from fedlm.strategies.halos import Halos
+from fedlm.strategies.registry import STRATEGIES
 from tests.conftest import tiny_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -17,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CORE = [*sorted((ROOT / "fedlm" / "engine").glob("*.py")),
         *(ROOT / "fedlm" / f for f in ("replay.py", "runner.py", "checkpoint.py"))]
 # server kinds and strategies by name: what the core must not branch on, or mention
-FAMILIES = re.compile(r"halos|stream|fragment|two[_ -]level|region server|gossip|"
+FAMILIES = re.compile(r"halos|stream|fragment|two[_ -]level|region server|gossip|\bpush|"
                       + "|".join(rf"\b{re.escape(n)}\b" for n in STRATEGIES), re.IGNORECASE)
 
 
@@ -31,7 +38,62 @@ def test_the_grep_would_see_a_family_named_in_the_core():
     assert FAMILIES.search("if self.stream is not None:")
     assert FAMILIES.search("if strategy.two_level:")
     assert FAMILIES.search('if cfg.strategy == "fedbuff":')
-    assert not FAMILIES.search("policy = self.model.job_steps(w, version, policy)")
+    assert FAMILIES.search('bw = link.up_bw if kind == "push" else link.down_bw')
+    assert not FAMILIES.search("steps = self.server.job_steps(w, version, policy)")
+
+
+# the calls of the protocol: ServerCalls's public methods, none of them a field
+PROTOCOL = {n for n, v in vars(servers.ServerCalls).items()
+            if callable(v) and not n.startswith("_")}
+
+
+def _server_reads(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, name) of every ``<...>.server.name`` and ``server.name`` read."""
+    return [(node.lineno, node.attr) for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute)
+            and ((isinstance(node.value, ast.Attribute) and node.value.attr == "server")
+                 or (isinstance(node.value, ast.Name) and node.value.id == "server"))]
+
+
+def test_the_engine_and_replay_read_no_server_attribute_outside_the_protocol():
+    assert len(PROTOCOL) <= 15 and {"dispatch", "finished", "lost", "arrived"} <= PROTOCOL
+    reads = {p.relative_to(ROOT): _server_reads(ast.parse(p.read_text())) for p in CORE}
+    assert sum(map(len, reads.values())) > 20  # the check looks where the calls are
+    stray = [f"{p}:{line}: server.{name}" for p, found in reads.items()
+             for line, name in found if name not in PROTOCOL]
+    assert stray == []
+    # and none reaches past the calls to the kind, nor builds one of its own
+    text = "\n".join(p.read_text() for p in CORE)
+    assert "._server" not in text and text.count("servers.build(") == 2  # engine, replay
+
+
+def test_the_check_would_see_a_field_read():
+    reads = _server_reads(ast.parse("x = self.server.seen.get(w)\ny = server.seq"))
+    assert sorted(name for _, name in reads if name not in PROTOCOL) == ["seen", "seq"]
+
+
+def _strategy_calls(path: Path) -> set[str]:
+    """What a kind's code calls on the strategies it composes."""
+    return set(re.findall(r"(?:self\.strategy|self\.top|self\.parts\[[^\]]*\]|\bpart|"
+                          r"\bstrategy)\.(\w+)\(", path.read_text()))
+
+
+def test_server_kinds_call_their_strategies_through_the_strategy_base_alone():
+    base = {n for n, v in vars(Strategy).items() if callable(v) and not n.startswith("_")}
+    kinds = sorted((ROOT / "fedlm" / "servers").glob("*.py"))
+    kinds += [ROOT / "examples" / f for f in ("noloco_example.py", "overlap_dc_example.py")]
+    calls = {p.name: _strategy_calls(p) for p in kinds}
+    assert calls["regions.py"] >= {"on_update", "on_job_lost", "on_dispatch", "start"}
+    assert {p: c - base for p, c in calls.items() if c - base} == {}
+
+
+def test_halos_holds_no_hook_of_its_own():
+    # its levels are instances of it that the region servers compose: it is a strategy
+    # and nothing else (the engine's transfers do not know its words either)
+    own = [n for n, v in vars(Halos).items() if callable(v) and not n.startswith("_")
+           and n not in vars(Strategy)]
+    assert own == []
+    assert "push" not in (ROOT / "fedlm" / "engine" / "transfers.py").read_text()
 
 
 def _overriders(hook: str) -> list[str]:
@@ -50,12 +112,48 @@ def test_every_optional_hook_of_the_strategy_base_is_used_by_several_strategies(
     assert single == {}
 
 
-def test_each_run_gets_the_server_kind_its_strategy_and_config_ask_for():
-    assert servers.server_class(tiny_config(), strategy_class("diloco")) is servers.Server
-    assert servers.server_class(tiny_config("stream.fragments=2"), strategy_class("diloco")) \
-        is StreamedServer
-    assert servers.server_class(tiny_config("strategy=halos"), strategy_class("halos")) \
-        is RegionServers
+def test_the_config_names_the_kind_and_its_default_comes_from_the_strategy():
+    for sets, name, kind in (((), "one", servers.Server),
+                            (("stream.fragments=2",), "streamed", StreamedServer),
+                            (("strategy=halos",), "regions", RegionServers),
+                            (("strategy=delayed-nesterov", "server=regions"), "regions",
+                             RegionServers),
+                            (("strategy=halos", "server=one"), "one", servers.Server)):
+        cfg = tiny_config(*sets)
+        assert (cfg.server, servers.server_class(cfg)) == (name, kind)
+    # a stored run's config of an older fedlm has no server: it loads with the default
+    from fedlm.config_load import from_json
+
+    stored = json.loads(tiny_config("strategy=halos").to_json())
+    del stored["server"]
+    assert from_json(json.dumps(stored)).server == "regions"
+
+
+@pytest.mark.parametrize("sets, message", [
+    (["server=two"], r"^server: unknown kind 'two' \(known: one, streamed, regions; or "
+                     r"package.module:Class\)$"),
+    (["server=fedlm.config:Config"], r"^server: 'fedlm.config:Config' is not a "
+                                     r"fedlm.servers.Server subclass$"),
+    (["server=no_such_mod:X"], r"^server: cannot import 'no_such_mod'"),
+    (["server=streamed"], r"^server: has streaming rounds to run"),
+    (["stream.fragments=2", "server=one"], r"^stream.fragments: streaming rounds run on "
+                                           r"server = 'streamed', not 'one'"),
+    (["server=regions"], r"^server: runs an asynchronous strategy at every region's server"),
+])
+def test_a_kind_the_config_cannot_have_is_refused_in_one_line(sets, message):
+    with pytest.raises(ConfigError, match=message):
+        tiny_config(*sets)
+
+
+def test_a_strategy_that_still_names_its_server_the_old_way_is_told_how(tmp_path,
+                                                                        monkeypatch):
+    (tmp_path / "old_plug.py").write_text(
+        "from fedlm.strategies.diloco import DiLoCo\n"
+        "class A(DiLoCo):\n    name = 'a'\n    server = 'old_plug:S'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match=r"^strategy: names its server in `server` "
+                                          r"\('old_plug:S'\), which fedlm no longer reads"):
+        tiny_config("strategy=old_plug:A")
 
 
 def test_a_streamed_checkpoint_of_an_older_fedlm_loads_into_the_per_fragment_instances():

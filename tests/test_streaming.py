@@ -104,14 +104,14 @@ def test_a_fragment_round_steps_only_its_fragment_with_its_own_momentum():
     cfg = tiny_config("workers=1", "strategy=fedavg", "outer.lr=1.0", "outer.momentum=0.5",
                       "stream.fragments=2")
     s = servers.build(cfg, registry.build_strategy(cfg.strategy, cfg.outer))
-    s.start(params, fleet.node_profiles(cfg))
+    calls = servers.ServerCalls(s, on_version=lambda version: None)
+    calls.start(params, fleet.node_profiles(cfg))
 
     def round_(fragment, value):
         assert s.version % 2 == fragment  # round v is fragment v mod P's
         grad = OrderedDict((n, torch.full((1,), value)) for n in s.groups[fragment])
-        s.dispatched(0, s.version)
-        s.new_version(s.apply(s.update(worker=0, job_id=s.version, base_version=s.version,
-                                       outer_grad=grad, tokens=1, local_steps=1)))
+        job = calls.dispatch(JobSpec(s.version, 0, s.version, 1, 0)).job
+        calls.finished(job, grad, tokens=1, steps=1)
         return s.params
 
     p1 = round_(0, 1.0)  # fragment 0 moves by 1 (momentum 1), fragment 1 not at all

@@ -97,31 +97,35 @@ def test_a_dropped_update_leaves_the_rest_of_the_chain_alone():
     assert q.dropped == 1 and q.applied == 0 and q.opt_state[1] is before
 
 
-@pytest.mark.parametrize("name", sorted(n for n, c in STRATEGIES.items()
-                                         if not c.synchronous and not c.server))
+@pytest.mark.parametrize("name", sorted(n for n, c in STRATEGIES.items() if not c.synchronous))
 def test_async_strategies_are_their_chain(name):
     cls = STRATEGIES[name]
     assert issubclass(cls, AsyncStrategy) and cls.on_update is AsyncStrategy.on_update
 
 
 def test_halos_levels_are_delayed_nesterov_chains():
-    """halos is two servers' chains (tests/test_halos.py: one region is flat DN exactly):
-    each level is the delayed-Nesterov strategy's own chain with its settings."""
+    """halos's region servers and its global server each step with an instance of it
+    (fedlm.servers.regions; tests/test_halos.py: one region is flat DN exactly), which
+    is the delayed-Nesterov strategy with that level's settings."""
+    from fedlm.servers.regions import levels
     from fedlm.strategies.delayed_nesterov import DelayedNesterov
-    from fedlm.strategies.halos import Halos
+    from fedlm.strategies.registry import build_strategy
+    from tests.conftest import tiny_config
 
-    h = Halos(lr=0.3, momentum=0.8, buffer_size=3, global_lr=0.5, global_momentum=0.4,
-              global_buffer_size=2)
+    cfg = tiny_config("strategy=halos", "outer.lr=0.3", "outer.momentum=0.8",
+                      "outer.buffer_size=3", "outer.global_lr=0.5",
+                      "outer.global_momentum=0.4", "outer.global_buffer_size=2")
     theta = tree(0)
-    for level, dn in ((h.region_chain, DelayedNesterov(lr=0.3, momentum=0.8, buffer_size=3)),
-                      (h.global_chain, DelayedNesterov(lr=0.5, momentum=0.4, buffer_size=2))):
+    for level, dn in ((build_strategy("halos", cfg.outer),
+                       DelayedNesterov(lr=0.3, momentum=0.8, buffer_size=3)),
+                      (build_strategy("halos", levels(cfg).global_outer),
+                       DelayedNesterov(lr=0.5, momentum=0.4, buffer_size=2))):
+        level.start(theta, num_workers=5)
         dn.start(theta, num_workers=5)
-        state = level.init(theta)
         for k in range(5):
-            g = tree(k + 1)
-            step, state = level.update(g, state, None)
-            ref, dn.opt_state = dn.optimizer.update(g, dn.opt_state, None)
-            assert all(torch.equal(step[n], ref[n]) for n in step)
+            u = Update(0, k, 0, tree(k + 1), 1, 1, staleness=0)
+            a, b = level.on_update(u, theta), dn.on_update(u, theta)
+            assert all(torch.equal(a[n], b[n]) for n in a)
 
 
 def test_fedbuff_buffer_reads_the_chain_state():

@@ -46,14 +46,13 @@ def plan_config(args: argparse.Namespace, params: float | None) -> int:
     from fedlm.data import tokenizer
     from fedlm.plan import from_config, predict_topology, report
     from fedlm.servers.regions import RegionServers
-    from fedlm.strategies.registry import strategy_class
 
     cfg = config_load.load(args.config, args.set or [])
     if params is None:
         params = presets.parameter_count(cfg.model, cfg.data.seq_len,
                                          tokenizer.vocab_size(cfg.data.tokenizer))
     inp = from_config(cfg, params)
-    two_level = servers.server_class(cfg, strategy_class(cfg.strategy)) is RegionServers
+    two_level = issubclass(servers.server_class(cfg), RegionServers)
     names = None
     if two_level:
         from fedlm.plan.regions import predict_regions, push_every, region_inputs

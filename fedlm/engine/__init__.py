@@ -6,7 +6,8 @@ lifecycle (``workers``), every store write (``runlog``), when a run has
 diverged (``divergence``) and the timing of messages between servers
 (``transfers``); an engine's checkpointed state is composed in ``state``. The
 server side (the evaluated model, its version, the strategy and what a job is
-sent) is ``fedlm.servers``, shared with replay. docs/architecture.md draws how they fit.
+sent) is ``fedlm.servers``, driven through ``ServerCalls`` as replay drives it.
+docs/architecture.md draws how they fit.
 """
 
 from fedlm.engine.jobs import data_seed

@@ -70,7 +70,7 @@ def run_clock(cfg, zeros) -> tuple[Engine, dict[str, float]]:
     engine = Engine(cfg, strategy=registry.build_strategy(cfg.strategy, cfg.outer),
                     local_steps=registry.build_local_steps(cfg.local_steps),
                     transport=transport, fleet=fleet.node_profiles(cfg), writer=spans)
-    transport.reference = engine.model.reference  # what the run's server compares to
+    transport.reference = engine.server.reference  # what the run's server compares to
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # small tensors: threads only get in each other's way
     try:

@@ -10,9 +10,9 @@
             strategy; a new global version may follow (evaluated every eval.every
             versions, checkpointed every reliability.checkpoint_every)
 
-Who owns what: the server (``fedlm.servers``, of whichever kind the strategy and the
-config ask for) the evaluated params, their version, the strategy and what each job
-is sent (replay drives it too); the ``WorkerPool`` the workers' lifecycle; the event source
+Who owns what: the server (``fedlm.servers``, of the kind the config names, driven
+through ``ServerCalls`` as replay drives it) the evaluated params, their version, the
+strategy and what each job is sent; the ``WorkerPool`` the workers' lifecycle; the event source
 (``VirtualEvents`` or ``WallEvents``) the order of events and the time; the ``Inbox``
 the replies not yet handed on; ``InFlightJobs`` the jobs in flight; the ``RunLog``
 every store write; the ``JobMaker`` what each new job is; ``Presence`` who is there on
@@ -65,9 +65,11 @@ class Engine:
                  should_stop: Callable[[], bool] | None = None,
                  checkpoint: Callable[[dict], None] | None = None,
                  shard_sizes: list[int] | None = None) -> None:
-        self.model = servers.build(cfg, strategy)
+        self.server = servers.ServerCalls(servers.build(cfg, strategy),
+                                          on_version=self._new_version,
+                                          on_messages=lambda m: self.transfers.send(m, self.now))
         # the links a worker's jobs take: to its server (which may sit in its region)
-        servers_fleet, fleet = fleet, self.model.worker_links(fleet)
+        servers_fleet, fleet = fleet, self.server.links(fleet)
         self.cfg, self.fleet, self.policy, self.strategy = cfg, fleet, local_steps, strategy
         self.evaluate, self.progress = evaluate, progress
         self.checkpoint = checkpoint  # called with state_dict() every checkpoint_every versions
@@ -90,7 +92,7 @@ class Engine:
         self.budget = StepBudget(cfg.local_step_budget, strategy.synchronous)
         self.transfers = ServerTransfers(cfg, servers_fleet, self.events, self.log)
         # updates and eval.every count outer steps (a server may make several versions in one)
-        self.versions_wanted = self.model.versions_wanted(cfg.updates)
+        self.versions_wanted = self.server.versions_wanted(cfg.updates)
         self.grace = grace_for(cfg, strategy, local_steps, fleet)  # again once DyLU knows links
         self.base_params: dict[int, object] = {}  # versions in-flight jobs started from
         self.tokens = self.steps_done = self.jobs_done = 0
@@ -110,11 +112,11 @@ class Engine:
 
     @property
     def version(self) -> int:
-        return self.model.version
+        return self.server.evaluated()[0]
 
     @property
     def params(self):
-        return self.model.params
+        return self.server.evaluated()[1]
 
     @property
     def retired(self) -> set[int]:
@@ -139,14 +141,13 @@ class Engine:
             raise Interrupted(f"interrupted at version {self.version}") from None
 
     def _run(self, params, resume: dict | None):
-        self.model.start(params, self.fleet)  # it sizes what a whole-model job moves
-        transfers = self.events.transfer_times(  # DyLU sizes whole jobs, transfers too
-            self.model.model_bytes, self.model.up_bytes)
+        whole = self.server.start(params, self.fleet)  # what a whole-model job moves
+        transfers = self.events.transfer_times(*whole)  # DyLU sizes whole jobs, transfers too
         self.policy.start(steps=self.cfg.inner.steps, transfer_times=transfers,
                           step_times=[p.step_time for p in self.fleet])
         self.grace = grace_for(self.cfg, self.strategy, self.policy, self.fleet)
         if resume is None:
-            self.model_bytes, self.up_bytes = self.model.model_bytes, self.model.up_bytes
+            self.model_bytes, self.up_bytes = whole
             self.events.set_payload(self.model_bytes, self.up_bytes)
             self.pool.start(now=0.0)
             self._evaluate()
@@ -198,31 +199,32 @@ class Engine:
                 break
             if not self.policy.sizes_rounds and not self._takes_job(w, now):
                 continue
-            steps = self.budget.allow(self.model.job_steps(w, self.version, self.policy),
-                                      self.steps_done, self.in_flight.steps())
-            if steps > 0 or self.model.sends_empty_job(self.version):
+            steps = self.server.job_steps(w, self.version, self.policy, self._allowed)
+            if steps is not None:
                 self._dispatch(w, now, steps)
+
+    def _allowed(self, steps: int) -> int:
+        """Steps of a job within the local-step budget (``fedlm.engine.budget``)."""
+        return self.budget.allow(steps, self.steps_done, self.in_flight.steps())
 
     def _takes_job(self, w: int, now: float) -> bool:
         """Whether free worker ``w`` is offered a job now: it is there (an absent one
         leaves the pool until it is back), not retired, and the server wants one."""
         if self.presence is not None and self.presence.gone_away(w, now, self.version):
             return False
-        return w not in self.pool.retired and self.model.wants_job(w, self.version)
+        return w not in self.pool.retired and self.server.wants_job(w, self.version)
 
     def _dispatch(self, w: int, now: float, steps: int) -> None:
         index, free_since = self.pool.take(w)
         job = self.jobs.make(w, version=self.version, steps=steps, index=index,
                              prev_job=self.pool.state_job[w], keep_from=self.pool.keep_from(w))
-        sent = self.model.send(job, self.model.start_of(w), self.model.seen.get(w))
-        job, payload, timing = sent.job, sent.payload, self.model.timing(sent, self.events, index)
+        sent = self.server.dispatch(job, self.events, index)
+        job, payload, timing = sent.job, sent.payload, sent.timing
         limit = now + self.jobs.time_allowed(job, timing)
         expires = timing is not None and self.events.will_expire(timing, job.fault, limit)
-        flight = InFlight(job, now, timing, index, limit, expires,
-                          payload if self.model.keeps_job_starts else None,
+        flight = InFlight(job, now, timing, index, limit, expires, sent.keep,
                           self.presence and self.presence.departure(w, index, now, timing))
         self.log.intervals([(w, IntervalKind.IDLE, free_since, now, self.version, None)])
-        self.model.dispatched(w, self.version)
         self.in_flight.add(flight)
         self.grace.dispatched(flight)
         if self.checkpoint is not None:  # a checkpoint must be able to re-send it
@@ -249,7 +251,8 @@ class Engine:
             self.log.online(event.worker, self.now, since, self.version, absent=absent)
             return None
         if isinstance(event, Delivery):
-            self.transfers.arrived(event.key, self.model, self.now, self._new_version)
+            staleness = self.server.arrived(event.key)  # a version, messages it sends on
+            self.transfers.arrived(event.key, staleness, self.version)
             return None
         return self._finished(event.job_id, event.reply)
 
@@ -257,40 +260,38 @@ class Engine:
         flight = self.in_flight.pop(job_id)
         job, w, now = flight.job, flight.job.worker, self.now
         self.log.intervals(timeline.job_rows(self.events, flight, now, reply.compute_seconds))
-        grad, error, reason = outcome(reply, self.model.reference(job), self.cfg.network)
+        grad, error, reason = outcome(reply, self.server.reference(job), self.cfg.network)
         if error is not None:
             self._lost(flight, error, reason)
             return flight
         self.pool.accepted(w, job_id)
         self.stall.update_accepted()
-        self.model.accepted(w, job)
         self.grace.observe(flight, now)
         self.inbox.settle(job_id, "done")
         self._release(w, flight.index)
-        update = self.model.update(worker=w, job_id=job_id, base_version=job.base_version,
-                                   outer_grad=grad, tokens=reply.tokens,
-                                   local_steps=reply.steps)
+        self.server.finished(job, grad, reply.tokens, reply.steps,  # a version may follow
+                             record=lambda u, seq: self._updated(flight, reply, u, seq))
+        self.log.commit(force=False)
+        self._report()
+        return flight
+
+    def _updated(self, flight: InFlight, reply: JobResult, update, seq: int) -> None:
+        """A finished job's update, numbered ``seq``, before the strategy takes it."""
+        job, now = flight.job, self.now
         self.tokens += reply.tokens
         self.steps_done += reply.steps
         self.jobs_done += 1
         self.log.updated({
-            "seq": self.model.seq, "job_id": job_id, "worker": w,
+            "seq": seq, "job_id": job.job_id, "worker": job.worker,
             "base_version": job.base_version, "received_version": self.version,
             "staleness": update.staleness, "local_steps": reply.steps,
             "data_seed": job.data_seed, "tokens": reply.tokens,
             "train_loss": reply.train_loss, "t_dispatch": flight.t_dispatch, "t_done": now,
             "wall_arrival": reply.wall_arrival, "compute_seconds": reply.compute_seconds},
-            grad)
+            update.outer_grad)
         compute = flight.timing.compute if flight.timing is not None else reply.compute_seconds
-        self.policy.observe(w, steps=reply.steps, seconds=compute,
+        self.policy.observe(job.worker, steps=reply.steps, seconds=compute,
                             transfer=max(0.0, now - flight.t_dispatch - compute))
-        new_params = self.model.apply(update)
-        if new_params is not None:
-            self._new_version(new_params)
-        self.transfers.send(self.model, now)
-        self.log.commit(force=False)
-        self._report()
-        return flight
 
     def _lost(self, flight: InFlight, error: str, reason: str) -> None:
         job, w = flight.job, flight.job.worker
@@ -307,10 +308,7 @@ class Engine:
             self.presence.departed(w, self.now)
         elif w not in self.pool.retired:
             self._release(w, flight.index)
-        new_params = self.model.lose(w, job_id=job.job_id, reason=reason)
-        if new_params is not None:  # e.g. a sync round closed with the replies it had
-            self.log.round_closed(self.now, self.version + 1, len(self.model.held))
-            self._new_version(new_params)
+        self.server.lost(w, job.job_id, reason)  # a version may follow (a round closing)
         self.log.commit(force=False)
         self._report()
 
@@ -321,17 +319,19 @@ class Engine:
             self.events.went_offline(w, until)
             self.log.offline(w, self.now, self.cfg.faults.offline_seconds)
 
-    def _new_version(self, params) -> None:
-        seqs = self.model.new_version(params)
+    def _new_version(self, version: servers.Version) -> None:
+        """The server made a new version of the evaluated model (``ServerCalls``)."""
+        if version.cause == "lost":  # e.g. a sync round closed with the replies it had
+            self.log.round_closed(self.now, version.number, len(version.seqs))
         self.stall.new_version()
         if self.base_params:  # keep only versions that jobs still in flight started from
             used = self.in_flight.base_versions()
             self.base_params = {v: p for v, p in self.base_params.items() if v in used}
-        self.log.applied(self.version, seqs)
-        if self.version % (self.cfg.eval.every * self.model.versions_per_update) == 0:
+        self.log.applied(version.number, version.seqs)
+        if version.number % (self.cfg.eval.every * self.server.versions_per_update()) == 0:
             self._evaluate()
         every = self.cfg.reliability.checkpoint_every
-        if self.checkpoint is not None and every and self.version % every == 0:
+        if self.checkpoint is not None and every and version.number % every == 0:
             self._checkpoint_due = True
 
     def _write_checkpoint(self) -> None:

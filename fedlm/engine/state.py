@@ -3,10 +3,10 @@
 ``Engine.state_dict()`` is ``capture(engine)``, taken at the top of the loop where
 the whole state is in it; ``Engine.load_state_dict`` is ``restore``. The keys:
 
-    model          the server (``fedlm.servers``): params, version, seq, held
-                   updates, the strategy's state, what each worker last saw and
-                   whatever else its kind keeps (``driver`` in checkpoints written
-                   before the class was renamed: still read)
+    model          the server (``fedlm.servers.ServerCalls.state_dict``): params,
+                   version, seq, held updates, the strategy's state, what each worker
+                   last saw and whatever else its kind keeps (``driver`` in checkpoints
+                   written before the class was renamed: still read)
     policy, grace, pool, events, inbox, log, jobs, stall
                    each part's own ``state_dict`` (no ``grace`` in checkpoints
                    written before the grace rule kept state, no ``stall`` before the
@@ -31,7 +31,7 @@ class Engine(Protocol):
     """What this module reads and sets of an engine (``fedlm.engine.loop.Engine``): its
     parts, its totals, where it stands."""
 
-    model: Any
+    server: Any
     policy: Any
     grace: Any
     pool: Any
@@ -58,24 +58,25 @@ class Engine(Protocol):
     @property
     def now(self) -> float: ...
 
-PARTS = ("model", "policy", "grace", "pool", "events", "inbox", "log", "jobs", "in_flight",
-         "stall")
+PARTS = ("policy", "grace", "pool", "events", "inbox", "log", "jobs", "in_flight", "stall")
 TOTALS = ("model_bytes", "up_bytes", "tokens", "steps_done", "jobs_done", "last_perplexity")
 
 
 def capture(engine: Engine) -> dict:
     """``engine``'s state (an ``Engine``, at the top of its loop)."""
     st = {name: getattr(engine, name).state_dict() for name in PARTS}
+    st["model"] = engine.server.state_dict()
     st.update({name: getattr(engine, name) for name in TOTALS})
     st["transfers"] = engine.transfers.state_dict()
     return {**st, "base_params": dict(engine.base_params),
-            "last_eval_version": engine.last_eval_version, "position": position(engine)}
+            "last_eval_version": engine.last_eval_version,
+            "position": position(engine, st["model"]["seq"])}
 
 
 def restore(engine: Engine, st: dict) -> None:
     """Put ``engine`` where ``capture`` found it (in a checkpoint of this or an older
     version of fedlm)."""
-    engine.model.load_state_dict(st["model"] if "model" in st else st["driver"], st)
+    engine.server.load_state_dict(st["model"] if "model" in st else st["driver"], st)
     engine.policy.load_state_dict(st["policy"])
     engine.in_flight.load_state_dict(st["in_flight"])
     engine.grace.load_state_dict(st.get("grace", {}), engine.in_flight)  # it indexes them
@@ -90,9 +91,10 @@ def restore(engine: Engine, st: dict) -> None:
     engine.events.set_payload(engine.model_bytes, engine.up_bytes)
 
 
-def position(engine: Engine) -> dict:
-    """Where a checkpointed run stands, for the store to be cut back to it on resume."""
-    return {"version": engine.version, "op": engine.log.op, "seq": engine.model.seq,
+def position(engine: Engine, seq: int) -> dict:
+    """Where a checkpointed run stands, for the store to be cut back to it on resume
+    (``seq``: the updates handed to the strategy so far)."""
+    return {"version": engine.version, "op": engine.log.op, "seq": seq,
             "next_job_id": engine.jobs.next_job_id, "in_flight": engine.in_flight.ids(),
             "now": engine.now}
 
@@ -100,4 +102,4 @@ def position(engine: Engine) -> dict:
 def resubmit(engine: Engine) -> None:
     """Send the jobs in flight at the checkpoint again, each with what it carried."""
     for f in engine.in_flight.flights():
-        engine.transport.submit(f.job, engine.model.resend(f, engine.base_params))
+        engine.transport.submit(f.job, engine.server.resend(f, engine.base_params))

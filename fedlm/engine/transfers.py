@@ -1,26 +1,22 @@
-"""Messages between servers (``Server.take_transfers``: for example between a server
-in each region and a global one, ``fedlm.servers.regions``): how long each takes,
-and what happens when one arrives.
+"""Messages between servers (``fedlm.servers.Message``): how long each takes, and its
+arrival in the run log.
 
-Each region of the fleet may have a server next to its workers; the global server
-sits where the star topology's server does. A transfer names the region at its
-other end, and travels over that region's link to the server: its latency,
-``up_bw`` to the global server (``kind`` "push"), ``down_bw`` from it (any other
-kind), scaled by the daily cycle.
+A server is named by the index of a region of the fleet (or None: the fleet's own
+server, where the star topology's sits). A message goes up its source's link to the
+fleet's server and down its destination's: each leg the link's latency plus its
+bytes over ``up_bw`` (up) or ``down_bw`` (down), scaled by the daily cycle. So a
+message to or from the fleet's server crosses one link, one between two others two.
 
-``ServerTransfers.send`` starts the transfers the server has queued, each on the
-event clock (virtual, or the wall clock's simulated link time); ``arrived`` hands
-one back to the server, makes a version if the evaluated model changed, and logs
-the arrival as an operation: replay walks it in that order. A server that sends
-none costs nothing here.
+``ServerTransfers.send`` starts the messages a server has queued, each on the event
+clock (virtual, or the wall clock's simulated link time); ``arrived`` logs one as an
+operation once the server has taken it (``ServerCalls.arrived``): replay walks it in
+that order. A server that sends none costs nothing here.
 """
 
 from __future__ import annotations
 
-from typing import Callable
-
 from fedlm.config import Config
-from fedlm.servers import Server
+from fedlm.servers import Message
 from fedlm.sim.fleet import WorkerProfile, by_region
 from fedlm.sim.links import transfer_seconds
 from fedlm.sim.network import daily_factor
@@ -35,30 +31,29 @@ class ServerTransfers:
         self.amplitude, self.peak_hour = cfg.network.daily_amplitude, cfg.network.peak_hour
         self.flying: dict[int, dict] = {}  # key -> the transfers row so far
 
-    def seconds(self, kind: str, region: int, nbytes: int, now: float) -> float:
-        """A push (up) or the global model (down) over ``region``'s link to the server."""
-        link = self.links[region]
-        bw = link.up_bw if kind == "push" else link.down_bw
+    def seconds(self, message: Message, now: float) -> float:
+        """Up the source's link (if a region's), then down the destination's."""
         factor = daily_factor(now, self.amplitude, self.peak_hour) if self.amplitude else 1.0
-        return transfer_seconds(nbytes, bw * factor, link.latency)
+        legs = [(self.links[r], "up") for r in [message.source] if r is not None]
+        legs += [(self.links[r], "down") for r in [message.destination] if r is not None]
+        return sum(transfer_seconds(message.nbytes, (link.up_bw if way == "up" else link.down_bw)
+                                    * factor, link.latency) for link, way in legs)
 
-    def send(self, model: Server, now: float) -> None:
-        """Start every transfer the server has queued."""
-        for t in model.take_transfers():
-            at = now + self.seconds(t.kind, t.region, t.nbytes, now)
-            self.flying[t.key] = {"key": t.key, "kind": t.kind, "region": t.region,
-                                  "bytes": t.nbytes, "t_sent": now, "t_arrived": at}
-            self.events.deliver_at(at, t.key)
+    def send(self, messages: list[Message], now: float) -> None:
+        """Start ``messages`` now."""
+        for m in messages:
+            at = now + self.seconds(m, now)
+            # the log's region: the link it crosses to or from the fleet's server
+            region = m.source if m.source is not None else m.destination
+            self.flying[m.key] = {"key": m.key, "kind": m.kind, "region": region,
+                                  "bytes": m.nbytes, "t_sent": now, "t_arrived": at}
+            self.events.deliver_at(at, m.key)
 
-    def arrived(self, key: int, model: Server, now: float,
-                new_version: Callable[[object], None]) -> None:
-        """Transfer ``key`` is in: the server takes it (maybe a new version)."""
+    def arrived(self, key: int, staleness: int, version: int) -> None:
+        """Message ``key`` is in, and taken by its server (``version``: the evaluated
+        model's version after it)."""
         row = self.flying.pop(key)
-        params, staleness = model.deliver(key)
-        if params is not None:
-            new_version(params)
-        self.log.transferred({**row, "staleness": staleness, "version": model.version})
-        self.send(model, now)
+        self.log.transferred({**row, "staleness": staleness, "version": version})
 
     def state_dict(self) -> dict:
         return {"flying": {k: dict(v) for k, v in self.flying.items()}}

@@ -76,7 +76,7 @@ class BackOnline:
 
 @dataclass(frozen=True)
 class Delivery:
-    """A message between servers (``Server.take_transfers``), ``key``, has arrived."""
+    """A message between servers (``fedlm.servers.Message``), ``key``, has arrived."""
 
     key: int
 

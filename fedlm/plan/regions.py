@@ -142,14 +142,15 @@ def region_inputs(cfg, params: float, tensors: int = 1):
 
 
 def push_every(cfg) -> int:
-    """K: the halos strategy's ``outer.push_every`` (its default where the config has none)."""
-    from fedlm.strategies import registry
+    """K: the region servers' ``outer.push_every`` (the strategy's default where the
+    config has none)."""
+    from fedlm.servers import server_class
+    from fedlm.servers.regions import RegionServers, levels
 
-    K = getattr(registry.build_strategy(cfg.strategy, cfg.outer), "push_every", None)
-    if K is None:
+    if not issubclass(server_class(cfg), RegionServers):
         raise ConfigError(f"strategy: {cfg.strategy!r} has no region servers to plan "
-                          f"(predict_regions is for halos)")
-    return int(K)
+                          f"(predict_regions is for server = 'regions', as halos has)")
+    return levels(cfg).push_every
 
 
 def predict_regions(cfg, params: float, tensors: int = 1) -> Prediction:

@@ -1,47 +1,86 @@
-"""The server side of a run: one protocol (``protocol.Server``) and its kinds.
+"""The server side of a run: the calls the engine and replay make (``calls.ServerCalls``)
+and the kinds of server they drive (``protocol.Server`` and its subclasses).
 
-    Server          one server (every flat strategy)
-    StreamedServer  Streaming DiLoCo's rounds of fragments (``stream.fragments``,
-                    ``stream.overlap``, ``stream.mix``)
-    RegionServers   a server in every region and a global one (``strategy = halos``)
+    one        Server: one server (every flat strategy)
+    streamed   StreamedServer: Streaming DiLoCo's rounds of fragments (``[stream]``)
+    regions    RegionServers: a server in every region and a global one (halos)
 
-A strategy names the kind it needs in ``Strategy.server`` (a dotted path
-``package.module:Class``; empty for one server), so a plug-in brings its own kind
-without touching the engine. ``server_class`` is the one place a kind is chosen.
+The config names the kind (``server``: one of these, or ``package.module:Class`` for a
+plug-in's own). Where it names none, ``default_kind`` picks it when the config loads:
+the strategy's suggestion (a class attribute ``default_server``, as
+``default_local_steps`` suggests a local-steps policy), else ``streamed`` where the
+``[stream]`` section asks for streaming, else ``one``. ``server_class`` is the one
+place a kind is looked up.
 """
 
 from __future__ import annotations
 
 from fedlm.config import Config
 from fedlm.errors import ConfigError
-from fedlm.servers.protocol import Sent, Server
+from fedlm.servers.calls import ServerCalls, Version
+from fedlm.servers.protocol import Message, Sent, Server
 from fedlm.strategies.base import Strategy
 
-__all__ = ["Sent", "Server", "build", "server_class"]
+__all__ = ["KINDS", "Message", "Sent", "Server", "ServerCalls", "Version", "build",
+           "default_kind", "kind_name", "server_class"]
+
+KINDS = {"one": "fedlm.servers.protocol:Server",
+         "streamed": "fedlm.servers.streamed:StreamedServer",
+         "regions": "fedlm.servers.regions:RegionServers"}
 
 
-def server_class(cfg: Config, strategy: type[Strategy] | Strategy) -> type[Server]:
-    """The kind of server ``cfg``'s run has."""
+def _suggested(cfg: Config) -> str:
+    """The kind the config's strategy suggests ("": none)."""
+    from fedlm.strategies.registry import strategy_class
+
+    try:
+        return getattr(strategy_class(cfg.strategy), "default_server", "") or ""
+    except Exception:  # noqa: BLE001 - config_check reports a strategy that fails to load
+        return ""
+
+
+def default_kind(cfg: Config) -> str:
+    """The kind of server a config that names none gets (an unknown strategy or bad
+    ``[stream]`` gets ``one``: the config's checks then say what is wrong)."""
     from fedlm.strategies.fragments import Streaming
+
+    suggested = _suggested(cfg)
+    if suggested:
+        return suggested
+    try:
+        return "one" if Streaming.of_config(cfg) is None else "streamed"
+    except ValueError:
+        return "one"
+
+
+def kind_name(cfg: Config) -> str:
+    """The config's kind of server: its ``server``, or the default where it has none."""
+    return cfg.server or default_kind(cfg)
+
+
+def server_class(cfg: Config) -> type[Server]:
+    """The kind of server ``cfg``'s run has."""
     from fedlm.strategies.registry import load_dotted
 
-    if strategy.server:
-        what = f"strategy {strategy.name!r}: its server {strategy.server!r}"
-        try:
-            kind = load_dotted(strategy.server, what)
-        except (ValueError, TypeError) as exc:  # not a "package.module:Class" at all
-            if isinstance(exc, ConfigError):
-                raise
-            raise ConfigError(f"{what} is not a package.module:Class path") from None
-        if not (isinstance(kind, type) and issubclass(kind, Server)):
-            raise ConfigError(f"strategy {strategy.name!r}: its server {strategy.server!r} "
-                              f"is not a fedlm.servers.Server subclass")
-        return kind
-    if Streaming.of_config(cfg) is not None:
-        from fedlm.servers.streamed import StreamedServer
-        return StreamedServer
-    return Server
+    name = kind_name(cfg)
+    # a kind the config took from its strategy: say so
+    what = (f"server (the default of strategy {cfg.strategy!r})"
+            if name not in KINDS and name == _suggested(cfg) else "server")
+    path = KINDS.get(name, name)
+    if ":" not in path:
+        raise ConfigError(f"{what}: unknown kind {name!r} (known: {', '.join(KINDS)}; "
+                          f"or package.module:Class)")
+    try:
+        kind = load_dotted(path, what)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError):  # not a "package.module:Class" at all
+        raise ConfigError(f"{what}: {name!r} is not a package.module:Class path") from None
+    if not (isinstance(kind, type) and issubclass(kind, Server)):
+        raise ConfigError(f"{what}: {name!r} is not a fedlm.servers.Server subclass")
+    return kind
 
 
 def build(cfg: Config, strategy: Strategy) -> Server:
-    return server_class(cfg, strategy)(cfg, strategy)
+    """The server kind of ``cfg`` around ``strategy`` (``ServerCalls`` drives it)."""
+    return server_class(cfg)(cfg, strategy)

@@ -1,34 +1,24 @@
-"""The server side of a run, as the engine, replay and resume see it: one protocol.
+"""A server kind: what a kind may change, as hooks that ``ServerCalls``
+(``fedlm.servers.calls``) calls in a fixed order; the engine and replay call only
+``ServerCalls``, never these.
 
-    start(params, fleet)           the initial model; the workers' profiles
-    worker_links(fleet)            the links a worker's jobs are timed over
-    wants_job(w, version)          whether free w gets a job now (the strategy's say)
-    job_steps(w, version, policy)  inner steps of w's next job (0: none)
-    sends_empty_job(version)       whether a job of 0 steps is still sent
-    dispatched(w, version)         a job of w starts now
-    start_of(w)                    the model a job of w starts from
-    send(job, start, seen)    ->   Sent: the job as sent, its payload, its bytes
-    timing(sent, events, index)    its durations on the event clock
-    reference(job)                 what its reply's outer gradient is shaped like
-    update / apply / lose          a reply handed to the strategy (or a lost job)
-    accepted(w, job)               w's reply was taken (its state is now job's)
-    take_transfers() / deliver(k)  messages between servers, timed by the engine
-    new_version(params)            the evaluated model becomes version v + 1
-    versions_per_update            versions one of the run's `updates` makes
-    versions_wanted(updates)       the versions a run of ``updates`` makes in all
-    resend(flight, base_params)    what a job in flight carried (resume)
+    setup       worker_links(fleet), start(params, fleet) -> start_strategy(params, fleet),
+                versions_per_update, versions_wanted(updates), describe()
+    a job       wants_job(w, v), job_steps(w, v, policy), sends_empty_job(v),
+                start_of(w), send(job, start) -> Sent, timing(sent, events, index),
+                dispatched(w, v), reference(job)
+    its reply   staleness(w, base_version), accepted(w, job), take(update), lose(w, ...)
+    messages    take_messages() -> [Message], deliver(key) -> (params or None, staleness)
+    versions    new_version(params)
+    state       state_dict(), load_state_dict(state, checkpoint)
 
-``Server`` is the protocol and the one-server implementation every flat strategy
-runs on: a job starts from the global model and reports all of it. Other kinds
-(``fedlm.servers.streamed``: a fragment per round; ``fedlm.servers.regions``: a
-server in every region and a global one) override what differs. The engine and
-replay drive every kind through these calls alone, so a run and its replay hand
-updates, lost jobs, transfers and new versions to the strategy the same way, and
-a new family plugs in as a strategy that names its server (``Strategy.server``).
-
-The server owns the evaluated (and hashed) params, their version, the strategy
-and the numbering of the updates handed to it (``seq``, with those it still
-holds); it computes each update's staleness.
+``Server`` is also the one-server kind every flat strategy runs on: a job starts
+from the global model and reports all of it. Other kinds (``streamed``: a fragment
+per round; ``regions``: a server in every region and a global one; plug-ins of
+their own by dotted path) override what differs. A kind owns the models it serves
+(the evaluated, hashed one and its version; any others, such as each region's)
+and composes the strategies that step them; a strategy is only ever called through
+the ``Strategy`` base class's methods.
 """
 
 from __future__ import annotations
@@ -51,6 +41,24 @@ class Sent:
     payload: Any  # the tensors sent
     down: int  # bytes sent down
     up: int  # bytes of its reply
+    timing: Any = None  # its durations on the event clock (None: not timed, or wall clock)
+    keep: Any = None  # the start the job keeps (resume sends it again); None: a global version
+
+
+@dataclass(frozen=True)
+class Message:
+    """A message between servers, which the engine times and hands back on arrival.
+
+    A server is named by the index of its region in the fleet (``fedlm.sim.fleet.by_region``),
+    or None: the fleet's server, where the star topology's sits. A message travels
+    up its source's link to that server and down its destination's, so two region
+    servers' messages (gossip) cross both links."""
+
+    key: int  # the sender's number for it, handed back on arrival
+    source: int | None
+    destination: int | None
+    nbytes: int  # what travels
+    kind: str = ""  # a label for the run log ("push", "model", ...); no one branches on it
 
 
 class Server:
@@ -66,8 +74,6 @@ class Server:
         self.cfg, self.strategy = cfg, strategy
         self.params: Any = None
         self.version = 0
-        self.seq = 0  # updates handed to the strategy so far
-        self.held: list[int] = []  # their seqs not yet in a version
         self.seen: dict[int, int] = {}  # worker -> base version of its last accepted job
 
     # -- setup -----------------------------------------------------------------------
@@ -114,9 +120,9 @@ class Server:
         """The model a job of ``worker`` starts from now."""
         return self.params
 
-    def send(self, job: JobSpec, start, seen: int | None) -> Sent:
-        """``job`` from ``start``, for a worker whose state came from a job of global
-        version ``seen`` (None: a first job)."""
+    def send(self, job: JobSpec, start) -> Sent:
+        """``job`` from ``start`` (its worker's state came from a job of global version
+        ``self.seen.get(job.worker)``; None: a first job)."""
         return Sent(job, start, self.model_bytes, self.up_bytes)
 
     def timing(self, sent: Sent, events, index: int):
@@ -126,31 +132,12 @@ class Server:
         """Tensors shaped as the reply's outer gradient must be."""
         return self.params
 
-    def resend(self, flight, base_params: dict):
-        """What a job in flight at a checkpoint carried (resume sends it again)."""
-        if flight.start is not None:
-            return flight.start
-        start = base_params[flight.job.base_version]
-        return self.send(flight.job, start, self.seen.get(flight.job.worker)).payload
-
     # -- replies -------------------------------------------------------------------------
     def staleness(self, worker: int, base_version: int) -> int:
         return self.version - base_version
 
-    def update(self, *, worker: int, job_id: int, base_version: int, outer_grad,
-               tokens: int, local_steps: int) -> Update:
-        """The strategy's view of a finished job, with its staleness now."""
-        return Update(worker=worker, job_id=job_id, base_version=base_version,
-                      outer_grad=outer_grad, tokens=tokens, local_steps=local_steps,
-                      staleness=self.staleness(worker, base_version))
-
     def accepted(self, worker: int, job: JobSpec) -> None:
         self.seen[worker] = job.base_version
-
-    def apply(self, update: Update):
-        self.held.append(self.seq)
-        self.seq += 1
-        return self.take(update)
 
     def take(self, update: Update):
         """The strategy takes ``update``: new evaluated params, or None."""
@@ -160,33 +147,29 @@ class Server:
         return self.strategy.on_job_lost(worker, job_id=job_id, reason=reason,
                                          params=self.params)
 
-    def take_transfers(self) -> list:
-        """Messages between servers queued since the last call (``Transfer``s: key,
-        kind, region, nbytes); each comes back through ``deliver`` when it arrives."""
+    # -- messages between servers ----------------------------------------------------------
+    def take_messages(self) -> list[Message]:
+        """Messages queued since the last call; each comes back through ``deliver``."""
         return []
 
     def deliver(self, key: int) -> tuple[Any | None, int]:
-        """Transfer ``key`` arrived: (new evaluated params or None, its staleness)."""
-        raise KeyError(f"no transfer {key}: {type(self).__name__} sends none")
+        """Message ``key`` arrived: (new evaluated params or None, its staleness)."""
+        raise KeyError(f"no message {key}: {type(self).__name__} sends none")
 
-    def new_version(self, params) -> list[int]:
-        """``params`` become the next version; returns the seqs of the updates in it."""
+    def new_version(self, params) -> None:
+        """``params`` become the next version of the evaluated model."""
         self.params = params
         self.version += 1
-        seqs, self.held = self.held, []
-        return seqs
 
     # -- state -------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"params": self.params, "version": self.version, "seq": self.seq,
-                "held": list(self.held), "strategy": self.strategy.state_dict(),
-                "seen": dict(self.seen)}
+        return {"params": self.params, "version": self.version,
+                "strategy": self.strategy.state_dict(), "seen": dict(self.seen)}
 
     def load_state_dict(self, state: dict, checkpoint: dict | None = None) -> None:
         """``state`` from ``state_dict``; ``checkpoint``: the engine's whole checkpoint,
         for parts that older versions of fedlm kept beside the model."""
         self.params, self.version = state["params"], state["version"]
-        self.seq, self.held = state["seq"], list(state["held"])
         self.strategy.load_state_dict(state["strategy"])
         seen = state.get("seen", (checkpoint or {}).get("stream", {}).get("seen", {}))
         self.seen = {int(w): int(v) for w, v in seen.items()}

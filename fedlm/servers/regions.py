@@ -1,27 +1,42 @@
 """Region servers: a server next to the workers of every region and a global one
-(HALoS, ``fedlm.strategies.halos``).
+(``server = "regions"``; HALoS, ``strategy = "halos"``, runs on it).
 
-A worker's job starts from its region's model and reports to its region's server
-over the region's own link; the region servers and the global server exchange
-``Transfer``s, which the engine times over each region's link to the global
-server (``fedlm.engine.transfers``) and hands back on arrival, as operations of
-the run log. The evaluated (and hashed) model is the global server's.
+The kind owns every model and composes strategies, as the streamed server composes
+one per fragment: each region's server holds its region's model θ_r and an instance
+of the run's strategy, which takes the region's workers' updates on θ_r (a region
+version each time it steps); the global server holds the evaluated (and hashed)
+model θ_g and an instance of its own, made with the ``outer.global_*`` settings in
+place of the plain ones (``global_lr`` for ``lr``, ...: ``levels``). Between them go
+messages (``Message``), which the engine times over each region's link to the global
+server (``fedlm.engine.transfers``) and hands back on arrival, as operations of the
+run log:
 
-A strategy served here implements, beside ``Strategy``'s calls:
+    every K region versions since its last merge (K = outer.push_every), region r
+        sends Δ_r = θ̂_r − θ_r up ("push"; θ̂_r: θ_r right after that merge)
+    the global server takes Δ_r as an update from r (a new evaluated version when its
+        strategy steps) and sends θ_g back down ("model")
+    region r merges it: θ_r ← (1 − α)·θ_r + α·θ_g;  θ̂_r ← θ_r   (α = outer.merge)
 
-    place(regions)                 the workers of each region, before ``start``
-    start_params(w, params)        the model a job of w starts from (its region's)
-    staleness(w, base_version, v)  an arriving update's staleness
-    take_transfers()               Transfers queued since the last call
-    on_transfer(key, params)  ->   (new global params or None, its staleness)
+A worker's job starts from its region's model and reports to its region's server over
+the region's own link (``local_links``); nobody waits for the global server. Staleness
+is counted per level: a worker update's in region versions since its dispatch; a push's
+in global versions since its region last merged; a returning model's in region versions
+since its region pushed.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+import inspect
+from dataclasses import dataclass, replace
+from typing import Any
 
-from fedlm.servers.protocol import Server
+from fedlm.config import Config
+from fedlm.servers.protocol import Message, Server
 from fedlm.sim.fleet import REGIONS, Region, WorkerProfile, by_region
+from fedlm.strategies.base import Strategy, Update
+from fedlm.strategies.transforms import tree_map
+
+GLOBAL = "global_"  # outer.global_X is X for the global server's strategy
 
 
 def local_links(fleet: list[WorkerProfile], intra_bw: float) -> list[WorkerProfile]:
@@ -31,25 +46,191 @@ def local_links(fleet: list[WorkerProfile], intra_bw: float) -> list[WorkerProfi
                                      p.region.intra_bw or intra_bw)) for p in fleet]
 
 
+@dataclass(frozen=True)
+class Levels:
+    """What the config says of the two levels beyond the region servers' strategy
+    (``outer`` itself): the global server's strategy settings and the region servers'
+    own (a strategy that declares no ``merge`` or ``push_every`` gets 1: a push after
+    every region version, a merge that takes the global model whole)."""
+
+    global_outer: dict[str, Any]
+    merge: float  # α
+    push_every: int  # K
+
+
+def levels(cfg: Config) -> Levels:
+    from fedlm.strategies.registry import strategy_class
+
+    # the strategy's defaults where the config gives none: its constructor's
+    params = inspect.signature(strategy_class(cfg.strategy).__init__).parameters
+    outer = {**{k: p.default for k, p in params.items() if p.default is not p.empty},
+             **cfg.outer}
+    top = {**outer, **{k[len(GLOBAL):]: v for k, v in outer.items() if k.startswith(GLOBAL)}}
+    return Levels(top, float(outer.get("merge", 1.0)), int(outer.get("push_every", 1)))
+
+
 class RegionServers(Server):
     keeps_job_starts = True  # a region's model moves on: a job's start is its own
     shared_link = False  # workers talk to their region's server, not a shared one
+
+    def __init__(self, cfg: Config, strategy: Strategy) -> None:
+        super().__init__(cfg, strategy)
+        self.levels = levels(cfg)
 
     def worker_links(self, fleet: list) -> list:
         return local_links(fleet, self.cfg.network.intra_bw)
 
     def start_strategy(self, params, fleet: list) -> None:
-        self.strategy.place(by_region(fleet))
-        super().start_strategy(params, fleet)
+        from fedlm.strategies import registry
+
+        self.regions = by_region(fleet)
+        self.region_of = {w: r for r, ws in enumerate(self.regions) for w in ws}
+        n = len(self.regions)
+        # the run's strategy at the first region's server, one like it at every other
+        self.parts = [self.strategy] + [registry.build_strategy(self.cfg.strategy, self.cfg.outer)
+                                        for _ in range(n - 1)]
+        self.top = registry.build_strategy(self.cfg.strategy, self.levels.global_outer)
+        for part, workers in zip(self.parts, self.regions):
+            part.start(params, num_workers=len(workers))
+        self.top.start(params, num_workers=n)
+        self.models = [params] * n  # θ_r (tensors are never changed in place)
+        self.merged = [params] * n  # θ̂_r
+        self.region_version = [0] * n  # versions of each region's model
+        self.merged_version = [0] * n  # ... when it last merged (or started)
+        self.global_version = 0  # versions of the global model (pushes it stepped on)
+        self.global_seen = [0] * n  # the global version each region last merged
+        self.work = [(0, 0)] * n  # tokens, inner steps of each region's updates since its push
+        self.dispatched_at: dict[int, int] = {}  # worker -> its region's version then
+        self.pending: dict[int, dict] = {}  # messages on their way, by key (see _send)
+        self.outbox: list[Message] = []
+        self.next_key = 0
+
+    # -- the region servers ----------------------------------------------------------
+    def wants_job(self, worker: int, version: int) -> bool:
+        r = self.region_of[worker]
+        return self.parts[r].wants_job(worker, version=self.region_version[r])
+
+    def dispatched(self, worker: int, version: int) -> None:
+        r = self.region_of[worker]
+        self.dispatched_at[worker] = self.region_version[r]
+        self.parts[r].on_dispatch(worker, version=self.region_version[r])
 
     def start_of(self, worker: int):
-        return self.strategy.start_params(worker, self.params)
+        return self.models[self.region_of[worker]]
 
     def staleness(self, worker: int, base_version: int) -> int:
-        return self.strategy.staleness(worker, base_version, self.version)
+        r = self.region_of[worker]
+        return self.region_version[r] - self.dispatched_at.get(worker, self.region_version[r])
 
-    def take_transfers(self) -> list:
-        return self.strategy.take_transfers()
+    def take(self, update: Update):
+        r = self.region_of[update.worker]
+        tokens, steps = self.work[r]
+        self.work[r] = (tokens + update.tokens, steps + update.local_steps)
+        self._region_step(r, self.parts[r].on_update(update, self.models[r]))
+        return None  # the global model is unchanged: held until a push is merged
 
-    def deliver(self, key: int) -> tuple:
-        return self.strategy.on_transfer(key, self.params)
+    def lose(self, worker: int, *, job_id: int, reason: str):
+        r = self.region_of[worker]
+        self._region_step(r, self.parts[r].on_job_lost(worker, job_id=job_id, reason=reason,
+                                                       params=self.models[r]))
+        return None
+
+    def _region_step(self, r: int, new) -> None:
+        """Region ``r``'s strategy stepped to ``new`` (None: it did not); every K
+        region versions since its last merge, it pushes."""
+        if new is None:
+            return
+        self.models[r] = new
+        self.region_version[r] += 1
+        if self.region_version[r] - self.merged_version[r] == self.levels.push_every:
+            delta = tree_map(lambda a, b: a - b, self.merged[r], self.models[r])
+            self._send(r, None, "push", delta)
+            self.work[r] = (0, 0)
+
+    # -- messages --------------------------------------------------------------------
+    def _send(self, source: int | None, destination: int | None, kind: str, tensors,
+              region_version: int | None = None) -> None:
+        """Queue a message; a push carries its region's version and work, a global
+        model the version of the push it answers (for the staleness on arrival)."""
+        key, self.next_key = self.next_key, self.next_key + 1
+        r = source if source is not None else destination
+        tokens, steps = self.work[r] if source is not None else (0, 0)
+        self.pending[key] = {"source": source, "destination": destination, "tensors": tensors,
+                             "region_version": (self.region_version[r] if region_version is None
+                                                else region_version),
+                             "global_version": self.global_version, "tokens": tokens,
+                             "steps": steps}
+        nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+        self.outbox.append(Message(key, source, destination, nbytes, kind))
+
+    def take_messages(self) -> list[Message]:
+        out, self.outbox = self.outbox, []
+        return out
+
+    def deliver(self, key: int) -> tuple[Any | None, int]:
+        """Message ``key`` arrived: a push at the global server (maybe a new global
+        version), or the global model at a region's server (merged in)."""
+        sent = self.pending.pop(key)
+        if sent["destination"] is None:
+            return self._at_global(key, sent)
+        r, a = sent["destination"], self.levels.merge
+        self.models[r] = tree_map(lambda mine, glob: (1.0 - a) * mine + a * glob,
+                                  self.models[r], sent["tensors"])
+        self.merged[r] = self.models[r]
+        self.merged_version[r] = self.region_version[r]
+        self.global_seen[r] = sent["global_version"]
+        return None, self.region_version[r] - sent["region_version"]
+
+    def _at_global(self, key: int, sent: dict) -> tuple[Any | None, int]:
+        """A push is in: an update of the global server's strategy; θ_g goes back."""
+        r = sent["source"]
+        staleness = self.global_version - self.global_seen[r]
+        update = Update(worker=r, job_id=key, base_version=self.global_seen[r],
+                        outer_grad=sent["tensors"], tokens=sent["tokens"],
+                        local_steps=sent["steps"], staleness=staleness)
+        new = self.top.on_update(update, self.params)
+        if new is not None:
+            self.global_version += 1
+        self._send(None, r, "model", self.params if new is None else new,
+                   sent["region_version"])
+        return new, staleness
+
+    # -- state -----------------------------------------------------------------------
+    _STATE = ("regions", "models", "merged", "region_version", "merged_version",
+              "global_version", "global_seen", "work", "dispatched_at", "pending", "outbox",
+              "next_key")
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "parts": [p.state_dict() for p in self.parts],
+                "global": self.top.state_dict(), **{k: getattr(self, k) for k in self._STATE}}
+
+    def load_state_dict(self, state: dict, checkpoint: dict | None = None) -> None:
+        if "parts" not in state:
+            state = _from_strategy(state)
+        super().load_state_dict(state, checkpoint)
+        for part, st in zip(self.parts, state["parts"]):
+            part.load_state_dict(st)
+        self.top.load_state_dict(state["global"])
+        for k in self._STATE:
+            setattr(self, k, state[k])
+        self.region_of = {w: r for r, ws in enumerate(self.regions) for w in ws}
+
+
+def _from_strategy(state: dict) -> dict:
+    """A checkpoint of an older fedlm kept the regions' models and both levels'
+    optimizer states in the strategy's state (``halos``): the same, in today's places."""
+    old = state["strategy"]
+    n = len(old["regions"])
+    parts = [{"opt_state": old["region_opt"][r], "num_workers": len(old["regions"][r]),
+              "applied": old["region_version"][r]} for r in range(n)]
+    pending = {k: {"source": m["region"] if m["kind"] == "push" else None,
+                   "destination": None if m["kind"] == "push" else m["region"],
+                   "tensors": m["tensors"], "region_version": m["region_version"],
+                   "global_version": m["global_version"], "tokens": 0, "steps": 0}
+               for k, m in old["pending"].items()}
+    kept = ("regions", "models", "merged", "region_version", "merged_version", "global_version",
+            "global_seen", "dispatched_at", "next_key")
+    return {**state, "strategy": parts[0], "parts": parts, "pending": pending, "outbox": [],
+            "work": [(0, 0)] * n, **{k: old[k] for k in kept},
+            "global": {"opt_state": old["global_opt"], "num_workers": n,
+                       "applied": old["global_version"]}}

@@ -7,8 +7,8 @@ carries is what its worker lacks: the whole model on the worker's first job;
 afterwards only the global fragments changed since the version its state was
 made from (normally the one fragment the previous round synchronised), to be
 mixed in at inner step τ. ``what_to_send`` is the rule, applied with the base
-version of the worker's last accepted job: the engine's (``Server.seen``) or the
-one replay reads from the jobs table, so both send the same.
+version of the worker's last accepted job (``Server.seen``: a run and its replay
+accept the same jobs in the same order, so both send the same).
 
 Timing (virtual clock): the exchange a job waits for is the previous round's
 (its fragment's upload and the new fragments' download, or their all-reduce),
@@ -136,10 +136,11 @@ class StreamedServer(Server):
     def sends_empty_job(self, version: int) -> bool:
         return self.flushing(version)
 
-    def send(self, job: JobSpec, start, seen: int | None) -> Sent:
+    def send(self, job: JobSpec, start) -> Sent:
         """The fragments the worker lacks, to mix in τ steps into the job."""
-        sent, fields = what_to_send(self.streaming, self.groups, self.names, seen,
-                                    job.base_version, self.flushing(job.base_version))
+        sent, fields = what_to_send(self.streaming, self.groups, self.names,
+                                    self.seen.get(job.worker), job.base_version,
+                                    self.flushing(job.base_version))
         job = replace(job, **fields)
         payload = OrderedDict((n, start[n]) for n in sent)
         return Sent(job, payload, num_bytes(payload) if sent else 0,

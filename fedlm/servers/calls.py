@@ -1,0 +1,153 @@
+"""The server side as the engine and replay call it: fifteen calls, each event's hooks of
+the server kind (``fedlm.servers.protocol``) in their one order, written once.
+
+    setup        links(fleet), start(params, fleet) -> (down, up), versions_wanted(updates),
+                 versions_per_update()
+    the model    evaluated() -> (version, params)
+    a job        wants_job(w, v), job_steps(w, v, policy, allow) -> steps or None,
+                 dispatch(job, events, index) -> Sent, reference(job)
+    an event     finished(job, grad, tokens, steps, record) -> Update, lost(w, job_id,
+                 reason), arrived(key) -> staleness
+    checkpoints  state_dict(), load_state_dict(state, checkpoint), resend(flight, base_params)
+
+Every event may make a new version of the evaluated model and queue messages between
+servers: each ends the same way, the version first (``on_version``: the engine logs,
+evaluates and checkpoints, replay keeps it), then the messages (``on_messages``: the
+engine times them, replay ignores them, their arrivals are in its log). ``ServerCalls``
+also numbers the updates it hands on (``seq``), and knows which are not yet in a
+version (``held``): the run log's view, not a kind's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+from fedlm.job import JobSpec
+from fedlm.servers.protocol import Message, Sent, Server
+from fedlm.strategies.base import Update
+
+
+@dataclass(frozen=True)
+class Version:
+    """A new version of the evaluated model, and what made it."""
+
+    number: int
+    params: Any
+    seqs: list[int]  # the updates in it (numbered by ``ServerCalls``)
+    cause: str  # "update" | "lost" (e.g. a sync round closed with what it had) | "message"
+
+
+class ServerCalls:
+    """A server kind, driven the one way the engine and replay both drive it."""
+
+    def __init__(self, server: Server, *, on_version: Callable[[Version], None],
+                 on_messages: Callable[[list[Message]], None] = lambda messages: None) -> None:
+        self._server = server
+        self._on_version, self._on_messages = on_version, on_messages
+        self._seq = 0  # updates handed to the strategy so far
+        self._held: list[int] = []  # their seqs not yet in a version
+
+    # -- setup -------------------------------------------------------------------------
+    def links(self, fleet: list) -> list:
+        """The profiles a worker's jobs are timed over (its link to its server)."""
+        return self._server.worker_links(fleet)
+
+    def start(self, params, fleet: list) -> tuple[int, int]:
+        """Start from ``params``; returns the bytes a whole-model job moves (down, up)."""
+        self._server.start(params, fleet)
+        return self._server.model_bytes, self._server.up_bytes
+
+    def versions_wanted(self, updates: int) -> int:
+        return self._server.versions_wanted(updates)
+
+    def versions_per_update(self) -> int:
+        """Versions one of the run's ``updates`` (and ``eval.every``) counts."""
+        return self._server.versions_per_update
+
+    def evaluated(self) -> tuple[int, Any]:
+        """The evaluated (and hashed) model's version and params."""
+        return self._server.version, self._server.params
+
+    # -- a job -------------------------------------------------------------------------
+    def wants_job(self, worker: int, version: int) -> bool:
+        return self._server.wants_job(worker, version)
+
+    def job_steps(self, worker: int, version: int, policy,
+                  allow: Callable[[int], int] = lambda steps: steps) -> int | None:
+        """Inner steps of ``worker``'s next job, within ``allow`` (the engine's step
+        budget); None: no job (0 steps, unless the kind sends a job of none)."""
+        steps = allow(self._server.job_steps(worker, version, policy))
+        return steps if steps > 0 or self._server.sends_empty_job(version) else None
+
+    def dispatch(self, job: JobSpec, events=None, index: int = 0) -> Sent:
+        """``job`` starts now: what it is sent, timed on ``events`` (None: not timed)."""
+        s = self._server
+        sent = s.send(job, s.start_of(job.worker))
+        timing = s.timing(sent, events, index) if events is not None else None
+        s.dispatched(job.worker, job.base_version)
+        self._messages()
+        return replace(sent, timing=timing, keep=sent.payload if s.keeps_job_starts else None)
+
+    def reference(self, job: JobSpec):
+        """Tensors shaped as ``job``'s outer gradient must be."""
+        return self._server.reference(job)
+
+    # -- events ------------------------------------------------------------------------
+    def finished(self, job: JobSpec, grad, tokens: int, steps: int,
+                 record: Callable[[Update, int], None] = lambda update, seq: None) -> Update:
+        """``job``'s reply was accepted: its update, numbered (``record`` sees it before
+        the strategy takes it), goes to the strategy."""
+        s, w = self._server, job.worker
+        s.accepted(w, job)
+        update = Update(worker=w, job_id=job.job_id, base_version=job.base_version,
+                        outer_grad=grad, tokens=tokens, local_steps=steps,
+                        staleness=s.staleness(w, job.base_version))
+        seq = self._seq
+        record(update, seq)
+        self._held.append(seq)
+        self._seq += 1
+        self._version(s.take(update), "update")
+        self._messages()
+        return update
+
+    def lost(self, worker: int, job_id: int, reason: str) -> None:
+        """A job of ``worker`` is lost (``Strategy.on_job_lost``'s reasons)."""
+        self._version(self._server.lose(worker, job_id=job_id, reason=reason), "lost")
+        self._messages()
+
+    def arrived(self, key: int) -> int:
+        """Message ``key`` arrived; returns its staleness (the kind's measure)."""
+        params, staleness = self._server.deliver(key)
+        self._version(params, "message")
+        self._messages()
+        return staleness
+
+    def _version(self, params, cause: str) -> None:
+        if params is None:
+            return
+        self._server.new_version(params)
+        seqs, self._held = self._held, []
+        self._on_version(Version(self._server.version, params, seqs, cause))
+
+    def _messages(self) -> None:
+        messages = self._server.take_messages()
+        if messages:
+            self._on_messages(messages)
+
+    # -- checkpoints -------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {**self._server.state_dict(), "seq": self._seq, "held": list(self._held)}
+
+    def load_state_dict(self, state: dict, checkpoint: dict | None = None) -> None:
+        """``state`` from ``state_dict`` (``checkpoint``: the engine's whole one, where
+        older versions of fedlm kept parts of it)."""
+        self._server.load_state_dict(state, checkpoint)
+        self._seq, self._held = state["seq"], list(state["held"])
+
+    def resend(self, flight, base_params: dict):
+        """What a job in flight at a checkpoint carried (resume sends it again)."""
+        if flight.start is not None:
+            return flight.start
+        start = base_params[flight.job.base_version]
+        return self._server.send(flight.job, start).payload
