@@ -16,15 +16,14 @@ Plots go under experiments/results/fleets/.
 
 from __future__ import annotations
 
-import sqlite3
 import statistics
 import sys
 from collections import defaultdict
-from contextlib import closing
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fedlm import store  # noqa: E402
+from fedlm.store import readers as store_readers  # noqa: E402
 
 T95 = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571}  # two-sided t by sample size
 OUT = Path(__file__).resolve().parent / "results" / "fleets"
@@ -140,29 +139,22 @@ def dn_diagnostics(db: str, runs: dict, arm: str = "DN + DyLU") -> list[str]:
     staleness of the applied updates, jobs per version, evaluations."""
     lines = [f"| fleet | {arm}: inner steps lost (departed) | mean staleness | max "
              "| updates | jobs | reference's versions |", "|---|---|---|---|---|---|---|"]
-    with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
-        for fleet in fleets_of(runs):
-            if (fleet, arm) not in runs:
-                continue
-            lost, stale, worst, ups, jobs = [], [], [], [], []
-            for r in runs[(fleet, arm)].values():
-                rid = r["id"]
-                done = conn.execute("SELECT COALESCE(SUM(local_steps), 0) FROM jobs WHERE "
-                                    "run_id=? AND status='done'", (rid,)).fetchone()[0]
-                gone = conn.execute("SELECT COALESCE(SUM(local_steps), 0) FROM jobs WHERE "
-                                    "run_id=? AND reason='departed'", (rid,)).fetchone()[0]
-                s = conn.execute("SELECT AVG(staleness), MAX(staleness), COUNT(*) FROM "
-                                 "updates WHERE run_id=?", (rid,)).fetchone()
-                lost.append(gone / max(1, done + gone))
-                stale.append(s[0] or 0.0)
-                worst.append(s[1] or 0)
-                jobs.append(s[2])
-                ups.append(r["updates"])
-            ref = [r["updates"] for r in runs.get((fleet, REFERENCE), {}).values()] or [0]
-            lines.append(f"| {fleet} | {100 * statistics.mean(lost):.1f}% | "
-                         f"{statistics.mean(stale):.2f} | {max(worst)} | "
-                         f"{round(statistics.mean(ups)):,} | {round(statistics.mean(jobs)):,} | "
-                         f"{round(statistics.mean(ref)):,} |")
+    for fleet in fleets_of(runs):
+        if (fleet, arm) not in runs:
+            continue
+        lost, stale, worst, ups, jobs = [], [], [], [], []
+        for r in runs[(fleet, arm)].values():
+            w = store_readers.work(db, r["id"])
+            lost.append(w.steps_departed / max(1, w.steps_done + w.steps_departed))
+            stale.append(w.mean_staleness)
+            worst.append(w.max_staleness)
+            jobs.append(w.updates)
+            ups.append(r["updates"])
+        ref = [r["updates"] for r in runs.get((fleet, REFERENCE), {}).values()] or [0]
+        lines.append(f"| {fleet} | {100 * statistics.mean(lost):.1f}% | "
+                     f"{statistics.mean(stale):.2f} | {max(worst)} | "
+                     f"{round(statistics.mean(ups)):,} | {round(statistics.mean(jobs)):,} | "
+                     f"{round(statistics.mean(ref)):,} |")
     return lines + [""]
 
 

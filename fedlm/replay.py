@@ -211,15 +211,11 @@ def _trainer(cfg, batched: bool | None, server_device: str = "cpu"):
 
 
 def _in_process(db, run_id: int) -> bool:
-    from contextlib import closing
-
     from fedlm.runner import IN_PROCESS
-    from fedlm.store import connect_readonly
+    from fedlm.store.readers import worker_nodes
 
-    with closing(connect_readonly(db)) as conn:
-        row = conn.execute("SELECT node_id FROM workers WHERE run_id=? LIMIT 1",
-                           (run_id,)).fetchone()
-    return row is not None and row[0] == IN_PROCESS
+    nodes = worker_nodes(db, run_id)
+    return bool(nodes) and nodes[0] == IN_PROCESS
 
 
 def describe(result: ReplayResult) -> str:

@@ -221,10 +221,10 @@ def bench_model(model: str, args, device: str, peak: float | None) -> list[dict]
           "sim.batched=on", "inner.compile=false"])]
     if args.arms:  # a subset, by position: 1 sync, 2 async, 3 jobs at once, 4-5 16 workers
         configs = [configs[int(k) - 1] for k in args.arms.split(",") if k]
-    if args.smoke:  # one fedlm process (the last); the others' settings are only loaded
-        for _, sets in configs[:-1]:
+    if args.smoke:  # one fedlm process (jobs at once); the others' settings only loaded
+        for _, sets in configs:
             config_load.load(None, [*common, *sets])
-        configs = configs[-1:]
+        configs = [c for c in configs if "jobs at once" in c[0]]
     with tempfile.TemporaryDirectory() as tmp:
         for label, sets in configs:
             try:

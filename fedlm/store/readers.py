@@ -282,6 +282,36 @@ def operation_log(path: str | Path, run_id: int) -> OperationLog:
     return OperationLog(run, jobs, updates, transfers)
 
 
+class Work(NamedTuple):
+    """What a run's jobs did: inner steps of the jobs that finished and of those lost
+    because their worker went away; staleness of the updates; how many there were."""
+
+    steps_done: int
+    steps_departed: int
+    mean_staleness: float
+    max_staleness: int
+    updates: int
+
+
+def work(path: str | Path, run_id: int) -> Work:
+    with closing(connect_readonly(path)) as conn:
+        done = conn.execute("SELECT COALESCE(SUM(local_steps), 0) FROM jobs WHERE run_id=? "
+                            "AND status='done'", (run_id,)).fetchone()[0]
+        gone = conn.execute("SELECT COALESCE(SUM(local_steps), 0) FROM jobs WHERE run_id=? "
+                            "AND reason='departed'", (run_id,)).fetchone()[0]
+        mean, worst, count = conn.execute("SELECT AVG(staleness), MAX(staleness), COUNT(*) "
+                                          "FROM updates WHERE run_id=?", (run_id,)).fetchone()
+    return Work(done, gone, mean or 0.0, worst or 0, count)
+
+
+def worker_nodes(path: str | Path, run_id: int) -> list[str | None]:
+    """The node that held each worker of run ``run_id``, in worker order (``in-process``
+    for a run whose jobs ran in its own process)."""
+    with closing(connect_readonly(path)) as conn:
+        return [r[0] for r in conn.execute("SELECT node_id FROM workers WHERE run_id=? "
+                                           "ORDER BY worker", (run_id,))]
+
+
 def input_pins(path: str | Path, run_id: int) -> list[str]:
     """The files run ``run_id`` pinned when it began (``fedlm.store.inputs``): its
     ``input_file`` events' details, JSON each."""
