@@ -11,6 +11,7 @@ before a run is stored, whichever transport runs it.
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass
 import uuid
 from contextlib import closing
 from pathlib import Path
@@ -80,90 +81,126 @@ def execute(cfg: Config, db_path: str, connect: Connect,
     outer step live (the run's GPU in process; the host where updates come over a wire).
     """
     strategy = registry.build_strategy(cfg.strategy, cfg.outer)
-    state, notes, origin, found = None, [], None, None
-    if resume is None:
-        origin = start_lib.resolve(cfg, db_path)  # a bad init.from: refused before it is stored
-        pinned = inputs.pins(cfg)  # the files it names, by content: read before it is stored
-        writer = open_run(cfg, db_path, strategy)
-        inputs.record(writer, pinned)
-        run_key = uuid.uuid4().hex
-    else:
-        # a trace rewritten since the run began would finish it on another fleet
-        inputs.check_unchanged(input_pins(db_path, resume), cfg, resume, "resume")
-        writer = RunWriter.reopen(db_path, resume)  # refuses a run whose writer is alive
-        try:
-            own = ckpt_lib.identity(writer.store_id, db_path, resume, writer.created_at)
-            found = ckpt_lib.locate(db_path, resume, own)
-            state, run_key, notes = _rewind(writer, found or ckpt_lib.folder_for(db_path, resume),
-                                            server_device)
-        except BaseException:
-            writer.close()
-            raise
-    folder = found or ckpt_lib.folder_for(db_path, writer.run_id)
-    whose = ckpt_lib.identity(writer.store_id, db_path, writer.run_id, writer.created_at)
+    run = _open(cfg, db_path, strategy, resume, server_device)
+    writer = run.writer
     if on_start:
         on_start(writer.run_id)
     engine = transport = None
     try:
-        transport, node_of = connect(run_key)
-        notes = [*notes, *_batched_mode(transport, db_path, writer.run_id,
-                                        resumed=state is not None)]
-        fleet = fleet_lib.node_profiles(cfg)
-        sizes = shard_sizes(cfg)
-        writer.add_workers(worker_rows(cfg, fleet, node_of, sizes))
-        if state is None:  # a new run (or a resume that starts over): where it starts
-            begin = start_lib.starting_point(cfg, db_path, resolved=origin,
-                                             progress=pretrain_progress)
-            params = precision.to_device(begin.params, server_device)
-            writer.set_model_info(sum(p.numel() for p in params.values()),
-                                  begin.initial_hash, params_hash(params))
-            notes = [*notes, *begin.notes]
-        else:
-            params = start_lib.initial(cfg)  # shapes for the strategy; the state has the rest
-
-        def save_checkpoint(engine_state: dict) -> None:
-            writer.commit()
-            ckpt_lib.save(folder, engine_state["position"]["version"],
-                          {"engine": engine_state, "db": writer.positions(), "run_key": run_key,
-                           "run": whose},
-                          keep=cfg.reliability.checkpoint_keep)
-
-        engine = Engine(cfg, strategy=strategy,
-                        local_steps=registry.build_local_steps(cfg.local_steps),
-                        transport=transport, fleet=fleet, writer=writer,
-                        evaluate=Evaluator(cfg), progress=progress,
-                        should_stop=should_stop,
-                        checkpoint=save_checkpoint if cfg.reliability.checkpoint_every else None,
-                        shard_sizes=sizes)
-        for kind, detail in notes:
-            writer.add_event(kind=kind, virtual_time=state["position"]["now"] if state else 0.0,
-                             detail=detail)
-        if state is not None:  # the evaluations before the checkpoint are the run's so far
-            best = best_loss(db_path, writer.run_id)
-            if best is not None:
-                engine.divergence.seed(*best)
-        final = engine.run(params, resume=state)
+        transport, node_of = connect(run.key)
+        run.notes += _batched_mode(transport, db_path, writer.run_id,
+                                   resumed=run.state is not None)
+        engine, params = _engine(cfg, db_path, run, strategy, transport, node_of,
+                                 (progress, should_stop, pretrain_progress), server_device)
+        final = engine.run(params, resume=run.state)
         if cfg.reliability.keep_weights:  # what init.from = RUN_ID starts from
             ckpt_lib.write(ckpt_lib.weights_for(db_path, writer.run_id),
-                           {"params": final, "run": whose})
+                           {"params": final, "run": run.whose})
         writer.finish(status="finished", virtual_time=engine.now, updates=engine.version,
                       final_hash=params_hash(final))
-        _forget(folder, run_key)
+        _forget(run.folder, run.key)
     except BaseException as exc:
-        status = end_status(exc)
-        if engine is not None:  # its jobs in flight will never be handed on
-            engine.cancel_in_flight(f"run {status}")
-        writer.finish(status=status, virtual_time=engine.now if engine else 0.0,
-                      updates=engine.version if engine else 0, final_hash=None,
-                      error=str(exc) if status == "diverged" else failure_reason(exc))
-        if status == "diverged":  # not resumable: resuming would only diverge again
-            _forget(folder, run_key)
+        _ended_badly(exc, run, engine)
         raise
     finally:
         if hasattr(transport, "close"):  # the in-process backend's job threads
             transport.close()
         writer.close()
     return writer.run_id
+
+
+@dataclass
+class _Run:
+    """A run opened in the store: new, or resumed from its newest checkpoint."""
+
+    writer: RunWriter
+    key: str  # names the workers' saved states
+    state: dict | None  # the engine's state to go on from (None: from the start)
+    notes: list  # events to log once the run goes
+    origin: object  # a new run's resolved init.from
+    folder: Path  # where its checkpoints go
+    whose: dict  # what its checkpoints say about whose they are
+
+
+def _open(cfg: Config, db_path: str, strategy, resume: int | None,
+          server_device: str) -> _Run:
+    if resume is None:
+        origin = start_lib.resolve(cfg, db_path)  # a bad init.from: refused before it is stored
+        pinned = inputs.pins(cfg)  # the files it names, by content: read before it is stored
+        writer = open_run(cfg, db_path, strategy)
+        inputs.record(writer, pinned)
+        state, key, notes, found = None, uuid.uuid4().hex, [], None
+    else:
+        # a trace rewritten since the run began would finish it on another fleet
+        inputs.check_unchanged(input_pins(db_path, resume), cfg, resume, "resume")
+        writer = RunWriter.reopen(db_path, resume)  # refuses a run whose writer is alive
+        origin = None
+        try:
+            own = ckpt_lib.identity(writer.store_id, db_path, resume, writer.created_at)
+            found = ckpt_lib.locate(db_path, resume, own)
+            state, key, notes = _rewind(writer, found or ckpt_lib.folder_for(db_path, resume),
+                                        server_device)
+        except BaseException:
+            writer.close()
+            raise
+    return _Run(writer, key, state, list(notes), origin,
+                found or ckpt_lib.folder_for(db_path, writer.run_id),
+                ckpt_lib.identity(writer.store_id, db_path, writer.run_id, writer.created_at))
+
+
+def _engine(cfg: Config, db_path: str, run: _Run, strategy, transport, node_of,
+            callbacks, server_device: str):
+    """The engine of ``run`` and the params it starts from (a new run's start point, or
+    the shapes a resumed one's state fills)."""
+    progress, should_stop, pretrain_progress = callbacks
+    writer = run.writer
+    fleet = fleet_lib.node_profiles(cfg)
+    sizes = shard_sizes(cfg)
+    writer.add_workers(worker_rows(cfg, fleet, node_of, sizes))
+    if run.state is None:  # a new run (or a resume that starts over): where it starts
+        begin = start_lib.starting_point(cfg, db_path, resolved=run.origin,
+                                         progress=pretrain_progress)
+        params = precision.to_device(begin.params, server_device)
+        writer.set_model_info(sum(p.numel() for p in params.values()),
+                              begin.initial_hash, params_hash(params))
+        run.notes += begin.notes
+    else:
+        params = start_lib.initial(cfg)  # shapes for the strategy; the state has the rest
+
+    def save_checkpoint(engine_state: dict) -> None:
+        writer.commit()
+        ckpt_lib.save(run.folder, engine_state["position"]["version"],
+                      {"engine": engine_state, "db": writer.positions(), "run_key": run.key,
+                       "run": run.whose},
+                      keep=cfg.reliability.checkpoint_keep)
+
+    engine = Engine(cfg, strategy=strategy,
+                    local_steps=registry.build_local_steps(cfg.local_steps),
+                    transport=transport, fleet=fleet, writer=writer,
+                    evaluate=Evaluator(cfg), progress=progress, should_stop=should_stop,
+                    checkpoint=save_checkpoint if cfg.reliability.checkpoint_every else None,
+                    shard_sizes=sizes)
+    for kind, detail in run.notes:
+        writer.add_event(kind=kind, virtual_time=run.state["position"]["now"] if run.state
+                         else 0.0, detail=detail)
+    if run.state is not None:  # the evaluations before the checkpoint are the run's so far
+        best = best_loss(db_path, writer.run_id)
+        if best is not None:
+            engine.divergence.seed(*best)
+    return engine, params
+
+
+def _ended_badly(exc: BaseException, run: _Run, engine) -> None:
+    """Mark the run as it ended (failed, interrupted, diverged); its jobs in flight are
+    cancelled, and a diverged run's checkpoints go (resuming would only diverge again)."""
+    status = end_status(exc)
+    if engine is not None:  # its jobs in flight will never be handed on
+        engine.cancel_in_flight(f"run {status}")
+    run.writer.finish(status=status, virtual_time=engine.now if engine else 0.0,
+                      updates=engine.version if engine else 0, final_hash=None,
+                      error=str(exc) if status == "diverged" else failure_reason(exc))
+    if status == "diverged":
+        _forget(run.folder, run.key)
 
 
 def _batched_mode(transport, db_path: str, run_id: int, resumed: bool) -> list:
