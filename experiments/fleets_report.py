@@ -16,6 +16,8 @@ Plots go under experiments/results/fleets/.
 
 from __future__ import annotations
 
+import json
+import math
 import statistics
 import sys
 from collections import defaultdict
@@ -40,11 +42,23 @@ def load(db: str) -> dict:
         label = row["name"].rsplit(" @ ", 1)[0]
         fleet, arm = label.split(": ", 1)
         curve = [(t, p) for t, _, p in store.metric_curve(db, row["id"])]
+        summary = store.summarize(db, row["id"])
         runs[(fleet, arm)][row["seed"]] = {
             "id": row["id"], "curve": curve, "time": row["virtual_time"],
-            "final": curve[-1][1], "steps": store.summarize(db, row["id"]).local_steps,
-            "updates": row["updates"]}
+            "final": curve[-1][1], "steps": summary.local_steps, "updates": row["updates"],
+            "at_budget": at_budget(db, row, summary)}
     return runs
+
+
+def at_budget(db: str, row, summary) -> tuple[float, float]:
+    """(time, perplexity) of the run's last evaluation within its inner-step budget: a
+    synchronous round is handed out whole, so a run may end past the budget (sync + fill's
+    long rounds by up to a tenth of it); this is where it stood at equal work."""
+    budget = json.loads(row["config_json"])["local_step_budget"]
+    tokens_per_step = summary.tokens / max(1, summary.local_steps)
+    points = [(t, p) for t, n, p in store_readers.tokens_curve(db, row["id"])
+              if n <= budget * tokens_per_step + 1e-9]
+    return points[-1] if points else (row["virtual_time"], math.nan)
 
 
 def seconds(t: float) -> str:
@@ -64,22 +78,35 @@ def mean_interval(values: list[float], digits: int = 2) -> str:
     return f"{m:.{digits}f} ± {half:.{digits}f}"
 
 
-def ratios(runs: dict, fleet: str, arm: str) -> tuple[list[float], list[str], int]:
+def ratios(runs: dict, fleet: str, arm: str, at_budget: bool = False
+           ) -> tuple[list[float], list[str], int]:
     """Per seed, the arm's time to the reference's final perplexity over the reference's
-    time; the per-seed cells of the table; the seeds it never got there on."""
+    time (``at_budget``: to where the reference stood at its last evaluation within the
+    inner-step budget, over the time it got there); the per-seed cells of the table; the
+    seeds it never got there on."""
     ref = runs.get((fleet, REFERENCE), {})
     out, cells, never = [], [], 0
     for seed, r in sorted(runs[(fleet, arm)].items()):
         if seed not in ref:
             continue
-        t = reach(r["curve"], ref[seed]["final"])
+        ref_time, target = (ref[seed]["at_budget"] if at_budget
+                            else (ref[seed]["time"], ref[seed]["final"]))
+        t = reach(r["curve"], target)
         if t is None:
             cells.append(f"{seed}: never")
             never += 1
             continue
-        out.append(t / ref[seed]["time"])
+        out.append(t / ref_time)
         cells.append(f"{seed}: {seconds(t)} ({out[-1]:.2f})")
     return out, cells, never
+
+
+def mean_ratio(runs: dict, fleet: str, arm: str, at_budget: bool = False) -> str:
+    """The mean ratio over the seeds that got there, "(got/all)"; "never" if none did."""
+    got, _, never = ratios(runs, fleet, arm, at_budget)
+    if not got:
+        return "never"
+    return f"{statistics.mean(got):.2f} ({len(got)}/{len(got) + never})"
 
 
 def arms_of(runs: dict, fleet: str) -> list[str]:
@@ -93,21 +120,21 @@ def fleets_of(runs: dict) -> list[str]:
 
 def table(runs: dict, fleet: str) -> list[str]:
     lines = [f"### {fleet}", "",
-             "| arm | final perplexity (95% interval) | inner steps | versions | virtual time s "
-             f"| time to {REFERENCE}'s final ppl, per seed (x its time) | mean x |",
-             "|---|---|---|---|---|---|---|"]
+             "| arm | final perplexity (95% interval) | at 1,600 steps | inner steps | versions "
+             f"| virtual time s | time to {REFERENCE}'s final ppl, per seed (x its time) "
+             "| mean x | at equal steps: mean x |", "|---|---|---|---|---|---|---|---|---|"]
     for arm in arms_of(runs, fleet):
         seeds = runs[(fleet, arm)]
-        got, cells, never = ratios(runs, fleet, arm)
         steps = sorted({r["steps"] for r in seeds.values()})
-        mean = (f"{statistics.mean(got):.2f} ({len(got)}/{len(got) + never})" if got
-                else "never")
+        _, cells, _ = ratios(runs, fleet, arm)
         lines.append(
             f"| {arm} | {mean_interval([r['final'] for r in seeds.values()])} | "
+            f"{mean_interval([r['at_budget'][1] for r in seeds.values()])} | "
             f"{'/'.join(f'{s:,}' for s in steps)} | "
             f"{round(statistics.mean(r['updates'] for r in seeds.values())):,} | "
             f"{seconds(statistics.mean(r['time'] for r in seeds.values()))} | "
-            f"{'; '.join(cells)} | {mean} |")
+            f"{'; '.join(cells)} | {mean_ratio(runs, fleet, arm)} | "
+            f"{mean_ratio(runs, fleet, arm, at_budget=True)} |")
     finals = "; ".join(f"{arm} " + " / ".join(f"{r['final']:.3f}" for _, r in
                                               sorted(runs[(fleet, arm)].items()))
                        for arm in arms_of(runs, fleet))

@@ -333,6 +333,15 @@ def metric_curve(path: str | Path, run_id: int) -> list[tuple[float, int, float]
                                                (run_id,)).fetchall()]
 
 
+def tokens_curve(path: str | Path, run_id: int) -> list[tuple[float, int, float]]:
+    """Run ``run_id``'s evaluations in order: (virtual time, tokens trained so far,
+    perplexity): where a curve stood after a given amount of work."""
+    with closing(connect_readonly(path)) as conn:
+        return [tuple(r) for r in conn.execute("SELECT virtual_time, tokens, perplexity"
+                                               " FROM metrics WHERE run_id=? ORDER BY id",
+                                               (run_id,)).fetchall()]
+
+
 def best_loss(path: str | Path, run_id: int) -> tuple[float, int] | None:
     """Run ``run_id``'s lowest validation loss and the version that reached it first
     (what a resumed run's divergence check starts from), or None before any."""
