@@ -2,7 +2,9 @@
 
     fedlm sweep experiments/configs/fleets.toml --backend inprocess --jobs 2
     fedlm sweep experiments/configs/fleets_horizon.toml --backend inprocess --jobs 2
-    python experiments/fleets_report.py runs/fleets.db runs/fleets_horizon.db > runs/fleets_tables.md
+    fedlm sweep experiments/configs/fleets_ablation.toml --backend inprocess --jobs 2
+    python experiments/fleets_report.py runs/fleets.db --horizon runs/fleets_horizon.db \
+        --ablation runs/fleets_ablation.db > runs/fleets_tables.md
 
 The reference of every table is the strongest synchronous arm, sync DiLoCo + fill
 (``REFERENCE``). Per fleet and arm, over the seeds: final perplexity (mean, 95% t
@@ -10,7 +12,9 @@ interval), inner steps, virtual time, and the virtual time to reach the referenc
 final perplexity of the same seed (its first evaluation at or below it), as a ratio to
 the reference's own time. Then the map (fleet x arm: the mean ratio, and on how many
 seeds the arm gets there at all), what DN + DyLU's runs did (lost work, staleness,
-versions), and, from a second store, the horizon: the same ratio at two budgets.
+versions); from the horizon store, DN + DyLU's ratio at other budgets (the main study's
+runs are its `small` 1,600-step point); from the ablation store, DN + DyLU with one knob
+changed at a time.
 Plots go under experiments/results/fleets/.
 """
 
@@ -185,14 +189,15 @@ def dn_diagnostics(db: str, runs: dict, arm: str = "DN + DyLU") -> list[str]:
     return lines + [""]
 
 
-def horizon(db: str) -> list[str]:
-    """From the horizon store (fleet labels "FLEET @ BUDGET"): DN + DyLU's time to the
-    reference's final perplexity at each budget."""
-    runs = load(db)
+def horizon(db: str, main: dict) -> list[str]:
+    """DN + DyLU's time to the reference's final perplexity, per budget: the horizon store's
+    fleets are labelled "FLEET, MODEL BUDGET"; the main study's runs of the same fleets
+    are its `small` 1,600-step point."""
+    runs = with_main_budget(load(db), main)
     lines = ["| fleet, budget | DN + DyLU: x fill's time, per seed | mean | finals: fill / DN |",
              "|---|---|---|---|"]
     for fleet in fleets_of(runs):
-        if (fleet, "DN + DyLU") not in runs:
+        if (fleet, "DN + DyLU") not in runs or ", " not in fleet:
             continue
         got, cells, never = ratios(runs, fleet, "DN + DyLU")
         finals = " / ".join(mean_interval([r["final"] for r in runs[(fleet, a)].values()])
@@ -200,6 +205,40 @@ def horizon(db: str) -> list[str]:
         lines.append(f"| {fleet} | {'; '.join(cells)} | "
                      f"{f'{statistics.mean(got):.2f} ({len(got)}/{len(got) + never})' if got else 'never'}"
                      f" | {finals} |")
+    return lines + [""]
+
+
+def with_main_budget(runs: dict, main: dict) -> dict:
+    """The horizon's runs plus the main study's on the fleets the horizon covers, labelled
+    as its `small` 1,600-step point."""
+    covered = {f.split(", ")[0] for f, _ in runs if ", " in f}
+    out = dict(runs)
+    for (fleet, arm), seeds in main.items():
+        if fleet in covered and arm in (REFERENCE, "DN + DyLU"):
+            out[(f"{fleet}, small 1,600", arm)] = seeds
+    return out
+
+
+def ablation(db: str) -> list[str]:
+    """Per ablation arm (one knob of DN + DyLU changed): its final perplexity, its time to
+    the reference's final one (x the reference's time), the work lost with departed jobs
+    and the staleness of its updates, from the runs' logs."""
+    runs = load(db)
+    lines = ["| fleet | arm | final perplexity | x fill's time, per seed | inner steps lost "
+             "| mean staleness | max | updates |", "|---|---|---|---|---|---|---|---|"]
+    for fleet in fleets_of(runs):
+        for arm in arms_of(runs, fleet):
+            seeds = runs[(fleet, arm)]
+            work = [store_readers.work(db, r["id"]) for r in seeds.values()]
+            lost = statistics.mean(w.steps_departed / max(1, w.steps_done + w.steps_departed)
+                                   for w in work)
+            _, cells, _ = ratios(runs, fleet, arm)
+            lines.append(
+                f"| {fleet} | {arm} | {mean_interval([r['final'] for r in seeds.values()])} | "
+                f"{'; '.join(cells)} | {100 * lost:.1f}% | "
+                f"{statistics.mean(w.mean_staleness for w in work):.2f} | "
+                f"{max(w.max_staleness for w in work)} | "
+                f"{round(statistics.mean(r['updates'] for r in seeds.values())):,} |")
     return lines + [""]
 
 
@@ -234,6 +273,7 @@ def plot_map(runs: dict, path: Path) -> None:
     arms = [a for a in ORDER[1:] if any(a == b for _, b in runs)]
     fig, ax = plt.subplots(figsize=(7.2, 3.6))
     width = 0.8 / max(1, len(arms))
+    labelled: set = set()
     for k, arm in enumerate(arms):
         for i, fleet in enumerate(fleets):
             if (fleet, arm) not in runs:
@@ -241,7 +281,8 @@ def plot_map(runs: dict, path: Path) -> None:
             got, _, never = ratios(runs, fleet, arm)
             height = statistics.mean(got) if got else 1.6
             ax.bar(i + k * width, height, width, color=f"C{k + 1}",
-                   hatch="//" if never else None, label=arm if i == 0 else None)
+                   hatch="//" if never else None, label=arm if arm not in labelled else None)
+            labelled.add(arm)
     ax.axhline(1.0, color="k", lw=0.8)
     ax.axhline(0.9, color="k", lw=0.8, ls=":")
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(fleets))], fleets, fontsize=8)
@@ -258,9 +299,50 @@ def slug(text: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in text).strip("_")
 
 
+def plot_horizon(runs: dict, path: Path) -> None:
+    """DN + DyLU's mean time to the reference's final perplexity against the budget, a
+    line per fleet and model (hollow: never there on some seed)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lines: dict = defaultdict(list)
+    for fleet in fleets_of(runs):
+        if (fleet, "DN + DyLU") not in runs or ", " not in fleet:
+            continue
+        base, scale = fleet.split(", ")
+        model, budget = scale.split(" ")
+        got, _, never = ratios(runs, fleet, "DN + DyLU")
+        if got:
+            lines[(base, model)].append((int(budget.replace(",", "")),
+                                         statistics.mean(got), bool(never)))
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    for k, ((base, model), points) in enumerate(sorted(lines.items())):
+        points.sort()
+        ax.plot([b for b, _, _ in points], [m for _, m, _ in points], color=f"C{k}",
+                marker="o", label=f"{base} ({model})")
+        for b, m, partial in points:
+            if partial:
+                ax.plot(b, m, marker="o", color="white", markeredgecolor=f"C{k}")
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("inner steps in all (budget)")
+    ax.set_ylabel(f"DN + DyLU's time to\n{REFERENCE}'s final (x)", fontsize=8)
+    ax.set_title("The horizon (hollow: never there on some seed)", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
 def main() -> None:
-    db = sys.argv[1] if len(sys.argv) > 1 else "runs/fleets.db"
-    runs = load(db)
+    import argparse
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("db", nargs="?", default="runs/fleets.db", help="the main study's store")
+    parser.add_argument("--horizon", help="the horizon study's store")
+    parser.add_argument("--ablation", help="the ablation study's store")
+    args = parser.parse_args()
+    runs = load(args.db)
     OUT.mkdir(parents=True, exist_ok=True)
     for fleet in fleets_of(runs):
         print("\n".join(table(runs, fleet)))
@@ -269,10 +351,14 @@ def main() -> None:
     print("\n".join(map_table(runs)))
     plot_map(runs, OUT / "small_map.png")
     print("## DN + DyLU's runs\n")
-    print("\n".join(dn_diagnostics(db, runs)))
-    if len(sys.argv) > 2:
+    print("\n".join(dn_diagnostics(args.db, runs)))
+    if args.horizon:
         print("## Horizon\n")
-        print("\n".join(horizon(sys.argv[2])))
+        print("\n".join(horizon(args.horizon, runs)))
+        plot_horizon(with_main_budget(load(args.horizon), runs), OUT / "horizon.png")
+    if args.ablation:
+        print("## Ablation\n")
+        print("\n".join(ablation(args.ablation)))
 
 
 if __name__ == "__main__":
