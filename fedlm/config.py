@@ -387,5 +387,9 @@ SECTIONS: dict[str, type] = {
     "reliability": ReliabilityConfig, "network": NetworkConfig, "track": TrackConfig,
     "stream": StreamConfig}
 
+# Keys that moved to another section: the old place still reads, as the new one (so a
+# plug-in strategy cannot take a setting of these names: config_check refuses it).
+MOVED = {f"outer.{k}": f"stream.{k}" for k in ("fragments", "overlap", "mix")}
+
 # Keys spelt differently in TOML than in Python (``from`` is a Python keyword).
 SPELLING = {"from_": "from"}

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from fedlm import files, servers
-from fedlm.config import SECTIONS, SPELLING, Config
+from fedlm.config import MOVED, SECTIONS, SPELLING, Config
 from fedlm.config_check import coerce, validate
 from fedlm.errors import ConfigError, first_line, shown, shown_key
 from fedlm.strategies import registry
@@ -38,8 +38,6 @@ _ATTRIBUTE = {v: k for k, v in SPELLING.items()}
 # specs written before, and the config every stored run keeps), as the new one.
 RENAMED = {"concurrency": "max_in_flight", "sim.actors": "sim.ray_actors",
            "sim.concurrent_jobs": "sim.job_threads"}
-# Keys that moved to another section: the old place still reads, as the new one.
-MOVED = {f"outer.{k}": f"stream.{k}" for k in ("fragments", "overlap", "mix")}
 # Text keys that may hold a bare number (``--set init.from=7`` parses 7 as an int).
 _NUMBER_AS_TEXT = {"from_", "grace"}
 

@@ -85,3 +85,20 @@ def test_renamed_keys_still_read_as_the_new_ones(old, new, value):
     (both[section] if section else both)[name] = value
     with pytest.raises(ConfigError, match="give only one"):
         config_load.from_dict(both)
+
+
+def test_a_plugin_setting_named_as_a_moved_key_is_refused(tmp_path, monkeypatch):
+    # outer.mix is read as stream.mix: a plug-in's own `mix` could never be set, and a
+    # value given for it would change the streaming mix without a word
+    (tmp_path / "mix_plugin.py").write_text(
+        "from fedlm.strategies.base import Strategy\n"
+        "class Mixer(Strategy):\n"
+        "    name = 'mixer'\n"
+        "    synchronous = False\n"
+        "    def __init__(self, *, mix: float = 0.5):\n"
+        "        self.mix = mix\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match=r"setting 'mix' cannot be given: fedlm reads "
+                                          r"outer.mix as stream.mix"):
+        config_load.load(None, ["strategy=mix_plugin:Mixer"])
+    assert config_load.load(None, ["outer.mix=0.25"]).stream.mix == 0.25  # the old name reads

@@ -16,30 +16,25 @@ import subprocess
 import sys
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
-from fedbuff_like import FedBuffLike
-from gossip_pairs import GossipPairs
+from fedlm.strategies.base import Update
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "examples"))  # as PYTHONPATH=examples does for `fedlm run`
+
+from fedbuff_like import FedBuffLike  # noqa: E402
+from gossip_pairs import GossipPairs  # noqa: E402
 TINY = ["model=tiny", "inner.steps=2", "eval.batches=1"]
 
 
-@dataclass(frozen=True)
-class Upd:
-    """The fields docs/strategies.md gives for `Update` (its import path is not given)."""
-
-    worker: int
-    job_id: int
-    base_version: int
-    outer_grad: OrderedDict
-    tokens: int = 1
-    local_steps: int = 1
-    staleness: int = 0
+def Upd(worker, job_id, base_version, outer_grad, staleness=0):  # noqa: N802
+    """An `Update` with one token and one inner step."""
+    return Update(worker=worker, job_id=job_id, base_version=base_version,
+                  outer_grad=outer_grad, tokens=1, local_steps=1, staleness=staleness)
 
 
 def tree(*values):
