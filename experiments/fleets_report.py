@@ -167,9 +167,11 @@ def map_table(runs: dict) -> list[str]:
 
 def dn_diagnostics(db: str, runs: dict, arm: str = "DN + DyLU") -> list[str]:
     """What DN + DyLU's runs did, from their logs: work lost with departed jobs,
-    staleness of the applied updates, jobs per version, evaluations."""
+    staleness of the applied updates, jobs per version, and where the workers' time went
+    (beside the reference's)."""
     lines = [f"| fleet | {arm}: inner steps lost (departed) | mean staleness | max "
-             "| updates | jobs | reference's versions |", "|---|---|---|---|---|---|---|"]
+             "| versions | updates applied | reference's versions | time computing / on transfers / idle: "
+             f"{arm} | the reference |", "|---|---|---|---|---|---|---|---|---|"]
     for fleet in fleets_of(runs):
         if (fleet, arm) not in runs:
             continue
@@ -181,12 +183,25 @@ def dn_diagnostics(db: str, runs: dict, arm: str = "DN + DyLU") -> list[str]:
             worst.append(w.max_staleness)
             jobs.append(w.updates)
             ups.append(r["updates"])
-        ref = [r["updates"] for r in runs.get((fleet, REFERENCE), {}).values()] or [0]
+        reference = runs.get((fleet, REFERENCE), {})
+        ref = [r["updates"] for r in reference.values()] or [0]
         lines.append(f"| {fleet} | {100 * statistics.mean(lost):.1f}% | "
                      f"{statistics.mean(stale):.2f} | {max(worst)} | "
                      f"{round(statistics.mean(ups)):,} | {round(statistics.mean(jobs)):,} | "
-                     f"{round(statistics.mean(ref)):,} |")
+                     f"{round(statistics.mean(ref)):,} | {shares(db, runs[(fleet, arm)])} | "
+                     f"{shares(db, reference)} |")
     return lines + [""]
+
+
+def shares(db: str, seeds: dict) -> str:
+    """The workers' present time computing, on exposed transfers and idle, all workers
+    and seeds together (absences are not present time)."""
+    totals = [0.0, 0.0, 0.0]
+    for r in seeds.values():
+        for w in store.summarize(db, r["id"]).workers:
+            totals = [totals[0] + w.compute, totals[1] + w.communication, totals[2] + w.idle]
+    whole = sum(totals)
+    return " / ".join(f"{100 * x / whole:.0f}%" for x in totals) if whole else "-"
 
 
 def horizon(db: str, main: dict) -> list[str]:
