@@ -169,8 +169,9 @@ def dn_diagnostics(db: str, runs: dict, arm: str = "DN + DyLU") -> list[str]:
     """What DN + DyLU's runs did, from their logs: work lost with departed jobs,
     staleness of the applied updates, jobs per version, and where the workers' time went
     (beside the reference's)."""
-    lines = [f"| fleet | {arm}: inner steps lost (departed) | mean staleness | max "
-             "| versions | updates applied | reference's versions | time computing / on transfers / idle: "
+    lines = [f"| fleet | inner steps lost (departed): {arm} / the reference | mean staleness | max "
+             "| versions | updates applied | reference's versions "
+             "| time computing / on transfers / idle: "
              f"{arm} | the reference |", "|---|---|---|---|---|---|---|---|---|"]
     for fleet in fleets_of(runs):
         if (fleet, arm) not in runs:
@@ -185,12 +186,22 @@ def dn_diagnostics(db: str, runs: dict, arm: str = "DN + DyLU") -> list[str]:
             ups.append(r["updates"])
         reference = runs.get((fleet, REFERENCE), {})
         ref = [r["updates"] for r in reference.values()] or [0]
-        lines.append(f"| {fleet} | {100 * statistics.mean(lost):.1f}% | "
+        lines.append(f"| {fleet} | {100 * statistics.mean(lost):.1f}% / "
+                     f"{lost_share(db, reference)} | "
                      f"{statistics.mean(stale):.2f} | {max(worst)} | "
                      f"{round(statistics.mean(ups)):,} | {round(statistics.mean(jobs)):,} | "
                      f"{round(statistics.mean(ref)):,} | {shares(db, runs[(fleet, arm)])} | "
                      f"{shares(db, reference)} |")
     return lines + [""]
+
+
+def lost_share(db: str, seeds: dict) -> str:
+    """Inner steps computed in jobs lost because their worker left, over all computed."""
+    work = [store_readers.work(db, r["id"]) for r in seeds.values()]
+    if not work:
+        return "-"
+    lost = [w.steps_departed / max(1, w.steps_done + w.steps_departed) for w in work]
+    return f"{100 * statistics.mean(lost):.1f}%"
 
 
 def shares(db: str, seeds: dict) -> str:
@@ -217,9 +228,8 @@ def horizon(db: str, main: dict) -> list[str]:
         got, cells, never = ratios(runs, fleet, "DN + DyLU")
         finals = " / ".join(mean_interval([r["final"] for r in runs[(fleet, a)].values()])
                             for a in (REFERENCE, "DN + DyLU"))
-        lines.append(f"| {fleet} | {'; '.join(cells)} | "
-                     f"{f'{statistics.mean(got):.2f} ({len(got)}/{len(got) + never})' if got else 'never'}"
-                     f" | {finals} |")
+        mean = f"{statistics.mean(got):.2f} ({len(got)}/{len(got) + never})" if got else "never"
+        lines.append(f"| {fleet} | {'; '.join(cells)} | {mean} | {finals} |")
     return lines + [""]
 
 
