@@ -353,7 +353,8 @@ def plot_horizon(runs: dict, path: Path) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("inner steps in all (budget)")
     ax.set_ylabel(f"DN + DyLU's time to\n{REFERENCE}'s final (x)", fontsize=8)
-    ax.set_title("The horizon (hollow: never there on some seed)", fontsize=9)
+    ax.set_title("The horizon (hollow: never there on some seed; never on any: not drawn)",
+                 fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
