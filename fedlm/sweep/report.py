@@ -143,6 +143,14 @@ def _by_seed(item) -> tuple:
     return (seed is not None, seed)
 
 
+def seconds_format(group: Group) -> str:
+    """Whole seconds, unless this cell's runs are all shorter than 10 virtual s (a fast
+    fleet or a scaled clock, which whole seconds would show as 0 or 1), per cell: one
+    report may hold runs of 3 s and of 3,000 s."""
+    longest = max((c.summary.virtual_time for c in group.values()), default=10)
+    return ",.0f" if longest >= 10 else ".3f"
+
+
 def shown(est: Estimate | None, fmt: str, seeded: bool, planned: int = 0,
           unit: str = "") -> str:
     """``est`` as a table cell. Without seeds, the value alone (as reports always
@@ -188,9 +196,6 @@ class _Report:
         self.own_refs = any(a.get("against") for a in spec["arm"])
         self.seeded = _seeded(spec)
         self.curves = {c.run_id: _curve(self.db, c.run_id) for c in cells}
-        # whole seconds, unless the runs are all shorter than 10 virtual s (a scaled clock)
-        longest = max((c.summary.virtual_time for c in cells), default=10)
-        self.seconds = ",.0f" if longest >= 10 else ".3f"
         self.whose = "its reference's" if self.own_refs else f"{self.ref}'s"
 
     # -- the frame of a table --------------------------------------------------------
@@ -249,7 +254,7 @@ class _Report:
         return shown(est, "+.1f", self.seeded, self.n_planned(arm), "%")
 
     def time_needed(self, arm: str, group: Group) -> str:
-        return shown(self.of(group, lambda c: c.summary.virtual_time), self.seconds,
+        return shown(self.of(group, lambda c: c.summary.virtual_time), seconds_format(group),
                      self.seeded, self.n_planned(arm))
 
     def time_ratio(self, arm: str, group: Group) -> str:
@@ -283,7 +288,7 @@ class _Report:
             return "-"
         if not vals:
             return "not reached"
-        fmt = ".2f" if as_ratio else self.seconds
+        fmt = ".2f" if as_ratio else seconds_format(group)
         if not self.seeded:
             return f"{vals[next(iter(vals))]:{fmt}}"
         if len(vals) == both:
