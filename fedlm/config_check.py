@@ -8,13 +8,12 @@ regions, the strategy registry, the kinds of server), none of which imports torc
 
 from __future__ import annotations
 
-import inspect
 import math
 import re
 from typing import Any, get_type_hints
 
 from fedlm import presets
-from fedlm.config import (MOVED, BATCH_MODES, CLOCKS, DEVICES, GRACE_RULES, PARTITIONS,
+from fedlm.config import (BATCH_MODES, CLOCKS, DEVICES, GRACE_RULES, PARTITIONS,
                           PRECISIONS, SCHEDULES, SHARD_CHOICES, STATE_STORES, TOPOLOGIES,
                           TRACKERS, WANDB_MODES, Config)
 from fedlm.data import shakespeare_play_count, tokenizer
@@ -113,17 +112,6 @@ def _require_choice(path: str, value: Any, choices: tuple[str, ...]) -> None:
              f"must be {', '.join(choices[:-1])} or {choices[-1]}")
 
 
-def _check_setting_names(cls: type) -> None:
-    """A strategy's constructor may not take a setting whose ``outer.`` name fedlm reads
-    as another section's old name (``outer.mix`` is ``stream.mix``): it could never be set,
-    and a value given for it would go to the other section without a word."""
-    for name in inspect.signature(cls.__init__).parameters:
-        if f"outer.{name}" in MOVED:
-            raise ConfigError(f"strategy {cls.__name__}: its setting {name!r} cannot be given: "
-                              f"fedlm reads outer.{name} as {MOVED[f'outer.{name}']}; "
-                              f"rename the argument")
-
-
 def _check_outer_types(cls: type, outer: dict[str, Any]) -> None:
     """``outer.*`` values against the strategy constructor's annotations (scalars only),
     so that a wrong type is refused naming its key rather than by a TypeError inside
@@ -170,7 +158,6 @@ def _check_run(cfg: Config) -> None:
 def _check_strategy(cfg: Config) -> None:
     """The strategy (built-in or plug-in), its settings, the local-steps policy."""
     try:
-        _check_setting_names(registry.strategy_class(cfg.strategy))
         _check_outer_types(registry.strategy_class(cfg.strategy), cfg.outer)
         registry.check_strategy(cfg.strategy, cfg.outer)
     except ConfigError:

@@ -16,6 +16,7 @@ The schema itself (sections, keys, defaults) is ``fedlm.config``.
 
 from __future__ import annotations
 
+import inspect
 import json
 import tomllib
 from dataclasses import fields, replace
@@ -105,7 +106,19 @@ def from_dict(raw: dict[str, Any]) -> Config:
     elif net.hierarchical and net.topology == "star":
         cfg = replace(cfg, network=replace(net, topology="hierarchical"))
     validate(cfg)
+    _refuse_moved_names(registry.strategy_class(cfg.strategy))  # it loads: validate says so
     return cfg
+
+
+def _refuse_moved_names(cls: type) -> None:
+    """A strategy's constructor may not take a setting whose ``outer.`` name fedlm reads
+    as another section's old name (``outer.mix`` is ``stream.mix``): it could never be set,
+    and a value given for it would go to the other section without a word."""
+    for name in inspect.signature(cls.__init__).parameters:
+        if f"outer.{name}" in MOVED:
+            raise ConfigError(f"strategy {cls.__name__}: its setting {name!r} cannot be given: "
+                              f"fedlm reads outer.{name} as {MOVED[f'outer.{name}']}; "
+                              f"rename the argument")
 
 
 def from_json(text: str) -> Config:

@@ -91,12 +91,11 @@ def test_a_plugin_setting_named_as_a_moved_key_is_refused(tmp_path, monkeypatch)
     # outer.mix is read as stream.mix: a plug-in's own `mix` could never be set, and a
     # value given for it would change the streaming mix without a word
     (tmp_path / "mix_plugin.py").write_text(
-        "from fedlm.strategies.base import Strategy\n"
-        "class Mixer(Strategy):\n"
+        "from fedlm.strategies.async_base import AsyncStrategy\n"
+        "class Mixer(AsyncStrategy):\n"
         "    name = 'mixer'\n"
-        "    synchronous = False\n"
         "    def __init__(self, *, mix: float = 0.5):\n"
-        "        self.mix = mix\n")
+        "        super().__init__(lr=mix)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(ConfigError, match=r"setting 'mix' cannot be given: fedlm reads "
                                           r"outer.mix as stream.mix"):
