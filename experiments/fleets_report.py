@@ -50,7 +50,8 @@ def load(db: str) -> dict:
         runs[(fleet, arm)][row["seed"]] = {
             "id": row["id"], "curve": curve, "time": row["virtual_time"],
             "final": curve[-1][1], "steps": summary.local_steps, "updates": row["updates"],
-            "at_budget": at_budget(db, row, summary)}
+            "at_budget": at_budget(db, row, summary), "workers": summary.workers,
+            "work": store_readers.work(db, row["id"])}
     return runs
 
 
@@ -165,7 +166,7 @@ def map_table(runs: dict) -> list[str]:
     return lines + [""]
 
 
-def dn_diagnostics(db: str, runs: dict, arm: str = "DN + DyLU") -> list[str]:
+def dn_diagnostics(runs: dict, arm: str = "DN + DyLU") -> list[str]:
     """What DN + DyLU's runs did, from their logs: work lost with departed jobs,
     staleness of the applied updates, jobs per version, and where the workers' time went
     (beside the reference's)."""
@@ -176,60 +177,54 @@ def dn_diagnostics(db: str, runs: dict, arm: str = "DN + DyLU") -> list[str]:
     for fleet in fleets_of(runs):
         if (fleet, arm) not in runs:
             continue
-        lost, stale, worst, ups, jobs = [], [], [], [], []
-        for r in runs[(fleet, arm)].values():
-            w = store_readers.work(db, r["id"])
-            lost.append(w.steps_departed / max(1, w.steps_done + w.steps_departed))
-            stale.append(w.mean_staleness)
-            worst.append(w.max_staleness)
-            jobs.append(w.updates)
-            ups.append(r["updates"])
+        seeds = runs[(fleet, arm)]
+        work = [r["work"] for r in seeds.values()]
         reference = runs.get((fleet, REFERENCE), {})
         ref = [r["updates"] for r in reference.values()] or [0]
-        lines.append(f"| {fleet} | {100 * statistics.mean(lost):.1f}% / "
-                     f"{lost_share(db, reference)} | "
-                     f"{statistics.mean(stale):.2f} | {max(worst)} | "
-                     f"{round(statistics.mean(ups)):,} | {round(statistics.mean(jobs)):,} | "
-                     f"{round(statistics.mean(ref)):,} | {shares(db, runs[(fleet, arm)])} | "
-                     f"{shares(db, reference)} |")
+        lines.append(f"| {fleet} | {lost_share(seeds)} / {lost_share(reference)} | "
+                     f"{statistics.mean(w.mean_staleness for w in work):.2f} | "
+                     f"{max(w.max_staleness for w in work)} | "
+                     f"{round(statistics.mean(r['updates'] for r in seeds.values())):,} | "
+                     f"{round(statistics.mean(w.updates for w in work)):,} | "
+                     f"{round(statistics.mean(ref)):,} | {shares(seeds)} | "
+                     f"{shares(reference)} |")
     return lines + [""]
 
 
-def lost_share(db: str, seeds: dict) -> str:
-    """Inner steps computed in jobs lost because their worker left, over all computed."""
-    work = [store_readers.work(db, r["id"]) for r in seeds.values()]
-    if not work:
+def lost_share(seeds: dict) -> str:
+    """Inner steps computed in jobs lost because their worker left, over all computed
+    (mean over the seeds)."""
+    if not seeds:
         return "-"
-    lost = [w.steps_departed / max(1, w.steps_done + w.steps_departed) for w in work]
+    lost = [r["work"].steps_departed / max(1, r["work"].steps_done + r["work"].steps_departed)
+            for r in seeds.values()]
     return f"{100 * statistics.mean(lost):.1f}%"
 
 
-def shares(db: str, seeds: dict) -> str:
+def shares(seeds: dict) -> str:
     """The workers' present time computing, on exposed transfers and idle, all workers
     and seeds together (absences are not present time)."""
     totals = [0.0, 0.0, 0.0]
     for r in seeds.values():
-        for w in store.summarize(db, r["id"]).workers:
+        for w in r["workers"]:
             totals = [totals[0] + w.compute, totals[1] + w.communication, totals[2] + w.idle]
     whole = sum(totals)
     return " / ".join(f"{100 * x / whole:.0f}%" for x in totals) if whole else "-"
 
 
-def horizon(db: str, main: dict) -> list[str]:
-    """DN + DyLU's time to the reference's final perplexity, per budget: the horizon store's
-    fleets are labelled "FLEET, MODEL BUDGET"; the main study's runs of the same fleets
-    are its `small` 1,600-step point."""
-    runs = with_main_budget(load(db), main)
+def horizon(runs: dict) -> list[str]:
+    """DN + DyLU's time to the reference's final perplexity, per budget, from the horizon's
+    runs (``with_main_budget``: fleets labelled "FLEET, MODEL BUDGET")."""
     lines = ["| fleet, budget | DN + DyLU: x fill's time, per seed | mean | finals: fill / DN |",
              "|---|---|---|---|"]
     for fleet in fleets_of(runs):
         if (fleet, "DN + DyLU") not in runs or ", " not in fleet:
             continue
-        got, cells, never = ratios(runs, fleet, "DN + DyLU")
+        _, cells, _ = ratios(runs, fleet, "DN + DyLU")
         finals = " / ".join(mean_interval([r["final"] for r in runs[(fleet, a)].values()])
                             for a in (REFERENCE, "DN + DyLU"))
-        mean = f"{statistics.mean(got):.2f} ({len(got)}/{len(got) + never})" if got else "never"
-        lines.append(f"| {fleet} | {'; '.join(cells)} | {mean} | {finals} |")
+        lines.append(f"| {fleet} | {'; '.join(cells)} | {mean_ratio(runs, fleet, 'DN + DyLU')} "
+                     f"| {finals} |")
     return lines + [""]
 
 
@@ -244,35 +239,45 @@ def with_main_budget(runs: dict, main: dict) -> dict:
     return out
 
 
-def ablation(db: str) -> list[str]:
+def ablation(runs: dict) -> list[str]:
     """Per ablation arm (one knob of DN + DyLU changed): its final perplexity, its time to
     the reference's final one (x the reference's time), the work lost with departed jobs
     and the staleness of its updates, from the runs' logs."""
-    runs = load(db)
     lines = ["| fleet | arm | final perplexity | x fill's time, per seed | inner steps lost "
              "| mean staleness | max | updates |", "|---|---|---|---|---|---|---|---|"]
     for fleet in fleets_of(runs):
         for arm in arms_of(runs, fleet):
             seeds = runs[(fleet, arm)]
-            work = [store_readers.work(db, r["id"]) for r in seeds.values()]
-            lost = statistics.mean(w.steps_departed / max(1, w.steps_done + w.steps_departed)
-                                   for w in work)
+            work = [r["work"] for r in seeds.values()]
             _, cells, _ = ratios(runs, fleet, arm)
             lines.append(
                 f"| {fleet} | {arm} | {mean_interval([r['final'] for r in seeds.values()])} | "
-                f"{'; '.join(cells)} | {100 * lost:.1f}% | "
+                f"{'; '.join(cells)} | {lost_share(seeds)} | "
                 f"{statistics.mean(w.mean_staleness for w in work):.2f} | "
                 f"{max(w.max_staleness for w in work)} | "
                 f"{round(statistics.mean(r['updates'] for r in seeds.values())):,} |")
     return lines + [""]
 
 
-def plot_curves(runs: dict, fleet: str, path: Path) -> None:
+def new_figure(size: tuple[float, float]):
+    """A figure and its axes, drawn off-screen (matplotlib only when a plot is made)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    return plt.subplots(figsize=size)
 
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+
+def save(fig, ax, path: Path) -> None:
+    """The legend, then the figure to ``path``, closed."""
+    import matplotlib.pyplot as plt
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def plot_curves(runs: dict, fleet: str, path: Path) -> None:
+    fig, ax = new_figure((6.4, 3.6))
     for k, arm in enumerate(arms_of(runs, fleet)):
         for j, (_, r) in enumerate(sorted(runs[(fleet, arm)].items())):
             t, p = zip(*r["curve"])
@@ -281,22 +286,15 @@ def plot_curves(runs: dict, fleet: str, path: Path) -> None:
     ax.set_xlabel("virtual time (s)")
     ax.set_ylabel("validation perplexity")
     ax.set_title(f"{fleet} (small model, held-out seeds)", fontsize=10)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save(fig, ax, path)
 
 
 def plot_map(runs: dict, path: Path) -> None:
     """Per fleet, each arm's mean time to the reference's final perplexity (x its time);
     an arm that never gets there on some seed is drawn hatched at its mean where it did."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     fleets = fleets_of(runs)
     arms = [a for a in ORDER[1:] if any(a == b for _, b in runs)]
-    fig, ax = plt.subplots(figsize=(7.2, 3.6))
+    fig, ax = new_figure((7.2, 3.6))
     width = 0.8 / max(1, len(arms))
     labelled: set = set()
     for k, arm in enumerate(arms):
@@ -314,10 +312,7 @@ def plot_map(runs: dict, path: Path) -> None:
     ax.set_ylabel(f"time to {REFERENCE}'s\nfinal ppl (x its time)", fontsize=8)
     ax.set_title("Where asynchrony pays (hatched: never there on some seed; 1.6: never)",
                  fontsize=9)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save(fig, ax, path)
 
 
 def slug(text: str) -> str:
@@ -327,10 +322,6 @@ def slug(text: str) -> str:
 def plot_horizon(runs: dict, path: Path) -> None:
     """DN + DyLU's mean time to the reference's final perplexity against the budget, a
     line per fleet and model (hollow: never there on some seed)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     lines: dict = defaultdict(list)
     for fleet in fleets_of(runs):
         if (fleet, "DN + DyLU") not in runs or ", " not in fleet:
@@ -341,7 +332,7 @@ def plot_horizon(runs: dict, path: Path) -> None:
         if got:
             lines[(base, model)].append((int(budget.replace(",", "")),
                                          statistics.mean(got), bool(never)))
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    fig, ax = new_figure((6.4, 3.6))
     for k, ((base, model), points) in enumerate(sorted(lines.items())):
         points.sort()
         ax.plot([b for b, _, _ in points], [m for _, m, _ in points], color=f"C{k}",
@@ -355,10 +346,7 @@ def plot_horizon(runs: dict, path: Path) -> None:
     ax.set_ylabel(f"DN + DyLU's time to\n{REFERENCE}'s final (x)", fontsize=8)
     ax.set_title("The horizon (hollow: never there on some seed; never on any: not drawn)",
                  fontsize=9)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save(fig, ax, path)
 
 
 def main() -> None:
@@ -377,14 +365,15 @@ def main() -> None:
     print("\n".join(map_table(runs)))
     plot_map(runs, OUT / "small_map.png")
     print("## DN + DyLU's runs\n")
-    print("\n".join(dn_diagnostics(args.db, runs)))
+    print("\n".join(dn_diagnostics(runs)))
     if args.horizon:
+        budgets = with_main_budget(load(args.horizon), runs)
         print("## Horizon\n")
-        print("\n".join(horizon(args.horizon, runs)))
-        plot_horizon(with_main_budget(load(args.horizon), runs), OUT / "horizon.png")
+        print("\n".join(horizon(budgets)))
+        plot_horizon(budgets, OUT / "horizon.png")
     if args.ablation:
         print("## Ablation\n")
-        print("\n".join(ablation(args.ablation)))
+        print("\n".join(ablation(load(args.ablation))))
 
 
 if __name__ == "__main__":
