@@ -26,7 +26,8 @@ class FedBuffLike(AsyncStrategy):
         if not lr > 0:
             raise ValueError(f"outer.lr: must be > 0, got {lr!r}")
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-            raise ValueError(f"outer.k: must be an integer >= 0 (0: the number of workers), got {k!r}")
+            raise ValueError(f"outer.k: must be an integer >= 0 (0: the number of workers), "
+                             f"got {k!r}")
         super().__init__(lr=lr)
         self.lr, self.k = lr, k
 

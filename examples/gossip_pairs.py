@@ -66,4 +66,5 @@ class GossipPairs(Strategy):
         self.starts = dict(state["starts"])
 
     def summary(self) -> str:
-        return f"gossip-pairs: async, each arrival averaged with the global model at weight {self.weight}"
+        return (f"gossip-pairs: async, each arrival averaged with the global model at weight "
+                f"{self.weight}")

@@ -388,7 +388,7 @@ SECTIONS: dict[str, type] = {
     "stream": StreamConfig}
 
 # Keys that moved to another section: the old place still reads, as the new one (so a
-# plug-in strategy cannot take a setting of these names: config_check refuses it).
+# plug-in strategy cannot take a setting of these names: config_load refuses it).
 MOVED = {f"outer.{k}": f"stream.{k}" for k in ("fragments", "overlap", "mix")}
 
 # Keys spelt differently in TOML than in Python (``from`` is a Python keyword).
