@@ -30,6 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fedlm import store  # noqa: E402
 from fedlm.store import readers as store_readers  # noqa: E402
+from fedlm.store.connection import StoreError  # noqa: E402
 
 T95 = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571}  # two-sided t by sample size
 OUT = Path(__file__).resolve().parent / "results" / "fleets"
@@ -377,4 +378,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (FileNotFoundError, StoreError) as exc:  # a store that is missing or no store
+        sys.exit(f"fleets_report: error: {exc}")
