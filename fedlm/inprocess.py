@@ -3,8 +3,10 @@
 Used by ``fedlm run --backend inprocess`` and by tests that exercise the engine
 without Flower. Each worker's optimizer states live in memory (on a GPU, in
 device memory between its jobs), or on disk as a Flower node keeps them
-(``fedlm.worker.states``). ``arrival_seed`` shuffles the order replies come back
-in, to show that the engine's result does not depend on it.
+(``fedlm.worker.states``), written behind the jobs by one writer thread
+(``fedlm.worker.state_writer``) and flushed before each checkpoint.
+``arrival_seed`` shuffles the order replies come back in, to show that the
+engine's result does not depend on it.
 
 ``sim.job_threads = k`` runs up to k jobs at once, each in a thread of a
 pool with its own scratch model and, on CUDA, its own stream, so the jobs of
@@ -33,6 +35,7 @@ import numpy as np
 from fedlm.worker import batched, batching, placement, precision
 from fedlm.config import Config
 from fedlm.job import JobResult, JobSpec
+from fedlm.worker.state_writer import StateWriter
 from fedlm.worker.states import DiskStates, MemoryStates, worker_states
 from fedlm.worker.train import serve_job
 
@@ -62,11 +65,19 @@ class InProcessTransport:
         self.running: dict[Future, int] = {}  # job thread -> its (first) job id
         self.batched = batching.resolve(cfg)
         self.pending: list[Pending] = []  # batched: jobs submitted since the last collect
+        # disk states are written behind the jobs; flushed before each checkpoint
+        self.writer = StateWriter() if cfg.state_store() == "disk" else None
 
     def _states(self, worker: int):
         if worker not in self.states:
-            self.states[worker] = worker_states(self.cfg, self.run_key, worker)
+            self.states[worker] = worker_states(self.cfg, self.run_key, worker,
+                                                writer=self.writer)
         return self.states[worker]
+
+    def flush_states(self) -> None:
+        """Every worker state saved so far on disk (a checkpoint's states must be)."""
+        if self.writer is not None:
+            self.writer.flush()
 
     def _serve(self, job: JobSpec, params, states, device: str) -> JobResult:
         try:
@@ -154,6 +165,8 @@ class InProcessTransport:
         for pool in self.pools or []:
             pool.shutdown(wait=True, cancel_futures=True)
         self.running.clear()
+        if self.writer is not None:  # before the run's states folder may go
+            self.writer.close()
 
 
 def _failed(job: JobSpec, exc: Exception) -> JobResult:

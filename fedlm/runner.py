@@ -98,13 +98,14 @@ def execute(cfg: Config, db_path: str, connect: Connect,
                            {"params": final, "run": run.whose})
         writer.finish(status="finished", virtual_time=engine.now, updates=engine.version,
                       final_hash=params_hash(final))
+        _close(transport)  # its job threads and state writer, before the states go
         _forget(run.folder, run.key)
     except BaseException as exc:
+        _close(transport)
         _ended_badly(exc, run, engine)
         raise
     finally:
-        if hasattr(transport, "close"):  # the in-process backend's job threads
-            transport.close()
+        _close(transport)
         writer.close()
     return writer.run_id
 
@@ -168,6 +169,9 @@ def _engine(cfg: Config, db_path: str, run: _Run, strategy, transport, node_of,
         params = start_lib.initial(cfg)  # shapes for the strategy; the state has the rest
 
     def save_checkpoint(engine_state: dict) -> None:
+        flush_states = getattr(transport, "flush_states", None)
+        if flush_states is not None:  # the states this checkpoint resumes from, on disk
+            flush_states()
         writer.commit()
         ckpt_lib.save(run.folder, engine_state["position"]["version"],
                       {"engine": engine_state, "db": writer.positions(), "run_key": run.key,
@@ -215,6 +219,12 @@ def _batched_mode(transport, db_path: str, run_id: int, resumed: bool) -> list:
             transport.batched = then
             return []
     return [(batching.KIND, batching.detail(transport.batched))]
+
+
+def _close(transport) -> None:
+    """End the in-process backend's job threads and its state writer (again: a no-op)."""
+    if hasattr(transport, "close"):
+        transport.close()
 
 
 def _forget(folder, run_key: str) -> None:

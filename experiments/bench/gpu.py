@@ -218,8 +218,14 @@ def bench_model(model: str, args, device: str, peak: float | None) -> list[dict]
           "sim.batched=off", "inner.compile=false"]),
         ("fedlm sync DiLoCo, 16 workers, batched",
          ["strategy=diloco", "workers=16", f"updates={rounds}", f"eval.every={rounds}",
-          "sim.batched=on", "inner.compile=false"])]
-    if args.arms:  # a subset, by position: 1 sync, 2 async, 3 jobs at once, 4-5 16 workers
+          "sim.batched=on", "inner.compile=false"]),
+        # arm 1 with the workers' AdamW states in (device) memory instead of the disk
+        # files that checkpoints need: what the disk states cost around each job
+        ("fedlm sync DiLoCo, states in memory",
+         ["strategy=diloco", f"updates={rounds}", f"eval.every={rounds}",
+          "inner.state_store=context"])]
+    if args.arms:  # a subset, by position: 1 sync, 2 async, 3 jobs at once, 4-5 16 workers,
+        # 6 sync with states in memory
         configs = [configs[int(k) - 1] for k in args.arms.split(",") if k]
     if args.smoke:  # one fedlm process (jobs at once); the others' settings only loaded
         for _, sets in configs:
@@ -270,7 +276,7 @@ def main() -> None:
                     "separated (default: all; fp32 must be among them)")
     ap.add_argument("--arms", default="", help="fedlm runs, by number: 1 sync DiLoCo, 2 "
                     "async delayed Nesterov, 3 jobs at once, 4 and 5 sixteen workers per job "
-                    "and batched (default: all)")
+                    "and batched, 6 sync DiLoCo with the AdamW states in memory (default: all)")
     ap.add_argument("--replay", action="store_true", help="`fedlm replay` the first fedlm "
                     "run and report whether it re-executes to the same weights")
     ap.add_argument("--timeout", type=int, default=1200, help="seconds per fedlm run")

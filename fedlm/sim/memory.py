@@ -11,7 +11,8 @@ processes and its ClientApp actors), a run holds:
   that carries the model to the worker (Flower's in-memory link state keeps both);
 - per worker, its AdamW state (two tensors the size of the model) when
   ``inner.state_store`` keeps it in memory (``context``); ``disk`` keeps it in
-  files on the node instead.
+  files on the node instead (in process, written behind the jobs: the states not
+  written yet, at most ``state_writer.BUDGET`` or one state, wait in memory).
 
 Each is a lower bound of what the run really uses: 10,000 workers of the default
 model (1.8 M parameters) hold 148 GB of messages in flight with Flower; such a
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from fedlm.config import Config
 from fedlm.data import tokenizer
 from fedlm.errors import ConfigError
+from fedlm.worker import state_writer
 from fedlm.presets import parameter_count
 from fedlm.sim import fleet
 
@@ -66,6 +68,9 @@ def estimate(cfg: Config, backend: str = "flower") -> Estimate:
         parts["processes"] += RAY_BYTES + actors * ACTOR_BYTES
     if cfg.state_store() != "disk":
         parts["AdamW states in memory (inner.state_store)"] = nodes * 2 * model
+    elif backend == "inprocess":
+        parts["AdamW states not written yet"] = min(nodes * 2 * model,
+                                                    max(state_writer.BUDGET, 2 * model))
     parts = dict(sorted(parts.items(), key=lambda kv: -kv[1]))
     return Estimate(sum(parts.values()), parts, nodes, in_flight, per_job)
 

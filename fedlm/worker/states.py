@@ -16,7 +16,8 @@ that pointer at the oldest state a checkpoint may still need).
 Three stores, same interface: a dict in this process (the in-process
 backend; on a GPU its tensors stay in device memory), Flower's per-node
 ``context.state`` (memory; lost with the process) and node-local files (survive
-a crash; needed for resume).
+a crash; needed for resume; in process written behind the jobs,
+``fedlm.worker.state_writer``).
 """
 
 from __future__ import annotations
@@ -52,10 +53,7 @@ class MemoryStates:
             return {}
         if job_id not in self.states:
             raise MissingState(f"no optimizer state of job {job_id} on this worker")
-        # A copy: the optimizer trains its moments in place, and a job whose update
-        # is then rejected must not have changed the state it started from.
-        return {k: v.clone() if isinstance(v, torch.Tensor) else v
-                for k, v in self.states[job_id].items()}
+        return _copy(self.states[job_id])
 
     def save(self, job_id: int, state: dict) -> None:
         self.states[job_id] = state
@@ -103,13 +101,16 @@ class ContextStates:
 
 
 class DiskStates:
-    """One file per state under ``folder`` (written atomically)."""
+    """One file per state under ``folder`` (written atomically). With a ``writer``
+    (``fedlm.worker.state_writer``: the in-process backend) the files are written
+    behind the jobs and a state not written yet is read from memory."""
 
     device_resident = False
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, writer=None) -> None:
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
+        self.writer = writer
 
     def _path(self, job_id: int) -> Path:
         return self.folder / f"job{job_id}.pt"
@@ -117,12 +118,21 @@ class DiskStates:
     def load(self, job_id: int) -> dict:
         if job_id == FRESH:
             return {}
+        unwritten = self.writer.pending(self, job_id) if self.writer else None
+        if unwritten is not None:
+            return _copy(unwritten)
         path = self._path(job_id)
         if not path.exists():
             raise MissingState(f"no optimizer state of job {job_id} in {self.folder}")
         return torch.load(path, weights_only=True)
 
     def save(self, job_id: int, state: dict) -> None:
+        if self.writer is not None:
+            self.writer.save(self, job_id, state)
+        else:
+            self.write(job_id, state)
+
+    def write(self, job_id: int, state: dict) -> None:
         path = self._path(job_id)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         try:
@@ -133,9 +143,22 @@ class DiskStates:
             raise
 
     def prune(self, keep_from: int) -> None:
+        if self.writer is not None:
+            self.writer.prune(self, keep_from)
+        else:
+            self.delete_before(keep_from)
+
+    def delete_before(self, keep_from: int) -> None:
         for path in self.folder.glob("job*.pt"):
             if int(path.stem[3:]) < keep_from:
                 path.unlink(missing_ok=True)
+
+
+def _copy(state: dict) -> dict:
+    """A state to start a job from: a copy, since the optimizer trains its moments in
+    place, and a job whose update is then rejected must not have changed the state it
+    started from."""
+    return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
 
 
 def disk_folder(run_key: str, worker: int) -> Path:
@@ -143,11 +166,13 @@ def disk_folder(run_key: str, worker: int) -> Path:
     return cache_dir() / "worker-state" / run_key / f"worker{worker}"
 
 
-def worker_states(cfg: Config, run_key: str, worker: int, context_state=None):
+def worker_states(cfg: Config, run_key: str, worker: int, context_state=None,
+                  writer=None):
     """The store a worker keeps its optimizer states in: node-local files with
     ``inner.state_store = disk`` (they survive a crashed process, which resume needs,
-    and keep memory flat with thousands of simulated nodes); else the node's Flower
-    ``context.state`` when there is one, or a plain dict in this process."""
+    and keep memory flat with thousands of simulated nodes; written behind the jobs
+    by ``writer`` if given); else the node's Flower ``context.state`` when there is
+    one, or a plain dict in this process."""
     if cfg.state_store() == "disk":
-        return DiskStates(disk_folder(run_key, worker))
+        return DiskStates(disk_folder(run_key, worker), writer)
     return ContextStates(context_state) if context_state is not None else MemoryStates()

@@ -87,14 +87,16 @@ def warm_up(cfg: Config) -> None:
 
 def _export_opt_state(opt: torch.optim.Optimizer, names: list[str],
                       on_device: bool = False) -> dict[str, torch.Tensor]:
-    """The optimizer's state as name/key -> tensor: host copies, or with ``on_device``
-    the optimizer's own device tensors (the optimizer is discarded after the job)."""
+    """The optimizer's state as name/key -> tensor: the optimizer's own tensors where
+    they are on the host, or with ``on_device`` where they are (the optimizer is
+    discarded after the job, so they are the job's to hand on: no copy), else host
+    copies."""
     flat: dict[str, torch.Tensor] = {}
     state = opt.state_dict()["state"]
     for idx, name in enumerate(names):
         for key, value in state.get(idx, {}).items():
             flat[f"{name}/{key}"] = value
-    if on_device and any(v.device.type != "cpu" for v in flat.values()):
+    if on_device or all(v.device.type == "cpu" for v in flat.values()):
         return flat
     return dict(precision.to_host(flat))  # one synchronisation on CUDA, not one per tensor
 

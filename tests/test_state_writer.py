@@ -1,0 +1,165 @@
+"""Worker states written behind the jobs (fedlm.worker.state_writer): served from
+memory until written, written in order, pruned before their turn never written,
+flushed before a checkpoint, a failed write raised by the flush in one line, memory
+bounded; a run with them ends where a run with states in memory does."""
+
+import threading
+
+import pytest
+import torch
+
+from fedlm.runner import run_inprocess
+from fedlm.store import connect_readonly
+from fedlm.worker.state_writer import StateWriteError, StateWriter
+from fedlm.worker.states import DiskStates
+from tests.conftest import tiny_config
+
+WAIT = 30.0  # seconds any wait of these tests may take at most
+
+
+class HeldStates(DiskStates):
+    """DiskStates whose file writes wait until the test lets them go."""
+
+    def __init__(self, folder, writer):
+        super().__init__(folder, writer)
+        self.go = threading.Event()
+        self.started = threading.Event()
+
+    def write(self, job_id, state):
+        self.started.set()
+        assert self.go.wait(WAIT)
+        super().write(job_id, state)
+
+
+def _state(value: float) -> dict:
+    return {"w/exp_avg": torch.full((4, 4), value), "schedule_step": 3}
+
+
+def _in_thread(fn) -> threading.Thread:
+    t = threading.Thread(target=fn, daemon=True)
+    t.start()
+    return t
+
+
+@pytest.fixture
+def writer():
+    w = StateWriter()
+    yield w
+    w.close()
+
+
+def test_a_state_not_written_yet_is_served_from_memory_as_a_copy(tmp_path, writer):
+    store = HeldStates(tmp_path, writer)
+    store.save(5, _state(1.0))  # returns although the write is held
+    assert store.started.wait(WAIT)
+    assert not (tmp_path / "job5.pt").exists()
+    got = store.load(5)
+    assert torch.equal(got["w/exp_avg"], torch.full((4, 4), 1.0))
+    got["w/exp_avg"].add_(1)  # the job trains it in place: the saved state stays
+    assert torch.equal(store.load(5)["w/exp_avg"], torch.full((4, 4), 1.0))
+    store.go.set()
+    writer.flush()
+    assert (tmp_path / "job5.pt").exists()
+    assert writer.pending(store, 5) is None  # now read from the file
+    assert torch.equal(store.load(5)["w/exp_avg"], torch.full((4, 4), 1.0))
+
+
+def test_flush_waits_for_every_write(tmp_path, writer):
+    store = HeldStates(tmp_path, writer)
+    for j in range(3):
+        store.save(j, _state(float(j)))
+    flushed = threading.Event()
+    t = _in_thread(lambda: (writer.flush(), flushed.set()))
+    assert store.started.wait(WAIT)
+    assert not flushed.is_set()  # a write is held: the flush cannot have returned
+    store.go.set()
+    t.join(WAIT)
+    assert flushed.is_set()
+    assert sorted(p.name for p in tmp_path.glob("*.pt")) == ["job0.pt", "job1.pt", "job2.pt"]
+
+
+def test_a_state_pruned_before_its_turn_is_never_written(tmp_path, writer):
+    store = HeldStates(tmp_path, writer)
+    store.save(1, _state(1.0))  # held in the writer
+    assert store.started.wait(WAIT)
+    store.save(2, _state(2.0))
+    store.save(3, _state(3.0))
+    store.prune(3)  # 1 (being written) and 2 (queued) go
+    assert writer.pending(store, 2) is None
+    store.go.set()
+    writer.flush()
+    assert sorted(p.name for p in tmp_path.glob("*.pt")) == ["job3.pt"]
+
+
+def test_a_failed_write_is_raised_by_the_flush_and_the_state_kept(tmp_path, writer):
+    class Full(DiskStates):
+        def write(self, job_id, state):
+            raise OSError(28, "No space left on device")
+
+    store = Full(tmp_path, writer)
+    store.save(7, _state(7.0))
+    with pytest.raises(StateWriteError) as err:
+        writer.flush()
+    assert "\n" not in str(err.value)
+    assert "job 7" in str(err.value) and "No space left on device" in str(err.value)
+    assert torch.equal(store.load(7)["w/exp_avg"], torch.full((4, 4), 7.0))  # jobs go on
+
+
+def test_a_save_waits_while_the_unwritten_states_fill_the_budget(tmp_path):
+    one = _state(0.0)["w/exp_avg"].nbytes
+    writer = StateWriter(budget=one)
+    try:
+        store = HeldStates(tmp_path, writer)
+        store.save(0, _state(0.0))  # one state always fits
+        assert store.started.wait(WAIT)
+        saved = threading.Event()
+        t = _in_thread(lambda: (store.save(1, _state(1.0)), saved.set()))
+        assert not saved.wait(0.5)  # over the budget: waits for the write
+        store.go.set()
+        t.join(WAIT)
+        assert saved.is_set()
+        writer.flush()
+    finally:
+        writer.close()
+
+
+def test_close_drops_the_writes_not_started(tmp_path):
+    writer = StateWriter()
+    store = HeldStates(tmp_path, writer)
+    for j in range(4):
+        store.save(j, _state(float(j)))
+    assert store.started.wait(WAIT)
+    closer = _in_thread(writer.close)
+    store.go.set()  # the write in progress ends; the other three never start
+    closer.join(WAIT)
+    assert not closer.is_alive()
+    assert [p.name for p in tmp_path.glob("*.pt")] == ["job0.pt"]
+
+
+def test_a_run_with_states_written_behind_ends_where_states_in_memory_do(tmp_path):
+    base = ["strategy=delayed-nesterov", "local_steps=dylu", "fleet.preset=very",
+            "reliability.checkpoint_every=2", "sim.job_threads=2"]
+    hashes = []
+    for store in ("disk", "context"):
+        db = str(tmp_path / f"{store}.db")
+        run_id = run_inprocess(tiny_config(*base, f"inner.state_store={store}"), db)
+        with connect_readonly(db) as conn:
+            hashes.append(conn.execute("SELECT final_hash FROM runs WHERE id=?",
+                                       (run_id,)).fetchone()[0])
+    assert hashes[0] == hashes[1]
+
+
+def test_a_run_whose_states_cannot_be_written_stops_at_its_checkpoint_in_one_line(
+        tmp_path, monkeypatch):
+    def full(self, job_id, state):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(DiskStates, "write", full)
+    db = str(tmp_path / "full.db")
+    with pytest.raises(StateWriteError, match="No space left on device"):
+        run_inprocess(tiny_config("reliability.checkpoint_every=2"), db)
+    with connect_readonly(db) as conn:
+        status, error, updates = conn.execute(
+            "SELECT status, error, updates FROM runs").fetchone()
+    assert status == "failed" and updates == 2  # stopped at its first checkpoint
+    assert error.startswith("StateWriteError: worker state of job") and "\n" not in error
