@@ -155,6 +155,10 @@ def test_compile_on_the_cpu_is_built_once_and_deterministic():
 
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         pytest.skip("torch.compile on the CPU needs a C compiler, none on PATH")
+    import threading
+
+    from torch._dynamo.utils import counters
+
     cfg = tiny_config("inner.compile=true")
     theta = _theta(cfg)
     a = run_job(theta, {}, JOB, cfg)
@@ -162,6 +166,16 @@ def test_compile_on_the_cpu_is_built_once_and_deterministic():
     assert np.isfinite(a.result.train_loss)
     assert params_hash(a.result.outer_grad) == params_hash(b.result.outer_grad)
     assert len([k for k in precision._COMPILED if k[0] == cfg.model]) == 1
+    # a job thread (sim.job_threads) has its own scratch model and compiled wrapper, but
+    # the graph compiled for the first is shared: no second compilation for one shape
+    graphs = counters["stats"]["unique_graphs"]
+    other = {}
+    thread = threading.Thread(target=lambda: other.setdefault("c", run_job(theta, {}, JOB, cfg)))
+    thread.start()
+    thread.join(300)
+    assert len([k for k in precision._COMPILED if k[0] == cfg.model]) == 2
+    assert counters["stats"]["unique_graphs"] == graphs
+    assert params_hash(other["c"].result.outer_grad) == params_hash(a.result.outer_grad)
     eager = run_job(theta, {}, JOB, tiny_config())
     assert abs(eager.result.train_loss - a.result.train_loss) < 1e-3
 
