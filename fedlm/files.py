@@ -1,4 +1,5 @@
-"""Reading a file a user pointed fedlm at: a regular file, under a size cap, read once.
+"""Reading a file a user pointed fedlm at: a regular file, under a size cap, read once;
+and writing fedlm's own cache files whole or not at all (``write_cache``).
 
 Every file fedlm reads on someone's word (configs and sweep specs, traces,
 checkpoints and weights, text corpora) goes through ``read_bytes``, so that a FIFO, a
@@ -84,3 +85,19 @@ def read_bytes(path: str | Path, what: str) -> bytes:
 def read_text(path: str | Path, what: str, errors: str = "strict") -> str:
     """``read_bytes`` decoded as UTF-8."""
     return read_bytes(path, what).decode("utf-8", errors=errors)
+
+
+def write_cache(path: Path, write) -> None:
+    """Write one of fedlm's cache files: ``write(tmp)`` to a temporary file beside
+    ``path``, then rename it (concurrent readers never see half a file). A write that
+    fails leaves no temporary file behind (a full disk gets no fuller) and names the
+    file it was for."""
+    tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp{path.suffix}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and not exc.filename:  # say where
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
+        raise

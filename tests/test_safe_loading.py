@@ -206,3 +206,19 @@ def test_a_run_owns_its_trace_resume_and_replay_refuse_other_contents(tmp_path):
     (ref,), (run,) = list_runs(ref_db), list_runs(db)
     assert run["final_hash"] == ref["final_hash"] and replay(ref_db, 1).identical
     assert inputs.pins(tiny_config(*sets)) == [pin]
+
+
+def test_a_cache_file_that_cannot_be_written_leaves_nothing_and_names_itself(tmp_path):
+    from fedlm import files
+
+    def half_then_full(tmp):
+        tmp.write_bytes(b"half a corpus")
+        raise OSError(28, "No space left on device")  # as np.savez says it: no filename
+
+    target = tmp_path / "packed-x.npz"
+    with pytest.raises(OSError) as err:
+        files.write_cache(target, half_then_full)
+    assert err.value.filename == str(target) and "No space left" in err.value.strerror
+    assert list(tmp_path.iterdir()) == []  # no temporary file filling the disk further
+    files.write_cache(target, lambda tmp: tmp.write_bytes(b"whole"))
+    assert target.read_bytes() == b"whole" and list(tmp_path.iterdir()) == [target]

@@ -315,11 +315,10 @@ def load_corpus(cfg: DataConfig) -> Corpus:
     if len(corpus.val) == 0:
         raise ConfigError(f"data.val_fraction: leaves no validation sequence of length "
                           f"{cfg.seq_len}, got {cfg.val_fraction!r}")
-    tmp = packed_path.with_suffix(f".{os.getpid()}.tmp.npz")
-    np.savez(tmp, train=corpus.train, val=corpus.val, train_doc=corpus.train_doc,
-             titles=np.array(corpus.titles), genres=np.array(corpus.genres),
-             token_bytes=corpus.token_bytes)
-    os.replace(tmp, packed_path)  # atomic: concurrent actors never read half a file
+    files.write_cache(packed_path, lambda tmp: np.savez(
+        tmp, train=corpus.train, val=corpus.val, train_doc=corpus.train_doc,
+        titles=np.array(corpus.titles), genres=np.array(corpus.genres),
+        token_bytes=corpus.token_bytes))
     return corpus
 
 

@@ -21,13 +21,13 @@ config check parses the spec here and must stay fast.
 from __future__ import annotations
 
 import json
-import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Iterable
 
 import numpy as np
 
+from fedlm import files
 from fedlm.errors import ConfigError, shown
 
 BYTE_VOCAB = 256  # the byte tokenizer's ids, and the BPE's initial alphabet
@@ -90,9 +90,7 @@ def cached_bpe(path: Path, texts: Iterable[str], vocab: int) -> str:
     if path.exists():
         return path.read_text(encoding="utf-8")
     text = train_bpe(texts, vocab)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    files.write_cache(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
     return text
 
 
