@@ -163,3 +163,13 @@ def test_a_run_whose_states_cannot_be_written_stops_at_its_checkpoint_in_one_lin
             "SELECT status, error, updates FROM runs").fetchone()
     assert status == "failed" and updates == 2  # stopped at its first checkpoint
     assert error.startswith("StateWriteError: worker state of job") and "\n" not in error
+
+
+def test_a_flush_after_close_says_so_instead_of_waiting(tmp_path):
+    writer = StateWriter()
+    store = DiskStates(tmp_path, writer)
+    writer.close()
+    store.save(1, _state(1.0))  # the run has ended: kept in memory, never queued
+    assert torch.equal(store.load(1)["w/exp_avg"], torch.full((4, 4), 1.0))
+    with pytest.raises(StateWriteError, match="writer was closed"):
+        writer.flush()

@@ -65,7 +65,8 @@ class StateWriter:
                 self._cond.wait()
             self._pending[(store.folder, job_id)] = state
             self._bytes += size
-            self._queue.append(("save", store, job_id))
+            if not self._closed:  # else kept in memory only (the run has ended)
+                self._queue.append(("save", store, job_id))
             self._cond.notify_all()
 
     def pending(self, store, job_id: int) -> dict | None:
@@ -86,10 +87,13 @@ class StateWriter:
     def flush(self) -> None:
         """Wait until every state saved so far is on disk; raise a failed write's error."""
         with self._cond:
-            while self._queue or self._busy:
+            while (self._queue or self._busy) and not self._closed:
                 self._cond.wait()
             if self._error is not None:
                 raise self._error
+            if self._closed:  # its queue was dropped: nothing says the states are on disk
+                raise StateWriteError("worker states cannot be flushed: the run's state "
+                                      "writer was closed")
 
     def close(self) -> None:
         """Stop: the writes not started are dropped (a run that ends needs none of them:
@@ -98,7 +102,7 @@ class StateWriter:
         with self._cond:
             self._closed = True
             self._queue.clear()
-            self._cond.notify_all()
+            self._cond.notify_all()  # a flush waiting returns, a save waiting goes on
         if self._thread is not threading.current_thread():
             self._thread.join(CLOSE_WAIT)
 
