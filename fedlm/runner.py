@@ -105,7 +105,6 @@ def execute(cfg: Config, db_path: str, connect: Connect,
         _ended_badly(exc, run, engine)
         raise
     finally:
-        _close(transport)
         writer.close()
     return writer.run_id
 
@@ -222,7 +221,8 @@ def _batched_mode(transport, db_path: str, run_id: int, resumed: bool) -> list:
 
 
 def _close(transport) -> None:
-    """End the in-process backend's job threads and its state writer (again: a no-op)."""
+    """End the in-process backend's job threads and its state writer, before a run's
+    states may be deleted (a second call, after a close that raised, is a no-op)."""
     if hasattr(transport, "close"):
         transport.close()
 
