@@ -1,5 +1,5 @@
 """Worker states written behind the jobs (fedlm.worker.state_writer): served from
-memory until written, written in order, pruned before their turn never written,
+memory until written and while there is room after, written in order, pruned before their turn never written,
 flushed before a checkpoint, a failed write raised by the flush in one line, memory
 bounded; a run with them ends where a run with states in memory does."""
 
@@ -60,8 +60,52 @@ def test_a_state_not_written_yet_is_served_from_memory_as_a_copy(tmp_path, write
     store.go.set()
     writer.flush()
     assert (tmp_path / "job5.pt").exists()
-    assert writer.pending(store, 5) is None  # now read from the file
+    assert writer.pending(store, 5) is None  # written: no longer waits for the disk
     assert torch.equal(store.load(5)["w/exp_avg"], torch.full((4, 4), 1.0))
+
+
+def test_a_written_state_is_taken_from_memory_once_then_read_from_its_file(tmp_path, writer):
+    store = DiskStates(tmp_path, writer)
+    saved = _state(1.0)
+    store.save(5, saved)
+    writer.flush()
+    got = store.load(5)
+    assert got["w/exp_avg"] is saved["w/exp_avg"]  # handed over: neither read nor copied
+    got["w/exp_avg"].add_(1)  # the job trains it in place; the file keeps the saved state
+    again = store.load(5)  # its update rejected, say: the job runs again from the file
+    assert again["w/exp_avg"] is not saved["w/exp_avg"]
+    assert torch.equal(again["w/exp_avg"], torch.full((4, 4), 1.0))
+
+
+def test_room_is_made_by_dropping_the_newest_written_states(tmp_path):
+    one = _state(0.0)["w/exp_avg"].nbytes
+    writer = StateWriter(budget=2 * one)
+    try:
+        store = DiskStates(tmp_path, writer)
+        for j in range(2):
+            store.save(j, _state(float(j)))
+        writer.flush()  # both written, both still in memory: the budget holds two
+        store.save(2, _state(2.0))  # room for it: job 1's state goes, job 0's stays
+        writer.flush()
+        assert writer.take_written(store, 1) is None
+        assert writer.take_written(store, 0) is not None
+        assert writer.take_written(store, 2) is not None
+        assert writer._bytes == 0
+        assert torch.equal(store.load(1)["w/exp_avg"], torch.full((4, 4), 1.0))  # its file
+    finally:
+        writer.close()
+
+
+def test_pruned_written_states_leave_memory_and_disk(tmp_path, writer):
+    store = DiskStates(tmp_path, writer)
+    for j in range(3):
+        store.save(j, _state(float(j)))
+    writer.flush()
+    store.prune(2)
+    writer.flush()
+    assert [writer.take_written(store, j) is None for j in range(3)] == [True, True, False]
+    assert writer._bytes == 0
+    assert [p.name for p in tmp_path.glob("*.pt")] == ["job2.pt"]
 
 
 def test_flush_waits_for_every_write(tmp_path, writer):

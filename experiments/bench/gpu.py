@@ -4,7 +4,8 @@
     python experiments/bench/gpu.py --models 20m --steps 100 --batch 32 --seq-len 256
     python experiments/bench/gpu.py --smoke    # seconds, on the CPU even beside a GPU:
                                                # tiny model, 2 steps, one fedlm run (the
-                                               # others' settings loaded), JSON to a temp dir
+                                               # others' settings loaded; with --arms,
+                                               # those arms run), JSON to a temp dir
 
 Plain loop (one process, fedlm's model and corpus, AdamW, grad clipping), variants:
 
@@ -227,8 +228,8 @@ def bench_model(model: str, args, device: str, peak: float | None) -> list[dict]
     if args.arms:  # a subset, by position: 1 sync, 2 async, 3 jobs at once, 4-5 16 workers,
         # 6 sync with states in memory
         configs = [configs[int(k) - 1] for k in args.arms.split(",") if k]
-    if args.smoke:  # one fedlm process (jobs at once); the others' settings only loaded
-        for _, sets in configs:
+    if args.smoke and not args.arms:  # one fedlm process (jobs at once); the others'
+        for _, sets in configs:       # settings only loaded. With --arms: those arms
             config_load.load(None, [*common, *sets])
         configs = [c for c in configs if "jobs at once" in c[0]]
     with tempfile.TemporaryDirectory() as tmp:

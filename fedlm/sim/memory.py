@@ -12,7 +12,8 @@ processes and its ClientApp actors), a run holds:
 - per worker, its AdamW state (two tensors the size of the model) when
   ``inner.state_store`` keeps it in memory (``context``); ``disk`` keeps it in
   files on the node instead (in process, written behind the jobs: the states not
-  written yet, at most ``state_writer.BUDGET`` or one state, wait in memory).
+  written yet, and written ones while there is room, at most ``state_writer.BUDGET``
+  or one state, stay in memory).
 
 Each is a lower bound of what the run really uses: 10,000 workers of the default
 model (1.8 M parameters) hold 148 GB of messages in flight with Flower; such a
@@ -69,7 +70,7 @@ def estimate(cfg: Config, backend: str = "flower") -> Estimate:
     if cfg.state_store() != "disk":
         parts["AdamW states in memory (inner.state_store)"] = nodes * 2 * model
     elif backend == "inprocess":
-        parts["AdamW states not written yet"] = min(nodes * 2 * model,
+        parts["AdamW states kept by the state writer"] = min(nodes * 2 * model,
                                                     max(state_writer.BUDGET, 2 * model))
     parts = dict(sorted(parts.items(), key=lambda kv: -kv[1]))
     return Estimate(sum(parts.values()), parts, nodes, in_flight, per_job)

@@ -10,14 +10,20 @@ than the rest of what happens around a job there.
 A ``StateWriter`` takes the writes over (the in-process backend has one): ``save``
 hands it the state and returns, one thread writes the files in the order they were
 saved, prunes too, in order. Until its file is written a state is served from
-memory, so a worker's next job never waits for the disk.
+memory, so a worker's next job never waits for the disk. A written state stays in
+memory too while there is room for it, and the job that starts from it takes it
+without reading the file (its file keeps it, should that job's update be rejected):
+reading it back cost a job at ``20m`` 0.04 s of the 0.15 s around it on the CPU.
 
 What resume needs does not change: the engine calls ``flush`` before each checkpoint,
 so every state saved before a checkpoint is on disk when the checkpoint is. A write
 that fails (a full disk) is raised by the next ``flush``, which stops the run at that
 checkpoint with the reason; until then the state stays in memory and the jobs go on.
-Memory is bounded: ``save`` waits while the states not yet written hold more than
-``budget`` bytes (one state always fits).
+Memory is bounded: the states kept (written or not) hold at most ``budget`` bytes
+(one state always fits). ``save`` makes room by dropping written states, the newest
+first, and waits for writes when none is left to drop. Newest first, because jobs
+come round the workers in turn: the state a worker wrote longest ago is the one
+needed soonest, and dropping the oldest would drop each state just before its use.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 
-BUDGET = 1 << 30  # bytes of states waiting to be written before a save waits
+BUDGET = 1 << 30  # bytes of states kept in memory, written or waiting to be
 CLOSE_WAIT = 120.0  # seconds close() waits for the write in progress
 
 
@@ -44,6 +50,7 @@ class StateWriter:
         self._cond = threading.Condition()
         self._queue: deque = deque()  # ("save", store, job_id) | ("prune", store, keep_from)
         self._pending: dict[tuple, dict] = {}  # (folder, job_id) -> state not written yet
+        self._written: dict[tuple, dict] = {}  # (folder, job_id) -> state on disk too, by age
         self._pruned: dict = {}  # folder -> the highest keep_from asked for
         self._bytes = 0
         self._busy = False
@@ -60,9 +67,13 @@ class StateWriter:
         change afterwards (a job's exported state is its own)."""
         size = _nbytes(state)
         with self._cond:
-            while (self._bytes and self._bytes + size > self.budget and self._error is None
-                   and not self._closed):
-                self._cond.wait()
+            while self._bytes and self._bytes + size > self.budget:
+                if self._written:
+                    self._drop(next(reversed(self._written)))  # the newest: see above
+                elif self._error is not None or self._closed:
+                    break  # no write will make room: kept in memory all the same
+                else:
+                    self._cond.wait()
             self._pending[(store.folder, job_id)] = state
             self._bytes += size
             if not self._closed:  # else kept in memory only (the run has ended)
@@ -70,17 +81,31 @@ class StateWriter:
             self._cond.notify_all()
 
     def pending(self, store, job_id: int) -> dict | None:
-        """``store``'s state of ``job_id`` if it is not on disk yet (else None)."""
+        """``store``'s state of ``job_id`` if it is not on disk yet (else None); shared
+        with the writer: copy it before changing it."""
         with self._cond:
             if job_id < self._pruned.get(store.folder, -1):
                 return None
             return self._pending.get((store.folder, job_id))
+
+    def take_written(self, store, job_id: int) -> dict | None:
+        """``store``'s state of ``job_id`` if it is on disk and still in memory (else
+        None): the caller's own from now on, memory keeps it no longer."""
+        with self._cond:
+            key = (store.folder, job_id)
+            if key not in self._written:
+                return None
+            state = self._written[key]
+            self._drop(key)
+            return state
 
     def prune(self, store, keep_from: int) -> None:
         """``store``'s states before ``keep_from`` go: those not written yet are never
         written, the files are deleted in order with the writes."""
         with self._cond:
             self._pruned[store.folder] = max(keep_from, self._pruned.get(store.folder, -1))
+            for key in [k for k in self._written if k[0] == store.folder and k[1] < keep_from]:
+                self._drop(key)
             self._queue.append(("prune", store, keep_from))
             self._cond.notify_all()
 
@@ -102,6 +127,8 @@ class StateWriter:
         with self._cond:
             self._closed = True
             self._queue.clear()
+            for key in list(self._written):
+                self._drop(key)
             self._cond.notify_all()  # a flush waiting returns, a save waiting goes on
         if self._thread is not threading.current_thread():
             self._thread.join(CLOSE_WAIT)
@@ -129,8 +156,18 @@ class StateWriter:
             with self._cond:
                 self._busy = False
                 if written:
-                    self._bytes -= _nbytes(self._pending.pop((store.folder, arg), {}))
+                    key = (store.folder, arg)
+                    state = self._pending.pop(key)
+                    if self._closed or arg < self._pruned.get(store.folder, -1):
+                        self._bytes -= _nbytes(state)  # no job will start from it
+                    else:
+                        self._written[key] = state  # still counted in _bytes
                 self._cond.notify_all()
+
+    def _drop(self, key: tuple) -> None:
+        """Forget a written state (its file has it); with ``_cond`` held."""
+        self._bytes -= _nbytes(self._written.pop(key))
+        self._cond.notify_all()
 
     def _do(self, kind: str, store, arg: int, state: dict | None) -> bool:
         try:

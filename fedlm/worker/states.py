@@ -103,7 +103,7 @@ class ContextStates:
 class DiskStates:
     """One file per state under ``folder`` (written atomically). With a ``writer``
     (``fedlm.worker.state_writer``: the in-process backend) the files are written
-    behind the jobs and a state not written yet is read from memory."""
+    behind the jobs and a state still in memory (written or not) is read from there."""
 
     device_resident = False
 
@@ -118,9 +118,13 @@ class DiskStates:
     def load(self, job_id: int) -> dict:
         if job_id == FRESH:
             return {}
-        unwritten = self.writer.pending(self, job_id) if self.writer else None
-        if unwritten is not None:
-            return _copy(unwritten)
+        if self.writer is not None:
+            kept = self.writer.take_written(self, job_id)  # on disk too: no copy needed
+            if kept is not None:
+                return kept
+            unwritten = self.writer.pending(self, job_id)  # the writer still needs it
+            if unwritten is not None:
+                return _copy(unwritten)
         path = self._path(job_id)
         if not path.exists():
             raise MissingState(f"no optimizer state of job {job_id} in {self.folder}")
