@@ -224,9 +224,15 @@ def bench_model(model: str, args, device: str, peak: float | None) -> list[dict]
         # files that checkpoints need: what the disk states cost around each job
         ("fedlm sync DiLoCo, states in memory",
          ["strategy=diloco", f"updates={rounds}", f"eval.every={rounds}",
-          "inner.state_store=context"])]
+          "inner.state_store=context"]),
+        # arm 6 without torch.compile: a run pays the compile in its first jobs (about
+        # 4.4 s at 20m on the H200, more than a round), the plain loop in its untimed
+        # warm-up; where compiling gains little per step, a short run is faster without
+        ("fedlm sync DiLoCo, states in memory, no compile",
+         ["strategy=diloco", f"updates={rounds}", f"eval.every={rounds}",
+          "inner.state_store=context", "inner.compile=false"])]
     if args.arms:  # a subset, by position: 1 sync, 2 async, 3 jobs at once, 4-5 16 workers,
-        # 6 sync with states in memory
+        # 6 sync with states in memory, 7 the same without compile
         configs = [configs[int(k) - 1] for k in args.arms.split(",") if k]
     if args.smoke and not args.arms:  # one fedlm process (jobs at once); the others'
         for _, sets in configs:       # settings only loaded. With --arms: those arms
@@ -277,7 +283,8 @@ def main() -> None:
                     "separated (default: all; fp32 must be among them)")
     ap.add_argument("--arms", default="", help="fedlm runs, by number: 1 sync DiLoCo, 2 "
                     "async delayed Nesterov, 3 jobs at once, 4 and 5 sixteen workers per job "
-                    "and batched, 6 sync DiLoCo with the AdamW states in memory (default: all)")
+                    "and batched, 6 sync DiLoCo with the AdamW states in memory, 7 the same without "
+                    "torch.compile (default: all)")
     ap.add_argument("--replay", action="store_true", help="`fedlm replay` the first fedlm "
                     "run and report whether it re-executes to the same weights")
     ap.add_argument("--timeout", type=int, default=1200, help="seconds per fedlm run")
