@@ -101,15 +101,15 @@ def check_update(update, reference) -> None:
 
 def _all_finite(tensors) -> bool:
     """Whether no tensor holds NaN or ±Inf, read once (one wait on a GPU, not one per
-    tensor). A tensor's min and max say it: NaN propagates into both, an infinity is one
-    of them. ``0 · x`` is 0 for finite x and NaN otherwise, so the sum of ``0 · min +
-    0 · max`` is 0 exactly when every tensor is finite, and no finite value can
-    overflow it. One pass over the update, with no mask the size of the model: 10x
-    less time than ``isfinite().all()`` per tensor on the CPU (22 against 223 ms for
-    400 MB of fp32)."""
-    total = 0.0
-    for t in tensors:
-        if t.is_floating_point() and t.numel():
-            lo, hi = t.aminmax()
-            total = lo.float() * 0 + hi.float() * 0 + total
-    return bool(total == 0)
+    tensor). A tensor's min and max say it: NaN propagates into both, an infinity is
+    one of them, and no arithmetic on the values can overflow into a false refusal.
+    One pass over the update with no mask the size of the model: 10x less time than
+    ``isfinite().all()`` per tensor on the CPU (22 against 223 ms for 400 MB of fp32;
+    a `20m` update 1.4 against 21 ms)."""
+    ends = [end.float() for t in tensors if t.is_floating_point() and t.numel()
+            for end in t.aminmax()]
+    if not ends:
+        return True
+    import torch  # loaded already: these are its tensors
+
+    return bool(torch.stack(ends).isfinite().all())
