@@ -121,7 +121,7 @@ class InProcessTransport:
                 trained = batched.job_updates(
                     [(p.params, state, p.job) for p, state in loaded], self.cfg,
                     state_on_device=getattr(group[0].states, "device_resident", False),
-                    server_device=self.server_device)
+                    server_device=self.server_device, device=device)
         except Exception as exc:  # as a crashed ClientApp, for each of them
             return replies + [_failed(p.job, exc) for p, _ in loaded]
         for (p, _), (result, new_state) in zip(loaded, trained):
@@ -132,16 +132,19 @@ class InProcessTransport:
 
     def _start_pending(self) -> None:
         """The jobs submitted since the last collect, trained in groups of equal shapes
-        (batched runs train on the server's device: one device)."""
+        on each worker's device (as one job would be: ``placement.device_of``), a
+        device's group split over its job threads."""
         pending, self.pending = self.pending, []
-        device = self.server_device
-        for group in batching.groups(pending, lambda job: batched.group_key(self.cfg, job)):
-            if self.pools is None:
-                self.ready.extend(self._serve_group(group, device))
-                continue
-            for part in batching.split(group, self.cfg.sim.job_threads):
-                fut = self.pools[0].submit(self._serve_group, part, device)
-                self.running[fut] = part[0].job.job_id
+        n = len(self.devices)
+        for at in range(n):
+            mine = [p for p in pending if placement.device_of(p.job.worker, n) == at]
+            for group in batching.groups(mine, lambda job: batched.group_key(self.cfg, job)):
+                if self.pools is None:
+                    self.ready.extend(self._serve_group(group, self.devices[at]))
+                    continue
+                for part in batching.split(group, self.cfg.sim.job_threads):
+                    fut = self.pools[at].submit(self._serve_group, part, self.devices[at])
+                    self.running[fut] = part[0].job.job_id
 
     def collect(self, timeout: float) -> list[JobResult]:
         if self.pending:

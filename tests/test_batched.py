@@ -264,6 +264,15 @@ def test_auto_batches_where_measured_faster():
     assert not batching.resolve(tiny_config())  # the default: off
 
 
+def test_auto_batches_small_models_on_a_gpu(monkeypatch):
+    monkeypatch.setattr("fedlm.model.resolve_device", lambda choice: "cuda")
+    for model in ("tiny", "small", "20m"):
+        assert batching.resolve(tiny_config("sim.batched=auto", f"model={model}",
+                                            "data.seq_len=128")), model
+    for sets in (["model=60m"], ["model=150m"], ["model=20m", "inner.compile=true"]):
+        assert not batching.resolve(tiny_config("sim.batched=auto", *sets)), sets
+
+
 @pytest.mark.parametrize("sets,match", [
     (["sim.batched=yes"], r"sim\.batched: must be auto, on or off"),
     (["sim.batched=on", "inner.compile=true"], r"sim\.batched: trains without torch\.compile"),

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from fedlm.worker import placement
+from fedlm.worker import batched, placement
 from fedlm.config_load import ConfigError
 from fedlm.flower.simulation import backend_config
 from fedlm.runner import run_inprocess
@@ -171,6 +171,32 @@ def test_jobs_over_two_devices_end_where_one_device_ends(tmp_path, monkeypatch):
     assert not barrier.broken
     assert seen == {0: {("cpu", "fedlm-job-d0")}, 1: {("cpu", "fedlm-job-d1")},
                     2: {("cpu", "fedlm-job-d0")}}
+
+
+def test_batched_groups_over_two_devices_end_where_one_device_ends(tmp_path, monkeypatch):
+    # A batched sync round's jobs train as one group per device, worker w's on device
+    # w mod 2 in that device's thread, the two groups at once (their first groups meet
+    # at a barrier); a replica's bits do not depend on its group, so the run is the
+    # one-device batched run.
+    barrier = threading.Barrier(2, timeout=60)
+    seen: dict[int, set] = {}
+    job_updates = batched.job_updates
+
+    def recording(items, cfg, *args, **kwargs):
+        for _, _, job in items:
+            seen.setdefault(job.worker, set()).add(
+                (kwargs["device"], threading.current_thread().name.split("_")[0]))
+        if min(job.job_id for _, _, job in items) < 2:
+            barrier.wait()
+        return job_updates(items, cfg, *args, **kwargs)
+
+    arm = ("strategy=diloco", "workers=4", "updates=3", "sim.batched=on")
+    one = _run(tmp_path, "one", *arm)
+    monkeypatch.setattr(batched, "job_updates", recording)
+    two = _run(tmp_path, "two", *arm, "sim.devices=2")
+    assert two == one
+    assert not barrier.broken
+    assert seen == {w: {("cpu", f"fedlm-job-d{w % 2}")} for w in range(4)}
 
 
 @pytest.mark.flower

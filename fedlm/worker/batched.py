@@ -49,11 +49,13 @@ def group_key(cfg: Config, job: JobSpec) -> tuple:
 
 
 def run_group(items: list[tuple[object, dict, JobSpec]], cfg: Config,
-              state_on_device: bool = False, server_device: str = "cpu") -> list[Trained]:
+              state_on_device: bool = False, server_device: str = "cpu",
+              device: str | None = None) -> list[Trained]:
     """Run jobs ``(params, opt_state, job)`` of one ``group_key`` together; their
-    results in the order given."""
+    results in the order given. ``device``: where they train (one of the host's GPUs,
+    ``fedlm.worker.placement``); None: the run's ``device``."""
     torch.set_num_threads(cfg.inner.threads)
-    device = model_lib.resolve_device(cfg.device)
+    device = device or model_lib.resolve_device(cfg.device)
     order = sorted(range(len(items)), key=lambda i: -items[i][2].local_steps)  # stable
     jobs = [items[i][2] for i in order]
     starts = [precision.to_device(items[i][0], device) for i in order]
@@ -152,8 +154,8 @@ def _finish(k: int, job: JobSpec, start: dict, state: dict, params: dict,
         if not state_on_device and torch.device(device).type != "cpu":
             new_state = dict(precision.to_host(new_state))
     new_state["schedule_step"] = int(state.get("schedule_step", 0)) + job.local_steps
-    if torch.device(device).type != "cpu" and server_device == "cpu":  # else it stays
-        grad = precision.to_host(grad)  # where the server keeps the model (worker.train)
+    if not precision.same_device(device, server_device):  # on one device: stays there
+        grad = precision.to_server(grad, device, server_device)  # as worker.train does
     batch = cfg.inner.batch_size * pod_size(cfg, job.worker)
     loss = mean_loss(losses[:job.local_steps, k]) if job.local_steps else 0.0
     result = JobResult(job.job_id, grad, job.local_steps,
@@ -162,8 +164,9 @@ def _finish(k: int, job: JobSpec, start: dict, state: dict, params: dict,
 
 
 def job_updates(items: list[tuple[object, dict, JobSpec]], cfg: Config,
-                state_on_device: bool = False, server_device: str = "cpu") -> list[Trained]:
+                state_on_device: bool = False, server_device: str = "cpu",
+                device: str | None = None) -> list[Trained]:
     """``run_group`` plus each outer gradient encoded for the wire, as
     ``worker.train.job_update`` does for one job."""
-    trained = run_group(items, cfg, state_on_device, server_device)
+    trained = run_group(items, cfg, state_on_device, server_device, device)
     return [encoded(t, state, cfg) for (_, state, _), t in zip(items, trained)]

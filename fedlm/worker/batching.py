@@ -3,7 +3,8 @@
     off   every job on its own (``worker.train``): the reference bits
     on    every job that trains normally goes through ``worker.batched``, in groups
           of the jobs in flight together
-    auto  on where it was measured faster (``resolve``), else off
+    auto  on where it was measured faster (``resolve``: the CPU's and a GPU's
+          rules), else off
 
 The choice is made once per run, from its config (and the device it resolves to),
 never per group: a job computes the same bits in any group, and alone (the test of
@@ -27,13 +28,23 @@ MAX_REPLICAS = 16
 
 
 def faster_on_cpu(cfg: Config) -> bool:
-    """Where batching measured faster on the CPU (experiments/results/batched-cpu.json):
-    the tiny model on sequences of up to 64 tokens, where the per-op cost of many small
-    ops bounds the per-job loop (1.3-2x per inner step, 1.1-1.5x over whole runs). At
-    128 tokens (attention's T² grows) and for every larger model the matmuls and the
-    attention bound both ways alike (0.94-1.27x per step, 0.80-1.26x per run, as the
-    machine's load moved)."""
+    """Where batching measured faster on the CPU (experiments/results/batched-cpu-quiet.json,
+    a quiet machine): the tiny model on sequences of up to 64 tokens, where the per-op
+    cost of many small ops bounds the per-job loop (16 replicas at 4 x 64: 1.41x per
+    inner step, 1.49x and 1.51x over whole sync DiLoCo and DN + DyLU runs). At 128
+    tokens and for every larger model the matmuls and the attention bound both ways
+    alike (tiny at 8 x 128: 1.01x per step, 1.03-1.08x per run; small 0.99-1.01x)."""
     return cfg.model == "tiny" and cfg.data.seq_len <= 64
+
+
+def faster_on_gpu(cfg: Config) -> bool:
+    """Where batching measured faster on a GPU (an H200: experiments/results/
+    batched-h200.json): 16 workers of ``20m``, bf16, 5.15x per inner step, 2.64x over a
+    whole sync DiLoCo run and 1.57x for DN + DyLU. A model that small leaves the GPU
+    bound by kernel launches, and ``tiny`` and ``small`` more so. Not ``60m`` and
+    ``150m``: not measured, their matmuls fill more of the device alone, and memory
+    grows with every replica."""
+    return cfg.model in ("tiny", "small", "20m")
 
 
 def resolve(cfg: Config) -> bool:
@@ -45,8 +56,8 @@ def resolve(cfg: Config) -> bool:
     from fedlm.strategies.fragments import Streaming
 
     streaming = Streaming.of_config(cfg) is not None
-    return (resolve_device(cfg.device) == "cpu" and faster_on_cpu(cfg)
-            and not cfg.inner.compile and not streaming and cfg.inner.optimizer == "adamw"
+    faster = faster_on_cpu(cfg) if resolve_device(cfg.device) == "cpu" else faster_on_gpu(cfg)
+    return (faster and not cfg.inner.compile and not streaming and cfg.inner.optimizer == "adamw"
             and not (cfg.clock == "wall" and cfg.fleet.emulate_speed))
 
 
