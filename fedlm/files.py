@@ -26,6 +26,7 @@ CAPS = {  # bytes fedlm reads of each kind of file, at most
     "checkpoint": 64 * GiB,   # a run's checkpoint, the pretraining cache, init.from weights
     "text": 4 * GiB,          # one file of a text corpus (data.source = text:GLOB)
     "claim": 1 * MiB,         # a sweep's claim on a cell
+    "owner record": 1 * MiB,  # who owns a worker-state folder (fedlm.worker.state_folders)
 }
 
 
@@ -42,7 +43,8 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def _size(n: int) -> str:
+def shown_size(n: int) -> str:
+    """Bytes as people read them: MiB, or GiB from 1 GiB."""
     return f"{n / GiB:.1f} GiB" if n >= GiB else f"{n / MiB:.1f} MiB"
 
 
@@ -57,8 +59,8 @@ def check(path: str | Path, what: str) -> int:
     if not stat.S_ISREG(st.st_mode):
         raise FileRefused(f"{where}: the {what} is {_kind(st.st_mode)}, not a regular file")
     if st.st_size > CAPS[what]:
-        raise FileRefused(f"{where}: the {what} is {_size(st.st_size)}, more than the "
-                          f"{_size(CAPS[what])} fedlm reads")
+        raise FileRefused(f"{where}: the {what} is {shown_size(st.st_size)}, more than the "
+                          f"{shown_size(CAPS[what])} fedlm reads")
     return st.st_size
 
 

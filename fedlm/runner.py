@@ -19,7 +19,7 @@ from typing import Callable
 
 from fedlm import checkpoint as ckpt_lib, start as start_lib
 from fedlm.store import inputs
-from fedlm.worker import placement, precision
+from fedlm.worker import batching, placement, precision, state_folders
 from fedlm.sim import dynamics, fleet as fleet_lib
 from fedlm.config import Config
 from fedlm.engine import Diverged, Engine, Interrupted, Progress, Transport
@@ -29,7 +29,6 @@ from fedlm.params import params_hash
 from fedlm.store import (RunWriter, StoreError, best_loss, connect_readonly, event_details,
                          input_pins, resumable_row, store_id)
 from fedlm.shards import data_shards, shard_sizes
-from fedlm.worker import batching
 from fedlm.worker.states import disk_folder
 from fedlm.strategies import registry
 
@@ -87,6 +86,8 @@ def execute(cfg: Config, db_path: str, connect: Connect,
         on_start(writer.run_id)
     engine = transport = None
     try:
+        if cfg.state_store() == "disk":  # so that `fedlm states` can tell whose they are
+            state_folders.claim(run.key, db_path, writer.run_id)
         transport, node_of = connect(run.key)
         run.notes += _batched_mode(transport, db_path, writer.run_id,
                                    resumed=run.state is not None)

@@ -16,6 +16,7 @@
     fedlm plan --topology ring|tree --fragments P --scan --walltime   topologies, streaming, sweeps
     fedlm trace device|availability --clients N --seed S --out PATH   FedScale-format traces
     fedlm trace show PATH                                       summarise a trace
+    fedlm states [--clean] [--older-than DAYS]                  saved worker states on this machine
 
 Bad input ends with one line, ``fedlm: error: FIELD: ...``, and exit status 2.
 ``run``, ``show`` and ``deploy`` exit by how the run ended (``runs.EXIT_STATUS``):
@@ -43,6 +44,7 @@ from fedlm.cli.parser import build_parser, one_line
 from fedlm.cli.plan import cmd_plan
 from fedlm.cli.run import cmd_replay, cmd_run
 from fedlm.cli.runs import cmd_config, cmd_export, cmd_runs, cmd_show, cmd_strategies
+from fedlm.cli.states import cmd_states
 from fedlm.cli.sweep import cmd_sweep
 from fedlm.cli.trace import cmd_trace
 from fedlm.config import Config
@@ -54,7 +56,7 @@ __all__ = ["COMMANDS", "build_parser", "main"]
 COMMANDS = {"run": cmd_run, "dashboard": cmd_dashboard, "sweep": cmd_sweep,
             "deploy": cmd_deploy, "runs": cmd_runs, "show": cmd_show, "export": cmd_export,
             "config": cmd_config, "replay": cmd_replay, "strategies": cmd_strategies,
-            "plan": cmd_plan, "trace": cmd_trace}
+            "plan": cmd_plan, "trace": cmd_trace, "states": cmd_states}
 
 
 def main(argv: list[str] | None = None) -> int:

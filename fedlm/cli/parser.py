@@ -89,6 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("trace", help="write seeded FedScale-format device or availability "
                        "traces, or summarise one (docs/traces.md)")
     _add_trace_args(p)
+    p = sub.add_parser("states", help="the workers' saved-state folders on this machine: "
+                       "which a resume can use; --clean removes the others")
+    p.add_argument("--clean", action="store_true", help="remove the folders no run can "
+                   "resume from")
+    p.add_argument("--older-than", type=_days, default=None, metavar="DAYS",
+                   help="also count as removable a folder whose owner is unknown and "
+                   "that nothing changed in for DAYS days")
     p = sub.add_parser("dashboard", help="serve the live dashboard (Streamlit)")
     _add_db_arg(p)
     p.add_argument("--port", type=int, default=8501)
@@ -169,6 +176,17 @@ def _add_deploy_parser(sub) -> None:
     p.add_argument("--home", default="runs/deploy", help="FLWR_HOME and logs (default: "
                    "runs/deploy)")
     _add_track_arg(p, "the run's metrics, once it is over,")
+
+
+def _days(text: str) -> float:
+    """An argparse ``type``: days, a finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be days >= 0, got {text!r}")
+    return value
 
 
 def _seconds(text: str) -> float:
