@@ -74,6 +74,7 @@ def test_a_folder_a_resume_can_use_is_kept_and_the_rest_go(cache, tmp_path, caps
     _folder(cache, "old", days_idle=10)  # no owner recorded: made by another fedlm
     _folder(cache, "garbled", "{not json", days_idle=10)
     _folder(cache, "moved", json.dumps({"db": str(tmp_path / "gone.db"), "run_id": 1}))
+    _folder(cache, "halfway" + state_folders.GOING)  # a --clean killed while removing it
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "precious").write_text("keep")
@@ -86,14 +87,15 @@ def test_a_folder_a_resume_can_use_is_kept_and_the_rest_go(cache, tmp_path, caps
     assert verdicts["finished"] == (True, "its run finished")
     assert verdicts["absent"] == (True, "its run is not in its store")
     assert verdicts["old"][0] is False and verdicts["garbled"][0] is False
+    assert verdicts["halfway" + state_folders.GOING] == (True, "its removal was interrupted")
     assert verdicts["moved"][0] is False
     assert verdicts["moved"][1].startswith("its store is not there (moved?)")
     assert "link" not in verdicts
 
     assert main(["states"]) == 0  # a listing removes nothing
-    assert "3 removable" in capsys.readouterr().out
+    assert "4 removable" in capsys.readouterr().out
     assert main(["states", "--clean"]) == 0
-    assert "removed 3 folders" in capsys.readouterr().out
+    assert "removed 4 folders" in capsys.readouterr().out
     assert sorted(p.name for p in cache.iterdir()) == sorted(
         [kept_a.name, "old", "garbled", "moved", "link"])
     assert main(["states", "--clean", "--older-than", "7"]) == 0  # unknown owners, if old

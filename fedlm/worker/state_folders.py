@@ -34,6 +34,7 @@ from fedlm.checkpoint import folder_for
 from fedlm.worker.states import disk_folder
 
 OWNER = "owner.json"
+GOING = ".removing"  # the name's suffix while ``remove`` deletes a folder
 
 
 @dataclass(frozen=True)
@@ -76,10 +77,15 @@ def survey(older_than: float | None = None) -> list[StateFolder]:
 
 
 def remove(folder: StateFolder) -> None:
-    """Delete ``folder`` (one ``survey`` found removable) and everything in it."""
+    """Delete ``folder`` (one ``survey`` found removable) and everything in it. Renamed
+    first, in one step: a removal killed midway leaves a folder the next ``survey``
+    knows is going (its owner record may be gone already), not one of unknown owner."""
     if folder.path.parent != root() or folder.path.is_symlink():
         raise ValueError(f"{folder.path}: not a state folder of {root()}")
-    shutil.rmtree(folder.path)
+    going = folder.path
+    if not going.name.endswith(GOING):
+        going = going.rename(going.with_name(going.name + GOING))
+    shutil.rmtree(going)
 
 
 def _extent(path: Path) -> tuple[int, float]:
@@ -98,6 +104,8 @@ def _extent(path: Path) -> tuple[int, float]:
 
 def _judge(path: Path) -> tuple[str, bool | None, str]:
     """(owner, removable, why); removable None: the owner cannot be told."""
+    if path.name.endswith(GOING):
+        return "unknown", True, "its removal was interrupted"
     if not os.path.lexists(path / OWNER):
         return "unknown", None, "no owner recorded"
     try:
