@@ -157,10 +157,11 @@ class StateWriter:
                 self._busy = False
                 if written:
                     key = (store.folder, arg)
-                    state = self._pending.pop(key)
-                    if self._closed or arg < self._pruned.get(store.folder, -1):
+                    state = self._pending.pop(key, {})
+                    if self._closed or arg < self._pruned.get(store.folder, -1) or not state:
                         self._bytes -= _nbytes(state)  # no job will start from it
                     else:
+                        self._bytes -= _nbytes(self._written.pop(key, {}))  # saved twice
                         self._written[key] = state  # still counted in _bytes
                 self._cond.notify_all()
 
