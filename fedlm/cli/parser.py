@@ -178,26 +178,22 @@ def _add_deploy_parser(sub) -> None:
     _add_track_arg(p, "the run's metrics, once it is over,")
 
 
-def _days(text: str) -> float:
-    """An argparse ``type``: days, a finite number >= 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"must be days >= 0, got {text!r}")
-    return value
+def _float_arg(accept, expected: str):
+    """An argparse ``type``: a finite float that ``accept`` takes, else ``must be
+    EXPECTED, got ...`` (the float sibling of ``_int_arg``)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+        if not (math.isfinite(value) and accept(value)):
+            raise argparse.ArgumentTypeError(f"must be {expected}, got {text!r}")
+        return value
+    return parse
 
 
-def _seconds(text: str) -> float:
-    """An argparse ``type``: seconds, a finite number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be seconds > 0, got {text!r}")
-    return value
+_days = _float_arg(lambda v: v >= 0, "days >= 0")
+_seconds = _float_arg(lambda v: v > 0, "seconds > 0")
 
 
 def _add_trace_args(p: argparse.ArgumentParser) -> None:
