@@ -29,7 +29,7 @@ from fedlm.params import params_hash
 from fedlm.store import (RunWriter, StoreError, best_loss, connect_readonly, event_details,
                          input_pins, resumable_row, store_id)
 from fedlm.shards import data_shards, shard_sizes
-from fedlm.worker.states import disk_folder
+from fedlm.worker.states import run_folder
 from fedlm.strategies import registry
 
 # connect(run_key) -> (transport, worker -> node id)
@@ -232,7 +232,7 @@ def _forget(folder, run_key: str) -> None:
     """A run that ended for good (finished, diverged): its checkpoints and the workers'
     saved states (where they are on this machine) are of no further use."""
     shutil.rmtree(folder, ignore_errors=True)
-    shutil.rmtree(disk_folder(run_key, 0).parent, ignore_errors=True)
+    shutil.rmtree(run_folder(run_key), ignore_errors=True)
 
 
 def end_status(exc: BaseException) -> str:

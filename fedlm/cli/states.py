@@ -12,7 +12,7 @@ from fedlm.worker import state_folders
 
 def cmd_states(args: argparse.Namespace) -> int:
     folders = state_folders.survey(args.older_than)
-    where = state_folders.root()
+    where = state_folders.states_root()
     if not folders:
         print(f"no worker-state folders in {where}")
         return 0

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from fedlm import files
 from fedlm.checkpoint import folder_for
-from fedlm.worker.states import disk_folder
+from fedlm.worker.states import run_folder, states_root
 
 OWNER = "owner.json"
 GOING = ".removing"  # the name's suffix while ``remove`` deletes a folder
@@ -49,21 +49,16 @@ class StateFolder:
 
 def claim(run_key: str, db: str | Path, run_id: int) -> None:
     """Write run ``run_id`` of store ``db`` into its state folder (before any state)."""
-    folder = disk_folder(run_key, 0).parent
+    folder = run_folder(run_key)
     folder.mkdir(parents=True, exist_ok=True)
     record = json.dumps({"db": str(Path(db).resolve()), "run_id": int(run_id)})
     files.write_cache(folder / OWNER, lambda tmp: tmp.write_text(record))
 
 
-def root() -> Path:
-    """Where every run's state folders are on this machine."""
-    return disk_folder("x", 0).parent.parent
-
-
 def survey(older_than: float | None = None) -> list[StateFolder]:
     """Every state folder under ``root``, judged (links and plain files skipped)."""
     out = []
-    for path in sorted(root().iterdir()) if root().is_dir() else []:
+    for path in sorted(states_root().iterdir()) if states_root().is_dir() else []:
         if path.is_symlink() or not path.is_dir():
             continue
         size, newest = _extent(path)
@@ -80,8 +75,8 @@ def remove(folder: StateFolder) -> None:
     """Delete ``folder`` (one ``survey`` found removable) and everything in it. Renamed
     first, in one step: a removal killed midway leaves a folder the next ``survey``
     knows is going (its owner record may be gone already), not one of unknown owner."""
-    if folder.path.parent != root() or folder.path.is_symlink():
-        raise ValueError(f"{folder.path}: not a state folder of {root()}")
+    if folder.path.parent != states_root() or folder.path.is_symlink():
+        raise ValueError(f"{folder.path}: not a state folder of {states_root()}")
     going = folder.path
     if not going.name.endswith(GOING):
         going = going.rename(going.with_name(going.name + GOING))
@@ -92,12 +87,12 @@ def _extent(path: Path) -> tuple[int, float]:
     """Bytes of the files under ``path`` and when the newest of them (or it) changed."""
     size, newest = 0, path.lstat().st_mtime
     for dirpath, dirnames, filenames in os.walk(path):  # os.walk follows no links
-        for name in filenames + dirnames:
+        for name, is_file in [(n, True) for n in filenames] + [(n, False) for n in dirnames]:
             try:
                 st = os.lstat(os.path.join(dirpath, name))
             except OSError:  # removed meanwhile (its run pruned it)
                 continue
-            size += st.st_size if name in filenames else 0
+            size += st.st_size if is_file else 0
             newest = max(newest, st.st_mtime)
     return size, newest
 

@@ -165,9 +165,19 @@ def _copy(state: dict) -> dict:
     return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
 
 
+def states_root() -> Path:
+    """Where every run keeps its workers' states on this node."""
+    return cache_dir() / "worker-state"
+
+
+def run_folder(run_key: str) -> Path:
+    """Where run ``run_key`` keeps its workers' states on this node."""
+    return states_root() / run_key
+
+
 def disk_folder(run_key: str, worker: int) -> Path:
     """Where a worker of run ``run_key`` keeps its states on this node."""
-    return cache_dir() / "worker-state" / run_key / f"worker{worker}"
+    return run_folder(run_key) / f"worker{worker}"
 
 
 def worker_states(cfg: Config, run_key: str, worker: int, context_state=None,
