@@ -273,6 +273,12 @@ def test_loading_a_config_does_not_import_torch(code):
     assert _loaded_after(code, {"torch"}) == []
 
 
+def test_the_command_line_loads_without_torch():
+    # `fedlm runs`, `show` and usage errors answer at once (fedlm.cli): each command
+    # imports torch, where it needs it, when it runs
+    assert _loaded_after("import fedlm.cli; fedlm.cli.build_parser()", {"torch"}) == []
+
+
 def _loaded_after(code: str, packages: set[str]) -> list[str]:
     """Which of ``packages`` a fresh interpreter has imported after running ``code``."""
     proc = subprocess.run([sys.executable, "-c", f"{code}; import sys; print(sorted("

@@ -7,10 +7,11 @@ from __future__ import annotations
 import argparse
 
 from fedlm.files import shown_size
-from fedlm.worker import state_folders
 
 
 def cmd_states(args: argparse.Namespace) -> int:
+    from fedlm.worker import state_folders  # torch (its paths' modules): only when it runs
+
     folders = state_folders.survey(args.older_than)
     where = state_folders.states_root()
     if not folders:
