@@ -22,17 +22,18 @@ a crash; needed for resume; in process written behind the jobs,
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 import torch
 
+from fedlm import files
 from fedlm.config import Config
 from fedlm.data import cache_dir
 from fedlm.job import FRESH
 
 _SCHEDULE = "schedule_step"
+_STATE_FILE = re.compile(r"job(\d+)\.pt")  # the file of a job's state
 
 
 class MissingState(RuntimeError):
@@ -137,14 +138,8 @@ class DiskStates:
             self.write(job_id, state)
 
     def write(self, job_id: int, state: dict) -> None:
-        path = self._path(job_id)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        try:
-            torch.save(state, tmp)
-            os.replace(tmp, path)
-        except BaseException:  # disk full, say: leave no half-written file to keep it full
-            tmp.unlink(missing_ok=True)
-            raise
+        # whole or not at all; a full disk keeps no half-written file
+        files.write_cache(self._path(job_id), lambda tmp: torch.save(state, tmp))
 
     def prune(self, keep_from: int) -> None:
         if self.writer is not None:
@@ -154,7 +149,8 @@ class DiskStates:
 
     def delete_before(self, keep_from: int) -> None:
         for path in self.folder.glob("job*.pt"):
-            if int(path.stem[3:]) < keep_from:
+            state = _STATE_FILE.fullmatch(path.name)  # not a write's temporary file
+            if state and int(state.group(1)) < keep_from:
                 path.unlink(missing_ok=True)
 
 
