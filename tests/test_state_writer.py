@@ -217,3 +217,20 @@ def test_a_flush_after_close_says_so_instead_of_waiting(tmp_path):
     assert torch.equal(store.load(1)["w/exp_avg"], torch.full((4, 4), 1.0))
     with pytest.raises(StateWriteError, match="writer was closed"):
         writer.flush()
+
+
+def test_a_state_saved_twice_is_written_once_as_last_saved_and_counted_once(tmp_path, writer):
+    # not what a run does (a job id is saved once), but the writer thread must not die
+    # of it: a flush would then wait for ever
+    store = DiskStates(tmp_path, writer)
+    for _ in range(3):
+        store.save(5, _state(1.0))
+        store.save(5, _state(2.0))
+    flushed = threading.Event()
+    _in_thread(lambda: (writer.flush(), flushed.set()))
+    assert flushed.wait(WAIT)  # a dead writer thread would leave it waiting
+    assert writer._thread.is_alive()
+    assert writer._bytes == _state(0.0)["w/exp_avg"].nbytes  # the one kept, once
+    assert torch.equal(torch.load(tmp_path / "job5.pt")["w/exp_avg"], torch.full((4, 4), 2.0))
+    assert torch.equal(store.load(5)["w/exp_avg"], torch.full((4, 4), 2.0))
+    assert writer._bytes == 0

@@ -56,7 +56,7 @@ def claim(run_key: str, db: str | Path, run_id: int) -> None:
 
 
 def survey(older_than: float | None = None) -> list[StateFolder]:
-    """Every state folder under ``root``, judged (links and plain files skipped)."""
+    """Every state folder under ``states_root``, judged (links and plain files skipped)."""
     out = []
     for path in sorted(states_root().iterdir()) if states_root().is_dir() else []:
         if path.is_symlink() or not path.is_dir():

@@ -74,8 +74,9 @@ class StateWriter:
                     break  # no write will make room: kept in memory all the same
                 else:
                     self._cond.wait()
+            replaced = self._pending.get((store.folder, job_id), {})  # saved twice
             self._pending[(store.folder, job_id)] = state
-            self._bytes += size
+            self._bytes += size - _nbytes(replaced)
             if not self._closed:  # else kept in memory only (the run has ended)
                 self._queue.append(("save", store, job_id))
             self._cond.notify_all()
@@ -146,11 +147,11 @@ class StateWriter:
                 state = None
                 if kind == "save":
                     key = (store.folder, arg)
-                    if arg < self._pruned.get(store.folder, -1):  # pruned before its turn
-                        self._bytes -= _nbytes(self._pending.pop(key, {}))
+                    state = self._pending.get(key)  # None: an earlier save of it wrote it
+                    if state is None or arg < self._pruned.get(store.folder, -1):
+                        self._bytes -= _nbytes(self._pending.pop(key, {}))  # pruned first
                         self._cond.notify_all()
                         continue
-                    state = self._pending[key]
                 self._busy = True
             written = self._do(kind, store, arg, state)
             with self._cond:
