@@ -297,3 +297,33 @@ def test_bad_trace_arguments(tmp_path, monkeypatch, argv, fragment):
     monkeypatch.chdir(tmp_path)
     assert_refused(*run_cli(argv), fragment)
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("active, inactive, scale", [
+    ((1e-208,), (900.0,), 1.0),  # the window runs to the wrap: an empty gap each period
+    ((0.0,), (900.0 - 1e-13,), 1.0),  # a gap that the period's offset soon swallows
+])
+def test_empty_gaps_end_the_absences(active, inactive, scale):
+    """Gaps of no length are no absences: the stream ends once a period yields none, so
+    a reader looking for the next absence stops (it used to spin for ever, deaf to
+    SIGTERM)."""
+    entry = traces.AvailabilityEntry("1", active, inactive, 900.0)
+    spans = list(islice(entry.absences(scale), 10_000_000))  # ends by itself
+    assert len(spans) < 10_000_000 and all(e > s for s, e in spans)
+    assert spans == sorted(spans)
+
+
+def test_a_run_on_a_trace_whose_window_ends_at_the_wrap_finishes(tmp_path):
+    from collections import OrderedDict
+
+    import torch
+
+    from fedlm.engine.dry_run import run_clock
+    from tests.conftest import tiny_config
+
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"1": {"active": [1e-208], "inactive": [900],
+                                      "finish_time": 900}}))
+    cfg = tiny_config(f"fleet.availability_trace={path}", "updates=3", "inner.steps=2")
+    engine, _ = run_clock(cfg, OrderedDict(w=torch.zeros(4)))
+    assert engine.version == 3

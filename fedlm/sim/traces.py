@@ -104,7 +104,13 @@ class AvailabilityEntry:
         if first > 0:
             yield (0.0, first)  # the run starts in the previous period's last gap
         for k in itertools.count():
-            yield from ((k * p + s, k * p + e) for s, e in gaps)
+            # A gap too short to survive the addition is no absence; and since the
+            # offset only grows, a period of none means none for ever (no endless
+            # stream of empty gaps that a reader would skip for ever).
+            spans = [(k * p + s, k * p + e) for s, e in gaps if k * p + s < k * p + e]
+            if not spans:
+                return
+            yield from spans
 
 
 def _joined(spans: Iterable[Span]) -> list[Span]:
