@@ -111,3 +111,16 @@ def test_a_folder_a_resume_can_use_is_kept_and_the_rest_go(cache, tmp_path, caps
 def test_with_nothing_there_it_says_so(cache, capsys):
     assert main(["states", "--clean"]) == 0
     assert capsys.readouterr().out.startswith("no worker-state folders in ")
+
+
+def test_a_root_that_is_a_link_is_refused_and_nothing_behind_it_goes(cache, tmp_path, capsys):
+    """``<cache>/worker-state`` itself a link: its targets are not ours to judge."""
+    elsewhere = tmp_path / "elsewhere"
+    _folder(elsewhere, "old", days_idle=30)  # would be removable with --older-than 7
+    (elsewhere / "old" / "precious").write_text("keep")
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.symlink_to(elsewhere)
+    assert main(["states", "--clean", "--older-than", "7"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "is a link" in err and "\n" not in err
+    assert (elsewhere / "old" / "precious").read_text() == "keep"

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedlm import files
+from fedlm.errors import ConfigError, shown
 from fedlm.checkpoint import folder_for
 from fedlm.worker.states import run_folder, states_root
 
@@ -56,9 +57,14 @@ def claim(run_key: str, db: str | Path, run_id: int) -> None:
 
 
 def survey(older_than: float | None = None) -> list[StateFolder]:
-    """Every state folder under ``states_root``, judged (links and plain files skipped)."""
+    """Every state folder under ``states_root``, judged (links and plain files skipped).
+    A root that is itself a link is refused: what it points at is not ours to judge."""
+    root = states_root()
+    if root.is_symlink():
+        raise ConfigError(f"{root}: is a link (to {shown(os.readlink(root), 120)}); "
+                          f"`fedlm states` follows no link: replace it by a folder")
     out = []
-    for path in sorted(states_root().iterdir()) if states_root().is_dir() else []:
+    for path in sorted(root.iterdir()) if root.is_dir() else []:
         if path.is_symlink() or not path.is_dir():
             continue
         size, newest = _extent(path)
@@ -75,7 +81,8 @@ def remove(folder: StateFolder) -> None:
     """Delete ``folder`` (one ``survey`` found removable) and everything in it. Renamed
     first, in one step: a removal killed midway leaves a folder the next ``survey``
     knows is going (its owner record may be gone already), not one of unknown owner."""
-    if folder.path.parent != states_root() or folder.path.is_symlink():
+    root = states_root()
+    if folder.path.parent != root or folder.path.is_symlink() or root.is_symlink():
         raise ValueError(f"{folder.path}: not a state folder of {states_root()}")
     going = folder.path
     if not going.name.endswith(GOING):
