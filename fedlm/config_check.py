@@ -295,7 +295,8 @@ def _check_sim(cfg: Config) -> None:
     _require(s.ray_actors >= 0, "sim.ray_actors", s.ray_actors, "must be >= 0")
     _require(s.job_threads >= 1, "sim.job_threads", s.job_threads, "must be >= 1")
     _require(0 <= s.devices <= 1024, "sim.devices", s.devices, "must be in [0, 1024]")
-    _require(s.ray_address in ("", "auto") or re.fullmatch(r"[\w.\-\[\]:]+:\d{1,5}", s.ray_address),
+    port = re.fullmatch(r"[\w.\-\[\]:]+:(\d{1,5})", s.ray_address)  # a socket's: 1-65535
+    _require(s.ray_address in ("", "auto") or (port is not None and 1 <= int(port[1]) <= 65535),
              "sim.ray_address", s.ray_address, "must be HOST:PORT of a Ray head or auto")
     _require_choice("sim.batched", s.batched, BATCH_MODES)
     _require(s.batched != "on" or not i.compile, "sim.batched", s.batched,

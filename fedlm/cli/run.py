@@ -30,21 +30,30 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fedlm.track.backends import check_installed
 
     cfg, db = _run_config(args)
+    if args.backend == "inprocess" and cfg.sim.ray_address:  # not ignored without a word
+        raise ConfigError("sim.ray_address: attaches Flower's Ray actors to a cluster; "
+                          "--backend inprocess runs no Ray (drop one of the two)")
     cfg = with_trackers(cfg, args.track)
     memory.check_fits(cfg, args.backend)  # what cannot fit is refused before it starts
-    check_installed(cfg.track.backends)  # a tracker not installed: refused in one line,
-    check_writable(db)  # before anything is written at --db
-    follower = Follower.of(db, cfg)
+    check_installed(cfg.track.backends)  # a tracker not installed: refused in one line
     flower = args.backend != "inprocess"
     simulation.quiet_libraries(flower)  # before the libraries below read the environment
+    if flower and cfg.sim.ray_address:  # Ray would retry a head that never answers for ever
+        simulation.check_ray_head(cfg.sim.ray_address)
+    check_writable(db)  # before anything is written at --db
+    follower = Follower.of(db, cfg)
     from fedlm import runner
 
     _announce(cfg, db, args.resume)
     runner.prepare_data(cfg)
     view = _RunView(cfg, follower, quiet=args.quiet)
+    from fedlm.engine import Interrupted
+
     # Ctrl-C / SIGTERM: ask the engine to stop; the run ends at its next step (with
-    # Flower, the ServerApp returns and Ray is shut down: no actor outlives the command)
-    with interrupts.stop_on_signals(view.say_stopping) as stopping:
+    # Flower, the ServerApp returns and Ray is shut down: no actor outlives the command).
+    # One that has not stopped STOP_GRACE_S later is made to: Interrupted is raised in
+    # the engine's thread, whatever it is doing.
+    with interrupts.stop_on_signals(view.say_stopping, overdue=Interrupted) as stopping:
         train = simulation.run_flower if flower else runner.run_inprocess
         try:
             train(cfg, db, progress=view.on_progress, on_start=view.on_start,

@@ -15,9 +15,15 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
+import subprocess
+import sys
 
 from fedlm.sim import fleet
 from fedlm.config import Config
+from fedlm.errors import ConfigError
+
+RAY_HEAD_TIMEOUT_S = 10.0  # how long a Ray head has to accept a connection
 
 
 def quiet_libraries(flower: bool = True) -> None:
@@ -98,3 +104,38 @@ def run_flower(cfg: Config, db_path: str, **kwargs) -> None:
         run_simulation(server_app=make_server_app(cfg, db_path, **kwargs),
                        client_app=client_app, num_supernodes=fleet.node_count(cfg),
                        backend_config=backend_config(cfg))
+
+
+def check_ray_head(address: str, timeout: float = RAY_HEAD_TIMEOUT_S) -> str:
+    """The ``HOST:PORT`` of the Ray head that ``address`` (``sim.ray_address``: one, or
+    ``auto``) names, once its GCS answered within about ``timeout`` seconds; else a
+    one-line ``ConfigError``. ``ray.init`` itself retries a head that does not answer
+    for ever (also a port where something else listens), and on ``auto`` with no
+    cluster prints tracebacks and then waits. The GCS is asked in a child process,
+    whose wait Ray bounds (``RAY_py_gcs_connect_timeout_s``) and we kill past it."""
+    from ray._private import services
+
+    try:
+        head = services.canonicalize_bootstrap_address(address)
+    except (ConnectionError, ValueError):  # auto: no cluster on this host
+        head = None
+    if head is None:
+        raise ConfigError(f"sim.ray_address: {address!r}: no Ray cluster found on this "
+                          f"host (`ray start --head` starts one; RAY_ADDRESS names one)")
+    host, _, port = head.rpartition(":")
+    refused = f"sim.ray_address: no Ray head answers at {head} within {timeout:g} s"
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        why = "no answer" if isinstance(exc, TimeoutError) else exc.strerror or str(exc)
+        raise ConfigError(f"{refused} ({why})") from None
+    env = dict(os.environ, RAY_py_gcs_connect_timeout_s=str(max(1, int(timeout / 2))))
+    probe = [sys.executable, "-c", "import sys, ray._raylet as r; r.GcsClient(address=sys.argv[1])",
+             head]
+    try:
+        done = subprocess.run(probe, env=env, capture_output=True, timeout=timeout + 10)
+    except subprocess.TimeoutExpired:
+        raise ConfigError(f"{refused} (something listens there, but not Ray)") from None
+    if done.returncode != 0:
+        raise ConfigError(f"{refused} (its port accepts, but no Ray GCS replies)")
+    return head
