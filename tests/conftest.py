@@ -9,6 +9,7 @@ import pytest
 
 from fedlm import config_load
 from fedlm.config import Config
+from tests import fuzzing
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -37,6 +38,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_configure(config):
+    fuzzing.draw_seed()  # before xdist's workers start: they share it through the environment
     # A suite stopped with SIGTERM (CI's timeout, `kill`) unwinds like Ctrl-C, so the
     # fixtures' finalizers stop the SuperLinks, SuperNodes and servers they started.
     def interrupt(signum, frame):
@@ -44,6 +46,12 @@ def pytest_configure(config):
 
     if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
         signal.signal(signal.SIGTERM, interrupt)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The fuzz suites' random round, reproducible from this line (also with -q)."""
+    terminalreporter.write_line(f"fuzz suites' random round: {fuzzing.SEED_VARIABLE}="
+                                f"{os.environ.get(fuzzing.SEED_VARIABLE)} reproduces it")
 
 
 def tiny_config(*overrides: str) -> Config:

@@ -24,7 +24,7 @@ from typing import Any, get_type_hints
 
 import pytest
 import tomli_w
-from hypothesis import HealthCheck, assume, example, given, settings
+from hypothesis import HealthCheck, assume, example, given, seed, settings
 from hypothesis import strategies as st
 
 from fedlm import config_load, presets
@@ -32,6 +32,7 @@ from fedlm.sim import fleet
 from fedlm.config import Config
 from fedlm.errors import ConfigError
 from fedlm.strategies import registry
+from tests.fuzzing import RANDOM, SEED, time_bound
 
 # Derandomized: the suite (and CI) tries the same examples every time; set
 # FEDLM_FUZZ_RANDOM=1 to explore new ones (and pin what they find with @example).
@@ -267,6 +268,15 @@ def test_one_key_from_dict(flat):
 @given(mutations())
 def test_several_keys_from_dict(flat):
     outcome(lambda: config_load.from_dict(nest(flat)), keys=flat)
+
+
+@seed(SEED)
+@RANDOM
+@given(mutations())
+def test_random_round_of_keys(flat):
+    """New examples each run (tests/fuzzing.py: the seed is in the suite's last lines)."""
+    with time_bound(20.0):
+        outcome(lambda: config_load.from_dict(nest(flat)), keys=flat)
 
 
 @FUZZ

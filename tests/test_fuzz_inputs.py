@@ -9,7 +9,8 @@ Properties, for every input:
   one line (``EngineError``: no progress), within a time bound per example.
 
 Derandomized like tests/test_fuzz_config.py: CI tries the same examples every time
-(FEDLM_FUZZ_RANDOM=1 explores new ones).
+(FEDLM_FUZZ_RANDOM=1 explores new ones), and then a random round of trace files
+seeded anew each run (tests/fuzzing.py: the seed is in the suite's last lines).
 """
 
 from __future__ import annotations
@@ -18,12 +19,11 @@ import json
 import math
 import os
 import pickle
-import time
 from collections import OrderedDict
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from fedlm.config_load import ConfigError
@@ -31,6 +31,7 @@ from fedlm.engine import EngineError
 from fedlm.engine.dry_run import run_clock
 from fedlm.sim import fleet, quantities as Q, traces
 from tests.conftest import tiny_config
+from tests.fuzzing import RANDOM, SEED, time_bound
 
 FUZZ = settings(max_examples=60, deadline=None, database=None,
                 derandomize=not os.environ.get("FEDLM_FUZZ_RANDOM"),
@@ -127,9 +128,8 @@ def _runs_or_stops(cfg) -> None:
 
 
 def _timed(fn) -> None:
-    start = time.monotonic()
-    fn()
-    assert time.monotonic() - start < BOUND_S
+    with time_bound(BOUND_S):  # fires while the example runs, not after it returns
+        fn()
 
 
 def _check_trace(tmp_path, data, how, key) -> None:
@@ -163,6 +163,14 @@ def test_device_trace_files(tmp_path, data, how):
                  st.binary(max_size=64)), formats)
 def test_availability_trace_files(tmp_path, data, how):
     _check_trace(tmp_path, data, how, "availability_trace")
+
+
+@seed(SEED)
+@RANDOM
+@given(st.one_of(device_clients, availability_clients, st.binary(max_size=64)), formats,
+       st.sampled_from(["device_trace", "availability_trace"]))
+def test_random_round_of_trace_files(tmp_path, data, how, key):
+    _check_trace(tmp_path, data, how, key)
 
 
 fleet_numbers = st.one_of(st.floats(min_value=0.5, max_value=500), st.floats(min_value=1, max_value=50),
@@ -255,3 +263,14 @@ def test_plugin_paths(path):
         tiny_config(f"strategy={json.dumps(path)}")
     except ConfigError as exc:
         _one_line(exc)
+
+
+def test_the_time_bound_fires_inside_an_example_that_never_returns():
+    """The bound the examples run under stops a loop that spins (as the trace reader
+    once did), instead of waiting for it to return."""
+    from tests.fuzzing import ExampleTimedOut
+
+    with pytest.raises(ExampleTimedOut, match="ran past its bound of 0.2 s"):
+        with time_bound(0.2):
+            while True:
+                pass
