@@ -3,8 +3,9 @@ once, with nothing it started left behind.
 
 Three ways, one per kind of work:
 
-- ``stop_on_signals``: a run asks its engine to stop (an ``Event``); the engine
-  ends at its next step, the run is kept and marked interrupted;
+- ``stop_on_signals``: a run asks its engine to stop (``Stop``); the engine
+  ends at its next step, the run is kept and marked interrupted; one that does not
+  within ``STOP_GRACE_S`` (or at a second signal) is made to;
 - ``interrupt_on_signals``: SIGTERM and SIGHUP raise ``KeyboardInterrupt`` as
   Ctrl-C does, so that the ``finally`` blocks on the way out (a deployment's
   processes) run; a second signal while they run is ignored rather than cutting
@@ -41,20 +42,81 @@ def _handled(signals: tuple[int, ...], handler) -> Iterator[None]:
             signal.signal(s, old)
 
 
+STOP_GRACE_S = 10.0  # how long a run has to stop at its next step before it is made to
+
+
+class Stop:
+    """A run's stop request: ``is_set`` is the engine's ``should_stop``. It also notes
+    the thread that asks (the engine's: the main thread in process, the ServerApp's
+    on Flower), which is where a stop that is overdue is raised."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.asker: int | None = None  # ident of the thread that last asked
+
+    def is_set(self) -> bool:
+        self.asker = threading.get_ident()
+        return self._event.is_set()
+
+    def set(self) -> None:
+        self._event.set()
+
+
 @contextmanager
-def stop_on_signals(on_first: Callable[[], None] = lambda: None) -> Iterator[threading.Event]:
-    """SIGINT and SIGTERM set the yielded ``Event`` (the engine's ``should_stop``)
+def stop_on_signals(on_first: Callable[[], None] = lambda: None,
+                    overdue: type[BaseException] = KeyboardInterrupt,
+                    grace: float = STOP_GRACE_S) -> Iterator[Stop]:
+    """SIGINT and SIGTERM set the yielded ``Stop`` (the engine's ``should_stop``)
     instead of raising: the run then ends at its next step, its store consistent.
-    ``on_first`` is called on the first signal only (to say that it is stopping)."""
-    stop = threading.Event()
+    ``on_first`` is called on the first signal only (to say that it is stopping).
+
+    A run that has not stopped ``grace`` seconds later, or a second signal, raises
+    ``overdue`` in the engine's thread, whatever it is doing (a plug-in that spins or
+    sleeps, a loop that never reaches its next step): in the main thread through the
+    signal handler (which also cuts a sleep short), in another thread at its next
+    line of Python (``PyThreadState_SetAsyncExc``; a call blocked inside C finishes
+    first)."""
+    stop, lock = Stop(), threading.Lock()
+    live = {"active": True, "forced": False}
+    main = threading.main_thread().ident
+
+    def force() -> None:
+        with lock:  # never after the block: another handler may be back by then
+            if not live["active"] or live["forced"]:
+                return
+            live["forced"] = True
+            target = stop.asker or main
+            if target == main:
+                signal.pthread_kill(main, signal.SIGINT)  # on_signal raises, below
+            else:
+                _raise_in(target, overdue)
+
+    timer = threading.Timer(grace, force)
+    timer.daemon = True
 
     def on_signal(signum, frame) -> None:
-        if not stop.is_set():
-            on_first()
+        if live["forced"] and threading.get_ident() == main and (stop.asker or main) == main:
+            raise overdue()
+        if stop._event.is_set():  # a second signal: now
+            threading.Thread(target=force, daemon=True).start()
+            return
+        on_first()
         stop.set()
+        timer.start()
 
     with _handled((signal.SIGINT, signal.SIGTERM), on_signal):
-        yield stop
+        try:
+            yield stop
+        finally:
+            with lock:
+                live["active"] = False
+            timer.cancel()
+
+
+def _raise_in(thread_id: int, exc_type: type[BaseException]) -> None:
+    """Raise ``exc_type`` in thread ``thread_id`` at its next line of Python."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id),
+                                               ctypes.py_object(exc_type))
 
 
 @contextmanager

@@ -102,8 +102,12 @@ def execute(cfg: Config, db_path: str, connect: Connect,
         _close(transport)  # its job threads and state writer, before the states go
         _forget(run.folder, run.key)
     except BaseException as exc:
-        _close(transport)
-        _ended_badly(exc, run, engine)
+        try:
+            status = _ended_badly(exc, run, engine)  # marked first: the close may wait
+        finally:
+            _close(transport)
+        if status == "diverged":  # resuming would only diverge again
+            _forget(run.folder, run.key)
         raise
     finally:
         writer.close()
@@ -194,17 +198,16 @@ def _engine(cfg: Config, db_path: str, run: _Run, strategy, transport, node_of,
     return engine, params
 
 
-def _ended_badly(exc: BaseException, run: _Run, engine) -> None:
-    """Mark the run as it ended (failed, interrupted, diverged); its jobs in flight are
-    cancelled, and a diverged run's checkpoints go (resuming would only diverge again)."""
+def _ended_badly(exc: BaseException, run: _Run, engine) -> str:
+    """Mark the run as it ended (failed, interrupted, diverged), its jobs in flight
+    cancelled; returns the status."""
     status = end_status(exc)
     if engine is not None:  # its jobs in flight will never be handed on
         engine.cancel_in_flight(f"run {status}")
     run.writer.finish(status=status, virtual_time=engine.now if engine else 0.0,
                       updates=engine.version if engine else 0, final_hash=None,
                       error=str(exc) if status == "diverged" else failure_reason(exc))
-    if status == "diverged":
-        _forget(run.folder, run.key)
+    return status
 
 
 def _batched_mode(transport, db_path: str, run_id: int, resumed: bool) -> list:

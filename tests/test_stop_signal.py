@@ -68,3 +68,69 @@ def test_sigterm_marks_the_run_interrupted_and_leaves_nothing_running(tmp_path, 
     assert strategy == (PLUGIN if backend == "flower" else "diloco")
     # Ray's GCS, raylet and ClientApp actors carry the command's environment
     assert _processes_mentioning(mark) == []
+
+
+STUCK = '''import os, pathlib, time
+from fedlm.strategies.diloco import DiLoCo
+
+class Sleeps(DiLoCo):  # blocked in C: only a signal cuts it short
+    def on_update(self, *a, **k):
+        pathlib.Path(os.environ["STUCK_ENTERED"]).touch()
+        time.sleep(3600)
+
+class Spins(DiLoCo):  # never reaches the engine's next step
+    def on_update(self, *a, **k):
+        pathlib.Path(os.environ["STUCK_ENTERED"]).touch()
+        while True:
+            pass
+'''
+
+
+def _status(db):
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+            row = conn.execute("SELECT status FROM runs").fetchone()
+    except sqlite3.OperationalError:
+        return None
+    return row and row[0]
+
+
+@pytest.mark.parametrize("backend, hook", [
+    ("inprocess", "Sleeps"),  # the engine in the main thread: the signal handler raises
+    pytest.param("flower", "Spins", marks=pytest.mark.flower),  # the ServerApp's thread
+])
+def test_a_run_stuck_in_a_plugin_is_made_to_stop_within_the_grace(tmp_path, backend, hook):
+    """SIGTERM to a run whose strategy hook never returns: the engine never reaches its
+    next step, so after ``STOP_GRACE_S`` the stop is raised where the engine is; the run
+    is marked interrupted, the command exits 130, nothing of it is left running."""
+    from fedlm.interrupts import STOP_GRACE_S
+
+    (tmp_path / "stuck_plugin.py").write_text(STUCK)
+    db, mark = tmp_path / "runs.db", f"FEDLM_TEST_MARK={uuid.uuid4().hex}"
+    args = [sys.executable, "-m", "fedlm", "run", "--quiet", "--backend", backend,
+            "--db", str(db), "--set", f"strategy=stuck_plugin:{hook}"]
+    for kv in ["model=tiny", "workers=2", "updates=3", "inner.steps=2", "data.seq_len=64"]:
+        args += ["--set", kv]
+    entered = tmp_path / "entered"
+    env = {**os.environ, mark.split("=")[0]: mark.split("=")[1], "STUCK_ENTERED": str(entered),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not entered.exists():
+            assert run.poll() is None, run.stdout.read()[-3000:]
+            assert time.monotonic() < deadline, "no update reached the strategy in 240 s"
+            time.sleep(0.2)
+        run.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        out, _ = run.communicate(timeout=STOP_GRACE_S + 60)
+        took = time.monotonic() - sent
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 130, out[-3000:]
+    assert STOP_GRACE_S - 1 <= took <= STOP_GRACE_S + 45, took
+    assert _status(db) == "interrupted"
+    assert _processes_mentioning(mark) == []
+
