@@ -35,7 +35,7 @@ from fedlm.errors import ConfigError, first_line
 from fedlm.params import params_hash
 from fedlm.model import load_into, snapshot
 from fedlm.store import run_row, shown_status
-from fedlm.worker.train import inner_lr, new_optimizer, train_steps
+from fedlm.worker.train import adamw, inner_lr, train_steps
 
 PRETRAIN_VERSION = "pretrain-v1"  # bump when pretraining changes what it computes
 
@@ -92,14 +92,17 @@ def starting_point(cfg: Config, db_path: str | Path, *, use_cache: bool = True,
 
 def pretrain(params, cfg: Config, progress: Callable[[int, int], None] | None = None):
     """``init.pretrain_steps`` AdamW steps of one worker (inner hyperparameters,
-    warmup then cosine over the K steps) on batches drawn from all the training data."""
+    warmup then cosine over the K steps) on batches drawn from all the training data.
+    AdamW whatever ``inner.optimizer`` names: the start belongs to the run's setting,
+    not to its method, so arms that differ in their inner optimizer (MuLoCo's Muon)
+    start from the same weights."""
     torch.set_num_threads(cfg.inner.threads)
     k = cfg.init.pretrain_steps
     net = model_lib.build(cfg.model, cfg.data.seq_len, seed=cfg.seed,
                           device=model_lib.resolve_device(cfg.device),
                           vocab_size=data.vocab_size(cfg.data))
     load_into(net, params)
-    opt = new_optimizer(net, cfg)
+    opt = adamw(net, cfg)
     everything = np.arange(len(data.load_corpus(cfg.data).train), dtype=np.int64)
     seed = int(np.random.SeedSequence([cfg.seed, 86028121]).generate_state(1)[0])
     batches = data.job_batches(everything, k, cfg.inner.batch_size, seed)
@@ -196,6 +199,7 @@ def _cache_path(cfg: Config, params) -> Path:
     """Cache file for pretraining ``params`` under ``cfg``: keyed by all it depends on."""
     inner = {k: v for k, v in cfg.to_dict()["inner"].items()
              if k not in ("steps", "decay_steps", "schedule", "state_store")}
+    inner["optimizer"] = "adamw"  # what pretraining uses, whatever the run's is
     d = cfg.to_dict()["data"]
     if d["tokenizer"] == "byte":  # keep the key byte runs had before tokenizers were a setting
         del d["tokenizer"]

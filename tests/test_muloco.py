@@ -93,3 +93,20 @@ def test_a_muloco_run_trains_replays_and_resumes_bit_for_bit(tmp_path):
         up, jobs = conn.execute("SELECT SUM(up_bytes), COUNT(*) FROM jobs").fetchone()
     shapes = snapshot(M.build("tiny", 64, seed=0))
     assert up == jobs * TwoBit().payload_bytes(shapes, NetworkConfig())  # the clock's bytes
+
+
+def test_pretraining_is_the_starts_not_the_methods_muon_arms_start_where_adamw_arms_do():
+    """``init.pretrain_steps`` trains with AdamW whatever ``inner.optimizer`` is, so a
+    Muon arm and an AdamW arm of one seed start from the same weights (MuLoCo's arm once
+    started from a Muon-pretrained model: a different start, credited to the method)."""
+    from fedlm import start
+    from fedlm.params import params_hash
+    from tests.conftest import tiny_config
+
+    sets = ("init.pretrain_steps=4",)
+    adamw = start.starting_point(tiny_config(*sets), "unused.db", use_cache=False)
+    muon = start.starting_point(tiny_config(*sets, "inner.optimizer=muloco:muon"),
+                                "unused.db", use_cache=False)
+    assert params_hash(muon.params) == params_hash(adamw.params)
+    fresh = start.initial(tiny_config(*sets))
+    assert params_hash(adamw.params) != params_hash(fresh)  # it did pretrain

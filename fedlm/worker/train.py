@@ -167,6 +167,13 @@ def new_optimizer(net, cfg: Config) -> torch.optim.Optimizer:
     i = cfg.inner
     if i.optimizer != "adamw":
         return optimizers.build(i.optimizer, list(net.named_parameters()), i)
+    return adamw(net, cfg)
+
+
+def adamw(net, cfg: Config) -> torch.optim.AdamW:
+    """AdamW with the ``[inner]`` settings (lr, betas, weight decay): the inner optimizer
+    by default, and pretraining's whatever ``inner.optimizer`` names."""
+    i = cfg.inner
     device = next(net.parameters()).device
     extra = {"fused": True} if precision.fused_adamw(device) else {}
     return torch.optim.AdamW(net.parameters(), lr=i.lr, betas=(i.beta1, i.beta2),
