@@ -130,11 +130,13 @@ def test_a_seeds_count_below_one_is_refused(no_work, n):
 
 # -- the report over seeds, on runs with known numbers (no training) -----------
 
-def _stored_run(db, name, seed, curve, virtual_time):
-    """A finished run whose evaluations are ``curve``: (virtual time, perplexity)."""
+def _stored_run(db, name, seed, curve, virtual_time, start="s0"):
+    """A finished run whose evaluations are ``curve``: (virtual time, perplexity), from
+    the weights ``start`` (their hash)."""
     w = RunWriter(db, name=name, strategy="diloco", local_steps="fixed", profile="very",
                   model="tiny", workers=1, seed=seed or 0, clock="virtual",
                   config_json=tiny_config().to_json())
+    w.set_model_info(1, "seeded", start)
     w.add_workers([{"worker": 0, "node_id": None, "step_time": 1.0, "jitter": 0.0,
                     "region": "local", "latency": 0.0, "down_bw": 1e9, "up_bw": 1e9,
                     "shard_sequences": 10}])
@@ -187,12 +189,17 @@ def test_the_report_gives_means_intervals_and_paired_differences_over_seeds(tmp_
     assert "| ref | +0.0 ± 0.0% |" in _section(text, "Per-update gap")
     assert "| fast | 50 ± 25 |" in _section(text, "Virtual time the run needed")
     assert "| fast | 0.50 ± 0.25x |" in _section(text, "... as a ratio to ref's")
-    # ref at the moment each seed of fast ends (50, 40, 60 s): 20, 40, 20
-    assert "| fast | 26.667 ± 28.685 |" in _section(text, "Ref's perplexity at the same")
+    # equal time: the sooner end of each pair (fast's 50, 40, 60 s); ref there 20, 40, 20;
     # fast's final against those: -45, -70, -35%
-    assert "| fast | -50.0 ± 44.8% |" in _section(text, "Wall-clock gap")
+    assert "| fast | 12.000 vs 26.667 (-50.0 ± 44.8%; at 50 s) |" in _section(
+        text, "At equal virtual time")
+    # equal work: the fewer tokens of the two (fast's 2); ref there 20: -45, -40, -35%
+    assert "| fast | 12.000 vs 20.000 (-40.0 ± 12.4%; at 2 tokens) |" in _section(
+        text, "At equal work")
+    assert "≠start" not in text and "different weights" not in text
     reach = _section(text, "Virtual time to reach")
-    assert "| fast | not reached |" in reach and "| slow | 80 (1 of 3 reached) |" in reach
+    assert "| fast | never within its run (equal work) |" in reach
+    assert "| slow | 80 (1 of 3 reached) |" in reach
     assert "| ref | 100 ± 0 |" in reach
     assert "| slow | 0.80 (1 of 3 reached) |" in _section(text, "... as a fraction")
     assert "Student t" in text and "paired" in text
@@ -280,3 +287,24 @@ def test_a_sweep_over_seeds_runs_each_seed_and_reuses_them_by_name(tmp_path):
     assert (tmp_path / "s_ppl_vs_time.png").stat().st_size > 10_000
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and again.stdout.count("reusing run") == 3, again.stderr
+
+
+def test_arms_of_one_seed_from_different_starts_are_named_and_their_comparisons_marked(tmp_path):
+    """A fair comparison starts both arms from the same weights: where fast's seed 1
+    started elsewhere (its own pretraining, say), the report says so at the top and
+    marks each comparison that rests on that pair; the other seeds' pairs are clean."""
+    spec = _report_spec(tmp_path, [0, 1, 2])
+    for seed in (0, 1, 2):
+        _stored_run(spec["db"], run_name("ref", "very", seed), seed, REF_CURVE, 100)
+        vt, final = FAST[seed]
+        _stored_run(spec["db"], run_name("fast", "very", seed), seed,
+                    [(0, 100.0), (vt, final)], vt, start="other" if seed == 1 else "s0")
+        _stored_run(spec["db"], run_name("slow", "very", seed), seed, [(0, 100.0), (80, 9.0)], 80)
+    text = report(spec, run_sweep(spec, backend="inprocess", log=lambda _: None).cells)
+    assert "**Arms of one seed started from different weights**" in text
+    assert "- very, seed 1: `s0`: ref, slow; `other`: fast" in text
+    for title in ("Per-update gap", "... as a ratio", "At equal work", "At equal virtual time",
+                  "Virtual time to reach"):
+        rows = _section(text, title)
+        assert "| fast |" in rows and "≠start (1 of 3) |" in rows.split("| fast |")[1].split("\n")[0]
+        assert "≠start" not in rows.split("| slow |")[1].split("\n")[0]

@@ -34,8 +34,8 @@ from fedlm.store.export import export  # the function; the module is fedlm.store
 from fedlm.store.fleet_changes import WorkerChanges, fleet_changes
 from fedlm.store.progress import ProgressPoint, progress_points
 from fedlm.store.readers import (OperationLog, RunSummary, Troubles, WorkerSummary, best_loss,
-                                 config_of, event_details, input_pins, last_seen, list_runs, metric_curve,
-                                 operation_log,
+                                 config_of, event_details, input_pins, last_seen, list_runs,
+                                 metric_curve, tokens_curve, operation_log,
                                  region_transfers,
                                  replayable_row, resumable_row, run_row, shown_status, summarize,
                                  tokenizer_of, troubles,
@@ -50,7 +50,8 @@ __all__ = [
     "connect",
     "connect_readonly", "db_error", "db_timeout", "event_details", "export", "input_pins", "last_seen",
     "list_runs",
-    "mark_ended", "metric_curve", "operation_log", "progress_points", "region_transfers",
+    "mark_ended", "metric_curve", "tokens_curve", "operation_log", "progress_points",
+    "region_transfers",
     "replayable_row",
     "resumable_row", "run_row", "shown_status", "store_id",
     "summarize", "tokenizer_of", "traffic", "transaction", "troubles", "uploaded_bytes", "with_retries",

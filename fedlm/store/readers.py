@@ -66,6 +66,7 @@ class RunSummary:
     first_bits_per_byte: float | None = None
     final_bits_per_byte: float | None = None
     best_bits_per_byte: float | None = None
+    start_hash: str | None = None  # of the weights its federated phase started from
 
     @property
     def idle_fraction(self) -> float:
@@ -158,7 +159,8 @@ def summarize(path: str | Path, run_id: int) -> RunSummary:
         steps, end, ((run["finished_at"] or time.time()) - run["created_at"]),
         ppl[0] if ppl else None, ppl[-1] if ppl else None, min(ppl) if ppl else None,
         run["final_hash"], tokenizer_of(run["config_json"]),
-        bpb[0] if bpb else None, bpb[-1] if bpb else None, min(bpb) if bpb else None)
+        bpb[0] if bpb else None, bpb[-1] if bpb else None, min(bpb) if bpb else None,
+        run["start_hash"] or run["initial_hash"])
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fedlm import store
+from fedlm.sweep import fairness, plots, tuning
+from fedlm.sweep.plots import by_seed, groups_of
 from fedlm.sweep.run import Cell, Failure, SweepResult
 from fedlm.sweep.spec import cells_of, reference_of, seeds_of
-from fedlm.sweep.uncertainty import Estimate, band, estimate, paired_estimate, ratio, \
+from fedlm.sweep.uncertainty import Estimate, estimate, paired_estimate, ratio, \
     relative_difference
 
 Curve = list[tuple[float, int, float]]  # (virtual time, version, perplexity)
@@ -56,78 +58,16 @@ def value_at(db: str, run_id: int, t: float) -> float | None:
     return last_before(_curve(db, run_id), t)
 
 
-def groups_of(cells: list[Cell]) -> dict[tuple[str, str], Group]:
-    """The finished cells by (arm, profile), each a ``{seed: cell}``."""
-    out: dict[tuple[str, str], Group] = {}
-    for c in cells:
-        out.setdefault((c.arm, c.profile), {})[c.seed] = c
-    return out
-
-
-BAND_NOTE = ("an arm run over several seeds is drawn as its mean curve over seeds "
-             "(each seed interpolated onto a common grid; past its end a seed keeps its "
-             "final perplexity) with a band from the lowest to the highest seed")
-
-
-def plot(spec: dict, cells: list[Cell], out_prefix: Path) -> list[Path]:
-    import matplotlib
-    import matplotlib.ticker
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    profiles = spec["profiles"]
-    # The main arms only: ablation arms (their own profiles, or another reference) would
-    # crowd the plot past what a legend can tell apart; they are in the tables.
-    main = [a for a in spec["arm"] if "against" not in a and "profiles" not in a]
-    arms = [a["label"] for a in (main or spec["arm"])]
-    groups = groups_of(cells)
-    curves = {c.run_id: _curve(spec["db"], c.run_id)[1:] for c in cells}  # no untrained start
-    written = []
-    for xname, xi, xlabel in [("time", 0, "virtual time (s)"), ("updates", 1, "updates applied")]:
-        fig, axes = plt.subplots(1, len(profiles), figsize=(4.2 * len(profiles), 3.8),
-                                 squeeze=False, sharey=True)
-        for ax, profile in zip(axes[0], profiles):
-            for k, arm in enumerate(arms):
-                group = groups.get((arm, profile))
-                if not group:  # failed: no curve
-                    continue
-                pts = [curves[c.run_id] for _, c in sorted(group.items(), key=_by_seed)]
-                pts = [p for p in pts if p]
-                if len(pts) == 1:
-                    ax.plot([p[xi] for p in pts[0]], [p[2] for p in pts[0]], marker=".", ms=3,
-                            label=arm, color=f"C{k}", lw=1.4)
-                elif pts:
-                    b = band([([p[xi] for p in c], [p[2] for p in c]) for c in pts])
-                    ax.fill_between(b.x, b.low, b.high, color=f"C{k}", alpha=0.2, lw=0)
-                    ax.plot(b.x, b.mean, color=f"C{k}", lw=1.4,
-                            label=f"{arm} (mean of {len(pts)} seeds, band min–max)")
-            ax.set_title(profile)
-            ax.set_xlabel(xlabel)
-            ax.set_yscale("log")
-            ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
-            ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
-            ax.grid(alpha=0.3, which="both")
-        axes[0][0].set_ylabel("validation perplexity")
-        axes[0][-1].legend(fontsize=7, loc="upper right")
-        fig.tight_layout()
-        path = out_prefix.parent / f"{out_prefix.name}_ppl_vs_{xname}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
-    return written
-
-
 def write_report(spec: dict, result: SweepResult) -> tuple[str, list[Path]]:
     """Write the report of ``result``'s cells to the spec's ``out`` (markdown), its
     plots beside it (PNG). Returns the report's text and the files written."""
     out = Path(spec["out"])
     out.parent.mkdir(parents=True, exist_ok=True)
-    pngs = plot(spec, result.cells, out.with_suffix(""))
+    pngs = plots.plot(spec, result.cells, out.with_suffix(""))
     text = report(spec, result.cells, result.failures, result.not_run)
     text += "\n## Plots\n\n"
     if _seeded(spec):
-        text += f"In the plots {BAND_NOTE}.\n\n"
+        text += f"In the plots {plots.BAND_NOTE}.\n\n"
     text += "\n".join(f"![{p.stem}]({p.name})" for p in pngs) + "\n"
     out.write_text(text)
     return text, [out, *pngs]
@@ -136,11 +76,6 @@ def write_report(spec: dict, result: SweepResult) -> tuple[str, list[Path]]:
 def _seeded(spec: dict) -> bool:
     """Whether the spec (or --seeds) names seeds: then the report gives intervals."""
     return any(c.seed is not None for c in cells_of(spec))
-
-
-def _by_seed(item) -> tuple:
-    seed = item[0]
-    return (seed is not None, seed)
 
 
 def seconds_format(group: Group) -> str:
@@ -189,13 +124,17 @@ class _Report:
         self.groups = groups_of(cells)
         self.planned = {(c.arm["label"], c.profile) for c in cells_of(spec)}
         self.ended: dict[tuple[str, str], str] = {}  # no seed finished: failed | diverged
-        for f in failures:
+        reported = {c.name for c in cells_of(spec)}  # not a tuning run's failure
+        for f in (f for f in failures if f.name in reported):
             key = (f.arm, f.profile)
             self.ended[key] = f.status if self.ended.get(key, f.status) == f.status \
                 else "failed"
         self.own_refs = any(a.get("against") for a in spec["arm"])
         self.seeded = _seeded(spec)
         self.curves = {c.run_id: _curve(self.db, c.run_id) for c in cells}
+        self.work = {c.run_id: store.tokens_curve(self.db, c.run_id) for c in cells}
+        self.starts = fairness.differing_starts(cells)
+        self.deadline = spec.get("deadline")  # the equal-time point, else each pair's sooner end
         self.whose = "its reference's" if self.own_refs else f"{self.ref}'s"
 
     # -- the frame of a table --------------------------------------------------------
@@ -225,7 +164,7 @@ class _Report:
         return "–"
 
     def of(self, group: Group, value: Callable[[Cell], float]) -> Estimate:
-        return estimate(value(c) for _, c in sorted(group.items(), key=_by_seed))
+        return estimate(value(c) for _, c in sorted(group.items(), key=by_seed))
 
     def ref_group(self, arm: str, group: Group) -> Group:
         profile = next(iter(group.values())).profile
@@ -240,6 +179,35 @@ class _Report:
         vals = {s: value(group[s], rg[s]) for s in both}
         return {s: v for s, v in vals.items() if v is not None}, len(both)
 
+    def start_mark(self, arm: str, group: Group) -> str:
+        """`` ≠start (k of n)`` where k of the n seeds paired with the reference began
+        from other weights than its run: that comparison is not of the method alone."""
+        rg = self.ref_group(arm, group)
+        both = [s for s in group if s in rg]
+        odd = [s for s in both if not fairness.same_start(group[s], rg[s])]
+        return f" ≠start ({len(odd)} of {len(both)})" if odd else ""
+
+    def clocks(self, arm: str, group: Group, time: bool) -> str:
+        """Arm and reference at equal work (tokens) or at equal virtual time, per seed:
+        ``arm vs reference (gap)``, means over seeds."""
+        def one(c: Cell, r: Cell):
+            if time:
+                return fairness.at_equal_time(self.work[c.run_id], c.summary.virtual_time,
+                                              self.work[r.run_id], r.summary.virtual_time,
+                                              self.deadline)
+            return fairness.at_equal_work(self.work[c.run_id], self.work[r.run_id])
+        pairs, both = self.vs_ref(arm, group, one)
+        pairs = {s: p for s, p in pairs.items() if None not in (p.arm, p.reference)}
+        if not pairs:
+            return "-" if both == 0 else "no evaluation"
+        a = estimate(p.arm for p in pairs.values())
+        r = estimate(p.reference for p in pairs.values())
+        gap = estimate(relative_difference(p.arm, p.reference) for p in pairs.values())
+        at = estimate(p.point for p in pairs.values())
+        unit = f"{at.mean:{seconds_format(group)}} s" if time else f"{at.mean:,.0f} tokens"
+        return (f"{a.mean:.3f} vs {r.mean:.3f} ({shown(gap, '+.1f', self.seeded, unit='%')}; "
+                f"at {unit})" + self.start_mark(arm, group))
+
     # -- the metrics: one cell of a table each -----------------------------------------
     def final(self, arm: str, group: Group) -> str:
         est = self.of(group, lambda c: c.summary.final_perplexity)
@@ -251,7 +219,8 @@ class _Report:
         rg = self.ref_group(arm, group)
         est = paired_estimate({s: c.summary.final_perplexity for s, c in group.items()},
                               {s: c.summary.final_perplexity for s, c in rg.items()})
-        return shown(est, "+.1f", self.seeded, self.n_planned(arm), "%")
+        return shown(est, "+.1f", self.seeded, self.n_planned(arm), "%") + \
+            self.start_mark(arm, group)
 
     def time_needed(self, arm: str, group: Group) -> str:
         return shown(self.of(group, lambda c: c.summary.virtual_time), seconds_format(group),
@@ -261,21 +230,8 @@ class _Report:
         rg = self.ref_group(arm, group)
         est = paired_estimate({s: c.summary.virtual_time for s, c in group.items()},
                               {s: c.summary.virtual_time for s, c in rg.items()}, ratio)
-        return shown(est, ".2f", self.seeded, self.n_planned(arm), "x")
-
-    def ref_at(self, arm: str, group: Group) -> str:
-        vals, _ = self.vs_ref(arm, group, lambda c, r: last_before(
-            self.curves[r.run_id], c.summary.virtual_time))
-        return shown(estimate(vals.values()) if vals else None, ".3f", self.seeded,
-                     self.n_planned(arm))
-
-    def wall_gap(self, arm: str, group: Group) -> str:
-        def one(c: Cell, r: Cell) -> float | None:
-            at = last_before(self.curves[r.run_id], c.summary.virtual_time)
-            return None if at is None else relative_difference(c.summary.final_perplexity, at)
-        vals, _ = self.vs_ref(arm, group, one)
-        return shown(estimate(vals.values()) if vals else None, "+.1f", self.seeded,
-                     self.n_planned(arm), "%")
+        return shown(est, ".2f", self.seeded, self.n_planned(arm), "x") + \
+            self.start_mark(arm, group)
 
     def reach(self, arm: str, group: Group, as_ratio: bool = False) -> str:
         """When the arm first reached its reference's final perplexity (virtual s, or
@@ -286,17 +242,17 @@ class _Report:
         vals, both = self.vs_ref(arm, group, one)
         if both == 0:
             return "-"
-        if not vals:
-            return "not reached"
+        if not vals:  # its run ended first: at its step budget, equal work
+            return "never within its run (equal work)" + self.start_mark(arm, group)
         fmt = ".2f" if as_ratio else seconds_format(group)
         if not self.seeded:
             return f"{vals[next(iter(vals))]:{fmt}}"
         if len(vals) == both:
-            return shown(estimate(vals.values()), fmt, self.seeded)
+            return shown(estimate(vals.values()), fmt, self.seeded) + self.start_mark(arm, group)
         est = estimate(vals.values())
         text = f"{est.mean:{fmt}}" if est.half_width is None \
             else f"{est.mean:{fmt}} ± {est.half_width:{fmt}}"
-        return f"{text} ({len(vals)} of {both} reached)"
+        return f"{text} ({len(vals)} of {both} reached)" + self.start_mark(arm, group)
 
     def idle(self, arm: str, group: Group) -> str:
         return shown(self.of(group, lambda c: 100 * c.summary.idle_fraction), ".1f",
@@ -308,7 +264,7 @@ class _Report:
                 f"{_span([c.summary.local_steps for c in cs])}")
 
     def ids(self, arm: str, group: Group) -> str:
-        cs = [c for _, c in sorted(group.items(), key=_by_seed)]
+        cs = [c for _, c in sorted(group.items(), key=by_seed)]
         wall = sum(c.summary.wall_time for c in cs) / len(cs)
         sep = "; " if self.seeded else ", "  # "#2, #4; 7": the ids, then the time
         return ", ".join(f"#{c.run_id}" for c in cs) + f"{sep}{wall:,.0f}"
@@ -328,24 +284,39 @@ class _Report:
                     "run** (report written with `--report-only`; they are listed at the "
                     "end): a cell shows `not run` where none of its seeds ran, `(n=k)` "
                     "where k did.", ""]
+        out += self.starts_warning()
         if self.seeded:
             seeds = sorted({c.seed for c in cells_of(spec)})
             return out + [f"Seeds: {', '.join(map(str, seeds))}; {_SEEDED}", ""]
         return out + [_ONE_SEED, ""]
+
+    def starts_warning(self) -> list[str]:
+        """The seeds whose arms began from different weights, arm by start."""
+        if not self.starts:
+            return []
+        out = ["**Arms of one seed started from different weights** (`init`: a run's "
+               "pretraining or `init.from`); a comparison resting on such a pair is marked "
+               "`≠start` and measures more than the method:", ""]
+        for (profile, seed), starts in sorted(self.starts.items(), key=str):
+            groups = "; ".join(f"`{h[:12]}`: {', '.join(arms)}" for h, arms in starts.items())
+            out.append(f"- {profile}" + ("" if seed is None else f", seed {seed}") + f": {groups}")
+        return out + [""]
 
     def tables(self) -> list[str]:
         t, whose, seeded = self.table, self.whose, self.seeded
         return [
             *t("Final validation perplexity", self.final, with_paper=bool(self.paper),
                note="mean ± 95% interval (sd: across seeds)" if seeded else ""),
-            *t(f"Per-update gap: final perplexity against {whose}, at equal inner steps",
-               self.gap),
+            *t(f"Per-update gap: final perplexity against {whose} (equal inner steps "
+               f"where every run spends one budget)", self.gap),
+            *t(f"At equal work: perplexity against {whose}, both at the fewer tokens of "
+               f"the two runs", lambda a, g: self.clocks(a, g, time=False)),
+            *t(f"At equal virtual time: perplexity against {whose}, both at " +
+               (f"the deadline, {self.deadline:g} s" if self.deadline is not None
+                else "the sooner of the two runs' ends"),
+               lambda a, g: self.clocks(a, g, time=True)),
             *t("Virtual time the run needed (s)", self.time_needed),
             *t(f"... as a ratio to {whose} (below 1: sooner)", self.time_ratio),
-            *t(f"{whose[0].upper() + whose[1:]} perplexity at the same virtual time "
-               f"(wall-clock view)", self.ref_at),
-            *t(f"Wall-clock gap: final perplexity against {whose} at the moment the run "
-               f"ends", self.wall_gap),
             *t(f"Virtual time to reach {whose} final perplexity (s)", self.reach,
                note="mean over the seeds that reached it (those that did not are left "
                     "out, so the mean is optimistic)" if seeded else ""),
@@ -359,11 +330,16 @@ class _Report:
 
     def footer(self) -> list[str]:
         spec = self.spec
-        out = ["### Arms", ""] + [
+        out = tuning.section(spec) + ["### Arms", ""] + [
             f"- **{a['label']}**: `{' '.join(a['set'])}`"
             + (f" (against {a['against']})" if a.get("against") else "")
             + (f" (only {', '.join(a['profiles'])})" if "profiles" in a else "")
             + (f" (seeds {', '.join(map(str, a['seeds']))})" if "seeds" in a else "")
+            + (f" (tuned on {', '.join(sorted(tuning.flat(a['tune'])))})" if a.get("tune")
+               else "")
+            + (f" (composed of: {', '.join(a['parts_of'])}; each alone below)"
+               if a.get("parts_of") else "")
+            + (f" (one part of {a['part_of']})" if a.get("part_of") else "")
             for a in spec["arm"]]
         out += ["", f"Shared: `{' '.join(spec.get('base', []))}`", ""]
         if self.failures:

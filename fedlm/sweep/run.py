@@ -51,8 +51,8 @@ from pathlib import Path
 
 from fedlm import interrupts, store
 from fedlm.errors import ConfigError
-from fedlm.sweep import claims
-from fedlm.sweep.spec import cells_of, overrides, run_name
+from fedlm.sweep import claims, tuning
+from fedlm.sweep.spec import cells_of, overrides, run_name, tuning_cells
 
 
 @dataclass(frozen=True)
@@ -75,10 +75,11 @@ class Failure:
     reason: str  # one line: the run's own error
     seed: int | None = None
     status: str = "failed"  # failed | diverged (its validation loss blew up)
+    config: tuple[str, ...] = ()  # its configuration, in a tuned sweep
 
     @property
     def name(self) -> str:
-        return run_name(self.arm, self.profile, self.seed)
+        return run_name(self.arm, self.profile, self.seed, self.config)
 
 
 @dataclass
@@ -181,10 +182,43 @@ def run_sweep(spec: dict, *, backend: str = "flower", rerun: bool = False, jobs:
 
         check_installed(list(track))  # one line now, not one failed cell after another
     sweep = _Sweep(spec, backend, rerun, fail_fast, list(track), log)
+    if tuning.settings_of(spec) is not None:  # first the tuning seeds, then the choices
+        sweep.stage(tuning_cells(spec), "tuning ")
+        todo, _ = sweep.plan(report_only)
+        sweep.train_all(todo, jobs)
+        spec["chosen"] = chosen(spec, log)
+        sweep.stage(cells_of(spec), "")
     todo, not_run = sweep.plan(report_only)
     sweep.train_all(todo, jobs)
     return SweepResult(sweep.cells(), sweep.failures, stopped=sweep.children.stopping.is_set(),
                        not_run=not_run)
+
+
+def chosen(spec: dict, log=print) -> dict:
+    """Each arm's choice per profile (``fedlm.sweep.tuning.choose``) from the tuning runs
+    in the store; an arm whose tuning runs have not all ended has none yet."""
+    t, db = tuning.settings_of(spec), spec["db"]
+    ended = {}
+    for row in store.list_runs(db) if Path(db).exists() else []:
+        if row["status"] == "finished":
+            ended[row["name"]] = store.summarize(db, row["id"]).final_perplexity
+        elif row["status"] in ("failed", "diverged"):
+            ended.setdefault(row["name"], None)
+    out = {}
+    for profile in spec["profiles"]:
+        for arm in spec["arm"]:
+            if profile not in arm.get("profiles", spec["profiles"]):
+                continue
+            configs = tuning.grid(arm, t["budget"])
+            finals = {c: [ended[n] for s in t["seeds"]
+                          if (n := run_name(arm["label"], profile, s, c)) in ended]
+                      for c in configs}
+            choice = tuning.choose(configs, finals, len(t["seeds"]))
+            if choice is not None:
+                out[(arm["label"], profile)] = choice
+                log(f"tuned {arm['label']} @ {profile}: [{tuning.label(choice.config)}] "
+                    f"(mean final perplexity {choice.score:.3f} on the tuning seeds)")
+    return out
 
 
 class _Sweep:
@@ -196,25 +230,29 @@ class _Sweep:
         self.spec, self.backend, self.rerun, self.fail_fast = spec, backend, rerun, fail_fast
         self.track, self.log = track, log
         self.db = spec["db"]
-        self.planned = cells_of(spec)
-        self.total = len(self.planned)
+        self.stage(cells_of(spec), "")
+        self.children = _Children()
+        self.failures: list[Failure] = []
+        self.trained: set[str]  # trained by this sweep, in this stage
+        self.elsewhere: dict[str, object]  # cells another sweep trains: name -> cell
+
+    def stage(self, planned: list, what: str) -> None:
+        """The cells to plan, train and report next (a tuned sweep has two stages)."""
+        self.planned, self.total, self.what = planned, len(planned), what
         self.finished = {r["name"]: r["id"] for r in (store.list_runs(self.db)
                                                       if Path(self.db).exists() else [])
                          if r["status"] == "finished"}  # the newest finished run of a name
-        self.children = _Children()
-        self.failures: list[Failure] = []
-        self.trained: set[str] = set()
-        self.elsewhere: dict[str, object] = {}  # cells another sweep trains: name -> cell
+        self.trained, self.elsewhere = set(), {}
 
     def plan(self, report_only: bool) -> tuple[list, list[str]]:
         """(the cells to train, numbered; the names of those not run)."""
         todo, not_run = [], []
         for k, cell in enumerate(self.planned, 1):
             if cell.name in self.finished and not self.rerun:
-                self.log(f"[{k}/{self.total}] {cell.name}: reusing run {self.finished[cell.name]}")
+                self.log(f"[{self.what}{k}/{self.total}] {cell.name}: reusing run {self.finished[cell.name]}")
             elif report_only:
                 not_run.append(cell.name)
-                self.log(f"[{k}/{self.total}] {cell.name}: not run (--report-only)")
+                self.log(f"[{self.what}{k}/{self.total}] {cell.name}: not run (--report-only)")
             else:
                 todo.append((k, cell))
         return todo, not_run
@@ -255,7 +293,7 @@ class _Sweep:
             cell = self.elsewhere[name]  # its owner stopped before it finished
             self.failures.append(Failure(cell.arm["label"], cell.profile, "another sweep "
                                          "claimed it and stopped before it finished",
-                                         cell.seed))
+                                         cell.seed, config=cell.config))
 
     def train(self, item) -> None:
         """Claim the cell (``fedlm.sweep.claims``), train it, release it; a cell that
@@ -264,12 +302,12 @@ class _Sweep:
         if self.children.stopping.is_set():
             return
         if not self.rerun and Path(self.db).exists() and self.finished_now(cell.name):
-            self.log(f"[{k}/{self.total}] {cell.name}: finished by another sweep meanwhile")
+            self.log(f"[{self.what}{k}/{self.total}] {cell.name}: finished by another sweep meanwhile")
             self.elsewhere[cell.name] = cell
             return
         claim = claims.take(self.db, cell.name)
         if claim is None:
-            self.log(f"[{k}/{self.total}] {cell.name}: another sweep is training it; its run "
+            self.log(f"[{self.what}{k}/{self.total}] {cell.name}: another sweep is training it; its run "
                      f"is taken")
             self.elsewhere[cell.name] = cell
             return
@@ -295,7 +333,7 @@ class _Sweep:
         name, cmd = cell.name, self.command(cell)
         if self.children.stopping.is_set():
             return
-        self.log(f"[{k}/{self.total}] {name} ...")
+        self.log(f"[{self.what}{k}/{self.total}] {name} ...")
         t0 = time.time()
         result = self.children.run(cmd)
         if result is None or self.children.stopping.is_set() and result[0] != 0:
@@ -304,14 +342,15 @@ class _Sweep:
         if status != 0:
             self.failures.append(Failure(cell.arm["label"], cell.profile, _reason(err, status),
                                          cell.seed,
-                                         "diverged" if status == DIVERGED_EXIT else "failed"))
-            self.log(f"    [{k}/{self.total}] {name} {self.failures[-1].status.upper()}: "
+                                         "diverged" if status == DIVERGED_EXIT else "failed",
+                                         cell.config))
+            self.log(f"    [{self.what}{k}/{self.total}] {name} {self.failures[-1].status.upper()}: "
                      f"{self.failures[-1].reason}")
             if self.fail_fast:
                 self.children.stop()
             return
         self.trained.add(name)
-        self.log(f"    [{k}/{self.total}] {name} done in {time.time() - t0:.0f} s")
+        self.log(f"    [{self.what}{k}/{self.total}] {name} done in {time.time() - t0:.0f} s")
 
     def cells(self) -> list[Cell]:
         """Every planned cell that has a finished run to report: its own, another

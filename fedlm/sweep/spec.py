@@ -16,27 +16,34 @@ reused; with them, ``ARM @ PROFILE seed S``. ``[quick]`` holds overrides for
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from fedlm import config_load
 from fedlm.errors import ConfigError
+from fedlm.sweep import tuning
 
 
 @dataclass(frozen=True)
 class Planned:
-    """One run of the sweep: an arm on a profile with a seed."""
+    """One run of the sweep: an arm on a profile with a seed (and, in a tuned sweep,
+    one configuration of the arm's grid: a tuning run, or the choice on a held-out seed)."""
 
     name: str
     profile: str
     arm: dict
     seed: int | None  # None: no ``seed=`` override (the spec gives no seeds)
+    config: tuple[str, ...] = ()  # the configuration's --set overrides (tuned sweeps)
+    tuning: bool = False  # a run on a tuning seed, not one of the report's
 
 
-def run_name(arm: str, profile: str, seed: int | None = None) -> str:
+def run_name(arm: str, profile: str, seed: int | None = None,
+             config: tuple[str, ...] = ()) -> str:
     """The name a cell's run is stored (and reused) under; without seeds, the name
-    sweeps gave before seeds existed."""
-    return f"{arm} @ {profile}" + ("" if seed is None else f" seed {seed}")
+    sweeps gave before seeds existed; with a configuration, it is in the name."""
+    return (f"{arm} @ {profile}" + (f" [{tuning.label(config)}]" if config else "")
+            + ("" if seed is None else f" seed {seed}"))
 
 
 def seeds_of(spec: dict, arm: dict) -> list[int | None]:
@@ -46,21 +53,64 @@ def seeds_of(spec: dict, arm: dict) -> list[int | None]:
 
 
 def cells_of(spec: dict) -> list[Planned]:
-    """Every run of the sweep: each arm on the spec's profiles (or the subset its own
+    """Every run of the report: each arm on the spec's profiles (or the subset its own
     ``profiles`` names), once per seed. Seed by seed, so that an interrupted sweep
     has whole seeds done rather than every seed of a few arms; with one seed, in the
-    order of profiles then arms, as always."""
+    order of profiles then arms, as always. In a tuned sweep each carries the arm's
+    chosen configuration (``spec["chosen"]``; a cell whose arm is not chosen yet is
+    named ``[tuning pending]`` and never found in the store)."""
     seeds = list(dict.fromkeys(s for arm in spec["arm"] for s in seeds_of(spec, arm)))
-    return [Planned(run_name(arm["label"], profile, seed), profile, arm, seed)
-            for seed in seeds for profile in spec["profiles"] for arm in spec["arm"]
-            if profile in arm.get("profiles", spec["profiles"]) and seed in seeds_of(spec, arm)]
+    chosen = spec.get("chosen", {})
+    out = []
+    for seed in seeds:
+        for profile in spec["profiles"]:
+            for arm in spec["arm"]:
+                if profile not in arm.get("profiles", spec["profiles"]) \
+                        or seed not in seeds_of(spec, arm):
+                    continue
+                if tuning.settings_of(spec) is None:
+                    out.append(Planned(run_name(arm["label"], profile, seed), profile, arm, seed))
+                    continue
+                choice = chosen.get((arm["label"], profile))
+                config = choice.config if choice else ("tuning pending",)
+                out.append(Planned(run_name(arm["label"], profile, seed, config), profile,
+                                   arm, seed, config if choice else ()))
+    return out
+
+
+def tuning_cells(spec: dict) -> list[Planned]:
+    """Every tuning run: each arm's configurations on its profiles and the tuning seeds."""
+    t = tuning.settings_of(spec)
+    if t is None:
+        return []
+    return [Planned(run_name(arm["label"], profile, seed, config), profile, arm, seed, config,
+                    tuning=True)
+            for seed in t["seeds"] for profile in spec["profiles"] for arm in spec["arm"]
+            if profile in arm.get("profiles", spec["profiles"])
+            for config in tuning.grid(arm, t["budget"])]
+
+
+def composed(arm: dict) -> list[dict]:
+    """An arm declared as a composition (``parts``: named lists of overrides) as the arms
+    that isolate each part: the whole (every part), then each part alone; an arm without
+    parts as itself. So a method made of several changes (MuLoCo: Muon inside, a 2-bit
+    exchange) is never credited with what one part alone does."""
+    parts = arm.get("parts")
+    if not parts:
+        return [arm]
+    base = {k: v for k, v in arm.items() if k != "parts"}
+    whole = dict(base, set=[*arm["set"], *(kv for p in parts.values() for kv in p)],
+                 parts_of=list(parts))
+    return [whole, *(dict(base, label=f"{arm['label']}: {name} alone", set=[*arm["set"], *kv],
+                          part_of=arm["label"], reference=False) for name, kv in parts.items())]
 
 
 def overrides(spec: dict, cell: Planned) -> list[str]:
     """The ``--set`` overrides of ``cell``'s run, in the order they apply: the
     spec's base, the profile, the arm's own, then the seed (last: it wins)."""
     seed = [] if cell.seed is None else [f"seed={cell.seed}"]
-    return [*spec.get("base", []), f"profile={cell.profile}", *cell.arm["set"], *seed]
+    return [*spec.get("base", []), f"profile={cell.profile}", *cell.arm["set"], *cell.config,
+            *seed]
 
 
 def reference_of(spec: dict, arm: dict) -> str:
@@ -81,6 +131,7 @@ def load_spec(path: str | Path, quick: bool, seeds: int | None = None) -> dict:
     where = f"sweep spec {path}"
     spec = config_load.read_toml(path, "sweep spec")
     _check_shape(spec, where)
+    spec["arm"] = [part for arm in spec["arm"] for part in composed(arm)]
     for key in ("db", "out", "arm", "profiles"):
         if key not in spec:
             raise ConfigError(f"{where}: missing {key!r}")
@@ -109,16 +160,20 @@ def load_spec(path: str | Path, quick: bool, seeds: int | None = None) -> dict:
         spec["seeds"] = list(range(seeds))
         for arm in spec["arm"]:
             arm.pop("seeds", None)
+        shared = sorted(set(spec["seeds"]) & set(spec.get("tuning", {}).get("seeds", [])))
+        if shared:
+            raise ConfigError(f"--seeds {seeds}: {shared} are tuning seeds too: a choice "
+                              f"must be judged on seeds it was not made on")
     for owner, key in [(spec, "seeds"), *((a, "seeds") for a in spec["arm"])]:
         if len(owner.get(key, [])) > MAX_SEEDS:  # as many as --seeds allows
             name = "seeds" if owner is spec else f"arm {owner['label']!r}: seeds"
             raise ConfigError(f"{where}: {name}: at most {MAX_SEEDS} seeds, got "
                               f"{len(owner[key])}")
     checked = set()
-    for cell in cells_of(spec):  # every run's config, as `fedlm run` loads it
-        if (cell.profile, cell.arm["label"]) in checked:
+    for cell in [*tuning_cells(spec), *cells_of(spec)]:  # each config as `fedlm run` loads it
+        if (cell.profile, cell.arm["label"], cell.config) in checked:
             continue  # the seed alone cannot make it invalid: _check_shape checked each
-        checked.add((cell.profile, cell.arm["label"]))
+        checked.add((cell.profile, cell.arm["label"], cell.config))
         try:
             config_load.load(None, overrides(spec, cell))
         except ConfigError as exc:
@@ -166,6 +221,10 @@ def _check_shape(raw: dict, where: str) -> None:
              f"true or false")
         need(strings(arm.get("profiles", [])), f"arm[{k}].profiles: must be a list of names")
         need(isinstance(arm.get("against", ""), str), f"arm[{k}].against: must be an arm's label")
+        parts = arm.get("parts", {})
+        need(isinstance(parts, dict) and (not parts or len(parts) >= 2) and all(
+            strings(v) and v for v in parts.values()), f"arm[{k}].parts: a table of at least "
+             f"two named lists of key=value strings (each part of the composition)")
         if "seeds" in arm:
             _check_seeds(arm["seeds"], f"arm[{k}].seeds", need)
             # else its runs could pair with no reference run: those have no seed
@@ -173,9 +232,19 @@ def _check_shape(raw: dict, where: str) -> None:
                  f"level, e.g. seeds = [0, 1, 2])")
     if "seeds" in raw:
         _check_seeds(raw["seeds"], "seeds", need)
+    if "tuning" in raw:
+        tuning.check(raw, need)
+    else:
+        need(not any("tune" in a for a in arms), "arm.tune: a grid needs a [tuning] table "
+             "(its seeds, budget and rule)")
+    need(isinstance(raw.get("deadline", 1.0), (int, float)) and not isinstance(
+        raw.get("deadline"), bool) and 0 < raw.get("deadline", 1.0) < math.inf,
+         f"deadline: the equal-time point, virtual seconds > 0, got {raw.get('deadline')!r}")
     need(strings(quick_part.get("arms", [])), "quick.arms: must be a list of arm labels")
-    labels = [a["label"] for a in arms]
-    need(len(set(labels)) == len(labels), "arm: labels must be unique")
+    labels = [a["label"] for a in arms] + [f"{a['label']}: {p} alone" for a in arms
+                                            for p in a.get("parts", {})]
+    need(len(set(labels)) == len(labels), "arm: labels must be unique (a composition's "
+         "parts are arms 'LABEL: PART alone')")
 
 
 def _check_seeds(value: object, key: str, need) -> None:
