@@ -36,7 +36,8 @@ class DiLoCoFill(DiLoCo):
         "fixed": _OTHER_ARM.format("fixed H", "diloco"),
         "dylu": _OTHER_ARM.format("DyLU's job sizes", "diloco-dylu"),
         "dylu-floor": _OTHER_ARM.format("DyLU's job sizes", "diloco-dylu"),
-        "dylu-online": _OTHER_ARM.format("DyLU's job sizes", "diloco-dylu")}
+        "dylu-online": _OTHER_ARM.format("DyLU's job sizes", "diloco-dylu"),
+        "dylu-paper": _OTHER_ARM.format("DyLU's job sizes", "diloco-dylu")}
 
     def __init__(self, *, lr: float = 0.7, momentum: float = 0.9, nesterov: bool = True,
                  weighting: str = "tokens", min_replies: int = 1) -> None:

@@ -158,13 +158,36 @@ class DyLU(LocalSteps):
 
 
 class DyLUFloor(DyLU):
-    """DyLU with the paper's floor: H_w = max(1, floor(v_w / max v · H))."""
+    """DyLU rounded down as the paper rounds; fedlm's link term kept (``dylu-paper``: without)."""
 
     name = "dylu-floor"
 
     @staticmethod
     def round(x: float) -> int:
         return math.floor(x + 1e-9)  # 20.0 computed as 19.999... is still 20
+
+
+class DyLUPaper(DyLUFloor):
+    """The paper's DyLU as it states it: H_w = max(1, floor(v_w / max v · H)), compute only.
+
+    Liu et al. 2024, Sec. 3.2: every worker's compute takes about as long as the
+    fastest worker's H steps; the paper's workers share one network, so its rule has no
+    link term. On unequal links the whole jobs (transfers and compute) then end apart,
+    which ``dylu`` and ``dylu-floor`` correct for; this policy is the paper's rule for
+    comparing against them."""
+
+    name = "dylu-paper"
+
+    def _derive(self) -> None:
+        self._fastest = max(self.speeds())
+        self._ref = (self._fastest, 0.0)
+
+    def transfer(self, worker: int) -> float:
+        return 0.0  # compute only
+
+    def sizes_even(self) -> bool:
+        x = getattr(self, "transfer_times", None)  # None: not started, or links unknown
+        return not x or min(x) == max(x)
 
 
 class DyLUOnline(DyLU):
@@ -254,60 +277,3 @@ class DyLUOnline(DyLU):
             return self.fastest(), 0.0
         r = min(known, key=lambda w: x[w] + self.steps / self._speed[w])
         return self._speed[r], x[r]
-
-
-class Fill(LocalSteps):
-    """Sync rounds without idle time: every worker computes until the round's slowest job ends.
-
-    A synchronous round lasts as long as its slowest whole job of H steps (transfers
-    and compute: the link model's, as DyLU's). DyLU shortens the slow workers' jobs to
-    the fastest one's; ``fill`` does the opposite and lengthens the fast workers' jobs
-    to the slowest one's, so that no worker idles at the barrier:
-
-        T = max_w (X_w + H / v_w)              over the workers the round opens with
-        H_w = max(1, floor(v_w · (t_end − now − X_w))),   t_end = t_open + T
-
-    (v = nominal steps per second, X = seconds of transfers per job). The floor makes
-    every job end at the round's end or up to one step before it, never after, so the
-    round is as long as sync DiLoCo's (fixed H) with the same slowest worker.
-
-    A round opens when the first jobs of a new global version are handed out, or when
-    nothing is in flight (a round that starts over from the same model). A worker that
-    comes back (or joins) while a round runs gets the time that is left (``now`` is
-    later); if less than one step is left it gets no job and waits for the next round.
-    A worker that leaves mid-round loses its job (``departed``) and the round closes
-    without it, as any sync round does; the next round is sized over the workers
-    present then, so a departed slow worker no longer sets its length. Nominal speeds
-    (the profiles) are used: a slowed or straggling job ends late and the round waits
-    for it, as sync DiLoCo's does.
-    """
-
-    name = "fill"
-    sizes_rounds = True
-
-    def start(self, *, steps: int, step_times: list[float],
-              transfer_times: list[float] | None = None) -> None:
-        super().start(steps=steps, step_times=step_times, transfer_times=transfer_times)
-        self.round_version: int | None = None  # the version the open round started from
-        self.round_open = self.round_end = 0.0  # when it opened; when its slowest job ends
-        self._now = 0.0
-
-    def job_seconds(self, worker: int) -> float:
-        """Nominal seconds of ``worker``'s whole job of H steps."""
-        return self.transfer(worker) + self.steps * self.step_times[worker]
-
-    def transfer(self, worker: int) -> float:
-        return self.transfer_times[worker] if self.transfer_times else 0.0
-
-    def offered(self, *, now: float, version: int, workers: list[int], busy: int) -> None:
-        if workers and (version != self.round_version or not busy):
-            self.round_version, self.round_open = version, now
-            self.round_end = now + max(self.job_seconds(w) for w in workers)
-        self._now = now
-
-    def local_steps(self, worker: int) -> int:
-        left = self.round_end - self._now - self.transfer(worker)
-        steps = math.floor(left / self.step_times[worker] + 1e-9)  # 20.0 as 19.999... is 20
-        # at the round's opening one step at least; a worker that comes in later with
-        # less than a step left gets none (it waits for the next round)
-        return max(1, steps) if self._now == self.round_open else max(0, steps)

@@ -36,12 +36,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = with_trackers(cfg, args.track)
     memory.check_fits(cfg, args.backend)  # what cannot fit is refused before it starts
     check_installed(cfg.track.backends)  # a tracker not installed: refused in one line
+    check_writable(db)  # before anything is written at --db
     flower = args.backend != "inprocess"
-    simulation.quiet_libraries(flower)  # before the libraries below read the environment
     if flower and cfg.sim.ray_address:  # Ray would retry a head that never answers for ever
         simulation.check_ray_head(cfg.sim.ray_address)
-    check_writable(db)  # before anything is written at --db
     follower = Follower.of(db, cfg)
+    simulation.quiet_libraries(flower)  # before the libraries below read the environment
     from fedlm import runner
 
     _announce(cfg, db, args.resume)

@@ -267,6 +267,20 @@ def superexec_auth_methods() -> frozenset:
     return frozenset(methods)
 
 
+# -- Ray's cluster lookup: read, not changed --------------------------------------------
+def ray_head_address(address: str) -> str | None:
+    """``HOST:PORT`` of the Ray head that ``sim.ray_address`` names, found as ``ray.init``
+    finds it (``auto``: RAY_ADDRESS, then the cluster ``ray start`` left on this host;
+    ``localhost`` as the node's address); None where no cluster is found. Ray keeps
+    this lookup private (``ray._private.services``)."""
+    from ray._private import services
+
+    try:
+        return services.canonicalize_bootstrap_address(address)
+    except (ConnectionError, ValueError):  # auto: no cluster on this host
+        return None
+
+
 # -- owner-token: the SuperLink's Control API authentication plugin ------------------
 # the modules that imported Flower's loader by name: the SuperLink command, and the
 # FastAPI app (which calls it when made without a config)

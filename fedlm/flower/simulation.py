@@ -113,12 +113,9 @@ def check_ray_head(address: str, timeout: float = RAY_HEAD_TIMEOUT_S) -> str:
     for ever (also a port where something else listens), and on ``auto`` with no
     cluster prints tracebacks and then waits. The GCS is asked in a child process,
     whose wait Ray bounds (``RAY_py_gcs_connect_timeout_s``) and we kill past it."""
-    from ray._private import services
+    from fedlm.flower import patches
 
-    try:
-        head = services.canonicalize_bootstrap_address(address)
-    except (ConnectionError, ValueError):  # auto: no cluster on this host
-        head = None
+    head = patches.ray_head_address(address)
     if head is None:
         raise ConfigError(f"sim.ray_address: {address!r}: no Ray cluster found on this "
                           f"host (`ray start --head` starts one; RAY_ADDRESS names one)")

@@ -109,8 +109,9 @@ def overrides(spec: dict, cell: Planned) -> list[str]:
     """The ``--set`` overrides of ``cell``'s run, in the order they apply: the
     spec's base, the profile, the arm's own, then the seed (last: it wins)."""
     seed = [] if cell.seed is None else [f"seed={cell.seed}"]
-    return [*spec.get("base", []), f"profile={cell.profile}", *cell.arm["set"], *cell.config,
-            *seed]
+    held_out = cell.arm.get("tune_set", []) if cell.tuning else []  # e.g. the tuning traces
+    return [*spec.get("base", []), f"profile={cell.profile}", *cell.arm["set"], *held_out,
+            *cell.config, *seed]
 
 
 def reference_of(spec: dict, arm: dict) -> str:
@@ -221,6 +222,8 @@ def _check_shape(raw: dict, where: str) -> None:
              f"true or false")
         need(strings(arm.get("profiles", [])), f"arm[{k}].profiles: must be a list of names")
         need(isinstance(arm.get("against", ""), str), f"arm[{k}].against: must be an arm's label")
+        need(strings(arm.get("tune_set", [])), f"arm[{k}].tune_set: must be a list of key=value "
+             f"strings (what its tuning runs change: inputs held out from the tuning)")
         parts = arm.get("parts", {})
         need(isinstance(parts, dict) and (not parts or len(parts) >= 2) and all(
             strings(v) and v for v in parts.values()), f"arm[{k}].parts: a table of at least "

@@ -16,6 +16,8 @@ runs the held-out seeds (the spec's ``seeds``) with that choice only::
     set = [...]
     tune = {"outer.lr" = [0.35, 0.7], "outer.momentum" = [0.8, 0.9]}
 
+An arm's ``tune_set`` changes what its tuning runs see and the held-out runs do not
+(other traces, say), so that configurations are held out from the tuning as seeds are.
 A grid larger than the budget is searched at random (``budget`` of its
 configurations, drawn from the arm's label: the same every time); a smaller one is
 refused. A configuration with a tuning run that failed or diverged is not chosen.
