@@ -12,14 +12,25 @@ takes the half cosine that is 1 at τ = 0 and reaches 0 at the cutoff τ_c, and 
 defaults:
 
     σ(τ) = γ(τ)·e^(−α·τ),   γ(τ) = ½(1 + cos(π·τ/τ_c)) for τ < τ_c, else 0
-    g̃ = σ(τ)·g                                τ = the update's staleness (versions)
+    g̃ = σ(τ)·g                                τ = s / N: the update's age in outer rounds
     m ← β₁m + (1 − β₁)·g̃;   v ← β₂v + (1 − β₂)·g̃²;   t ← t + 1
-    θ ← θ − η · (m / (1 − β₁ᵗ)) / (√(v / (1 − β₂ᵗ)) + ε)
+    θ ← θ − (η/N) · (m / (1 − β₁ᵗ)) / (√(v / (1 − β₂ᵗ)) + ε)
 
-α = ``outer.alpha`` (0.1), τ_c = ``outer.cutoff`` (10), η = ``outer.lr`` (0.003),
-β₁, β₂ = ``outer.beta1``/``beta2`` (0.9, 0.99), ε = 1e-8. An update past the cutoff still
-counts a step (its σ is 0: the moments decay and the model moves along m), as the rule
-reads. No 1/N: Adam's step does not grow with the gradient's scale.
+The paper counts an update's age in **outer rounds** ("pseudo-gradients computed several
+outer rounds earlier"), as its syncer merges a round at a time, and steps Adam once a
+round. fedlm's asynchronous server makes a version at every arrival and its N workers
+arrive about once each per round, so the age is the staleness s (versions) over N, and
+each arrival takes 1/N of an Adam step: N arrivals move the model as one round's step.
+(Counting versions as rounds, as this file once did, weighted a typical update of 8
+workers about 10x down and zeroed every one 10 arrivals old.)
+
+What the paper's abstract does not give, and is fedlm's choice: the gate's form (the
+half cosine above, 1 at τ = 0 and 0 at τ_c), α = ``outer.alpha`` (0.1), τ_c =
+``outer.cutoff`` (10 rounds), η = ``outer.lr`` (0.003), β₁, β₂ = ``outer.beta1``/``beta2``
+(0.9, 0.99), ε = 1e-8, a continuous τ (not rounded to whole rounds), and that an update
+past the cutoff still counts a step (its σ is 0: the moments decay and the model moves
+along m). What the paper fixes and a test pins: σ(0) = 1, so a fresh update is plain
+Adam's (tests/test_cgad.py).
 
 Simplified: one gate for the whole model (not the paper's per-fragment PA-CGAD).
 
@@ -35,30 +46,36 @@ from fedlm.strategies.async_base import AsyncStrategy
 
 EPS = 1e-8
 
+SOURCE = ("reconstruction of Shah and Sun 2026 (arXiv 2605.09126, abstract only): age in "
+          "outer rounds (staleness / N) and one Adam step a round (lr / N an arrival) as "
+          "the paper; the gate's form and every constant fedlm's")
 
-def age_weight(staleness: int, alpha: float, cutoff: float) -> float:
-    """σ(τ) = γ(τ)·e^(−ατ): exponential decay under a cosine gate that closes at τ_c."""
-    if staleness >= cutoff:
+
+def age_weight(age: float, alpha: float, cutoff: float) -> float:
+    """σ(τ) = γ(τ)·e^(−ατ): exponential decay under a cosine gate that closes at τ_c
+    (τ in outer rounds)."""
+    if age >= cutoff:
         return 0.0
-    gate = 0.5 * (1.0 + math.cos(math.pi * staleness / cutoff))
-    return gate * math.exp(-alpha * staleness)
+    gate = 0.5 * (1.0 + math.cos(math.pi * age / cutoff))
+    return gate * math.exp(-alpha * age)
 
 
 def gated_adam(lr: float, beta1: float, beta2: float, alpha: float,
-               cutoff: float) -> T.Transform:
-    """Adam on σ(staleness)·g, with bias correction."""
+               cutoff: float, workers: int = 1) -> T.Transform:
+    """Adam on σ(staleness / workers)·g, with bias correction, lr / workers a step."""
 
     def init(params):
         zeros = T.tree_map(lambda p: p.new_zeros(p.shape), params)
         return {"m": zeros, "v": zeros, "t": 0}
 
     def update(grads, state, info):
-        w = age_weight(info.staleness if info is not None else 0, alpha, cutoff)
+        w = age_weight((info.staleness if info is not None else 0) / workers, alpha, cutoff)
         m = T.tree_map(lambda m, g: beta1 * m + (1 - beta1) * (w * g), state["m"], grads)
         v = T.tree_map(lambda v, g: beta2 * v + (1 - beta2) * (w * g) ** 2, state["v"], grads)
         t = state["t"] + 1
         c1, c2 = 1 - beta1 ** t, 1 - beta2 ** t
-        step = T.tree_map(lambda m, v: lr * (m / c1) / ((v / c2).sqrt() + EPS), m, v)
+        step = T.tree_map(lambda m, v: lr / workers * (m / c1) / ((v / c2).sqrt() + EPS),
+                          m, v)
         return step, {"m": m, "v": v, "t": t}
 
     return T.Transform(init, update)
@@ -68,6 +85,7 @@ class CGAD(AsyncStrategy):
     """Async outer Adam on age-weighted outer gradients: σ(τ) = γ(τ)·e^(−ατ)."""
 
     name = "cgad"
+    source = SOURCE
 
     def __init__(self, *, lr: float = 0.003, beta1: float = 0.9, beta2: float = 0.99,
                  alpha: float = 0.1, cutoff: float = 10.0) -> None:
@@ -78,13 +96,14 @@ class CGAD(AsyncStrategy):
         if alpha < 0:
             raise ValueError(f"outer.alpha: must be >= 0, got {alpha!r}")
         if cutoff <= 0:
-            raise ValueError(f"outer.cutoff: must be > 0 (versions), got {cutoff!r}")
+            raise ValueError(f"outer.cutoff: must be > 0 (outer rounds), got {cutoff!r}")
         self.beta1, self.beta2, self.alpha, self.cutoff = beta1, beta2, alpha, cutoff
 
     def chain_for(self, num_workers: int) -> T.Transform:
-        return gated_adam(self.lr, self.beta1, self.beta2, self.alpha, self.cutoff)
+        return gated_adam(self.lr, self.beta1, self.beta2, self.alpha, self.cutoff,
+                          workers=num_workers)
 
     def summary(self) -> str:
         return (f"{self.name}: async outer Adam lr {self.lr} betas ({self.beta1}, "
-                f"{self.beta2}), age weight e^(-{self.alpha} s) gated to 0 at s = "
-                f"{self.cutoff}")
+                f"{self.beta2}) over N a step, age weight e^(-{self.alpha} s/N) gated to 0 "
+                f"at s/N = {self.cutoff} rounds")

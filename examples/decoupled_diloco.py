@@ -1,38 +1,43 @@
-"""Decoupled DiLoCo's merge as a fedlm plug-in: a minimum quorum, a grace window, and
-a merge that weights each update by the tokens it trained and its worker's speed.
+"""Decoupled DiLoCo's merge as a fedlm plug-in: a minimum quorum, a grace window, and a
+merge that weights each update by its tokens times its tokens per step, averaged by
+radial-directional averaging.
 
 Source: the Decoupled DiLoCo team (Douillard, Rush, Donchev, Charles et al., Google
 DeepMind), "Decoupled DiLoCo for Resilient Distributed Pre-training", arXiv 2604.21428,
 2026. Learners train on their own; a syncer merges whatever has arrived once a minimum
 quorum of learners has reported, waits an adaptive grace window for more, and weights
-each contribution by "tokens processed times tokens-per-step efficiency"; outer SGD
-with Nesterov momentum. The weight's exact formula was not in what could be read of
-the paper here (its abstract and a summary); this file implements the rule the issue
-states, "a merge weighted by tokens and speed". In fedlm every step of a worker trains
-the same number of tokens, so tokens per step alone cannot tell workers apart; the
-speed that does is tokens per second of compute, tokens per step over the worker's
-seconds per step (its profile, which ``SpeedServer`` hands the strategy).
+each contribution by "tokens processed times tokens-per-step efficiency" (the abstract);
+outer SGD with Nesterov momentum. The paper's method section could not be read here; the
+weight's formula and the radial-directional averaging (RDA) are as four secondary
+statements of it agree (its Sec. 3.2 weight w = c_tokens · c_tokens / c_steps; RDA for
+every tensor but the embeddings, which take the weighted mean).
 
-The rule, for updates g_m (worker w_m, c_m tokens in s_m inner steps):
+The rule, for updates g_m (c_m tokens in s_m inner steps):
 
     pending P ← P + {m}; once P holds updates of q distinct workers (``outer.quorum``,
     0: half the workers, rounded up), merge P:
-        a_m = c_m · (c_m / s_m) / step_time(w_m)          tokens × tokens per second
-        Δ   = Σ_P a_m g_m / Σ_P a_m                          (in arrival order)
+        a_m = c_m · (c_m / s_m)                            tokens × tokens per step
+        per tensor (``outer.merge = "rda"``; "mean": the weighted mean everywhere):
+            r = Σ a_m ‖g_m‖ / Σ a_m,   u = Σ a_m g_m/‖g_m‖ / Σ a_m,   Δ = r · u / ‖u‖
+        the embeddings (``tok_emb``, ``pos_emb``): Δ = Σ a_m g_m / Σ a_m
         m ← β·m + Δ;   θ ← θ₀ − ε·(β·m + Δ)                  DiLoCo's outer Nesterov
     grace: an update that arrives before any worker has been handed new work joins the
     merge, which is made again over P ∪ {it} from the same θ₀ and m: one merge of all.
 
-ε = ``outer.lr`` (0.7), β = ``outer.momentum`` (0.9). The engine's grace window is the
-syncer's: with ``grace = adaptive`` (or a number of seconds) the engine takes the jobs
-expected to finish together before anyone restarts (docs/async_local_sgd.md), and every
-one of them joins the merge; ``auto`` opens it where jobs are meant to finish together
-(DyLU or equal speeds).
+With the same tokens a step everywhere, a_m = b² · s_m (b tokens a step): a worker twice
+as fast, which does twice the steps under DyLU, weighs twice as much, not four times (this
+file once multiplied by the worker's speed too). ε = ``outer.lr`` (0.7), β =
+``outer.momentum`` (0.9): the paper publishes none, these are DiLoCo's. The engine's grace
+window stands for the syncer's: with ``grace = adaptive`` (or a number of seconds) the
+engine takes the jobs expected to finish together before anyone restarts
+(docs/async_local_sgd.md); ``auto`` opens it where jobs are meant to finish together.
 
-Simplified: whole models, not fragments (the paper streams fragments); a merge's
+fedlm's choices and simplifications: q = half the workers by default (the paper's K is
+free, often 1); whole models, not fragments (the paper streams fragments); a merge's
 workers restart from the merged model, where a decoupled learner would go on from its
-own weights; the speed is the profile's nominal one, not measured; fedlm's grace window
-stands for the paper's adaptive one. A retired worker no longer counts towards q.
+own weights and receive fragments as they come (how it takes them in could not be read);
+fedlm's grace window for the paper's slack-based one. A retired worker no longer counts
+towards q. A quorum above the worker count is refused when the run starts.
 
     PYTHONPATH=examples fedlm run --set strategy=decoupled_diloco:DecoupledMerge \\
         --set model=tiny --set grace=adaptive --set outer.quorum=2
@@ -42,43 +47,57 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedlm.servers import Server
 from fedlm.strategies import transforms as T
 from fedlm.strategies.base import Strategy, Update, check_outer_sgd, momentum_text
 
+SOURCE = ("reconstruction of Douillard et al. 2026 (arXiv 2604.21428) from its abstract and "
+          "agreeing secondary statements: tokens x tokens-per-step weights, RDA, quorum, "
+          "grace; fedlm's: the quorum default, whole models, workers restart from the merge")
+EMBEDDINGS = ("tok_emb.", "pos_emb.")  # merged by the weighted mean, as the paper's
 
-class SpeedServer(Server):
-    """One server that tells the strategy each worker's speed (inner steps a second,
-    from the fleet's profiles) before it starts."""
 
-    def start_strategy(self, params, fleet: list) -> None:
-        self.strategy.set_speeds([1.0 / p.step_time for p in fleet])
-        super().start_strategy(params, fleet)
+def radial_directional(grads: list, weights: list[float]) -> dict:
+    """Per tensor: the weighted mean norm along the weighted mean direction (RDA); the
+    embeddings, and a tensor whose directions cancel, by the weighted mean."""
+    plain = T.weighted_mean(grads, weights)
+    total = sum(weights)
+    out = {}
+    for name, mean in plain.items():
+        norms = [float(g[name].norm()) for g in grads]
+        if name.startswith(EMBEDDINGS) or min(norms) == 0.0:
+            out[name] = mean
+            continue
+        radius = sum(a * r for a, r in zip(weights, norms)) / total
+        direction = sum(a * g[name] / r for a, g, r in zip(weights, grads, norms)) / total
+        size = float(direction.norm())
+        out[name] = mean if size == 0.0 else direction * (radius / size)
+    return type(plain)(out)
 
 
 class DecoupledMerge(Strategy):
-    """Decoupled DiLoCo's syncer: a quorum, a grace window, a tokens × speed merge."""
+    """Decoupled DiLoCo's syncer: a quorum, a grace window, a tokens x tokens-per-step merge."""
 
     name = "decoupled-merge"
+    source = SOURCE
     synchronous = False  # no barrier: a free worker always gets a job
     wants_grace = True  # grace = auto: the adaptive window where jobs finish together
-    default_server = "decoupled_diloco:SpeedServer"
 
     def __init__(self, *, lr: float = 0.7, momentum: float = 0.9, nesterov: bool = True,
-                 quorum: int = 0) -> None:
+                 quorum: int = 0, merge: str = "rda") -> None:
         check_outer_sgd(lr, momentum)
         if not (isinstance(quorum, int) and quorum >= 0):
             raise ValueError(f"outer.quorum: must be an int >= 0 (0: half the workers), "
                              f"got {quorum!r}")
+        if merge not in ("rda", "mean"):
+            raise ValueError(f"outer.merge: rda or mean, got {merge!r}")
         self.lr, self.momentum, self.nesterov, self.quorum = lr, momentum, nesterov, quorum
+        self.merge = merge
         self.optimizer = T.sgd(lr, momentum, nesterov)
-        self.speeds: list[float] | None = None
-
-    def set_speeds(self, speeds: list[float]) -> None:
-        self.speeds = list(speeds)
 
     def start(self, params, *, num_workers: int) -> None:
-        self.speeds = self.speeds or [1.0] * num_workers  # no SpeedServer: alike
+        if self.quorum > num_workers:  # capped without a word, it would be another method
+            raise ValueError(f"outer.quorum: {self.quorum} is more than the {num_workers} "
+                             f"workers")
         self.num_workers = num_workers
         self.opt_state = self.optimizer.init(params)
         self.pending: list[Update] = []  # waiting for the quorum
@@ -91,9 +110,10 @@ class DecoupledMerge(Strategy):
         q = self.quorum or -(-self.num_workers // 2)
         return max(1, min(q, self.num_workers - len(self.gone)))
 
-    def weight(self, u: Update) -> float:
-        """a_m = tokens × tokens per second of its worker."""
-        return u.tokens * (u.tokens / max(1, u.local_steps)) * self.speeds[u.worker]
+    @staticmethod
+    def weight(u: Update) -> float:
+        """a_m = tokens × tokens per step (the paper's Sec. 3.2 weight)."""
+        return u.tokens * (u.tokens / u.local_steps) if u.local_steps > 0 else 0.0
 
     def wants_job(self, worker: int, *, version: int) -> bool:
         return worker not in self.gone
@@ -122,14 +142,18 @@ class DecoupledMerge(Strategy):
         return self._merge(params, self.opt_state, members)
 
     def _merge(self, theta, opt_state, members: list[Update]):
-        """θ − outer Nesterov step on the members' tokens × speed mean, from ``theta``
+        """θ − outer Nesterov step on the members' merged outer gradient, from ``theta``
         and ``opt_state`` (the merge stays open until a worker is handed new work)."""
-        mean = T.weighted_mean([u.outer_grad for u in members], [self.weight(u) for u in members])
+        grads, weights = [u.outer_grad for u in members], [self.weight(u) for u in members]
+        if sum(weights) <= 0:  # only empty jobs: nothing to merge
+            weights = [1.0] * len(members)
+        mean = radial_directional(grads, weights) if self.merge == "rda" \
+            else T.weighted_mean(grads, weights)
         step, self.opt_state = self.optimizer.update(mean, opt_state, None)
         self.open = {"theta": theta, "opt_state": opt_state, "members": members}
         return T.descend(theta, step)
 
-    _STATE = ("speeds", "num_workers", "opt_state", "pending", "open", "gone", "merges")
+    _STATE = ("num_workers", "opt_state", "pending", "open", "gone", "merges")
 
     def state_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self._STATE}
@@ -140,5 +164,6 @@ class DecoupledMerge(Strategy):
 
     def summary(self) -> str:
         quorum = self.quorum or "half the workers"
-        return (f"{self.name}: quorum {quorum}, grace window joins, tokens x speed merge, "
+        return (f"{self.name}: quorum {quorum}, grace window joins, tokens x tokens-per-step "
+                f"{'RDA' if self.merge == 'rda' else 'mean'} merge, "
                 f"outer lr {self.lr}{momentum_text(self.momentum, self.nesterov)}")

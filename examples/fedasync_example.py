@@ -8,11 +8,15 @@ by the "hinge" staleness function, and one staler than ``max_staleness`` is drop
 from fedlm.strategies import transforms as T
 from fedlm.strategies.async_base import AsyncStrategy
 
+SOURCE = ("follows Xie et al. 2019 (arXiv 1903.03934): the hinge staleness weight; fedlm's: "
+          "alpha 0.6, a 10, b 4 and the drop past 64 versions")
+
 
 class FedAsync(AsyncStrategy):
     """FedAsync: apply each arriving outer gradient at once, hinge-weighted by staleness."""
 
     name = "fedasync"
+    source = SOURCE
 
     def __init__(self, *, alpha: float = 0.6, a: float = 10.0, b: int = 4,
                  max_staleness: int = 64) -> None:

@@ -16,11 +16,15 @@ No staleness weighting and no momentum (fedlm's built-in ``fedbuff`` has both).
 from fedlm.strategies import transforms as T
 from fedlm.strategies.async_base import AsyncStrategy
 
+SOURCE = ("reconstruction of Nguyen et al. 2022 (arXiv 2106.06639) without its staleness "
+          "scale: a plug-in example, fedlm's fedbuff has it")
+
 
 class FedBuffLike(AsyncStrategy):
     """Buffer K outer gradients, then descend on their mean scaled by the server lr."""
 
     name = "fedbuff-like"
+    source = SOURCE
 
     def __init__(self, *, lr: float = 1.0, k: int = 0) -> None:
         if not lr > 0:

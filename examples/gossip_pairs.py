@@ -20,11 +20,15 @@ started from (a past model, saved in the checkpoint). Lost jobs change nothing.
 from fedlm.strategies import transforms as T
 from fedlm.strategies.base import Strategy
 
+SOURCE = ("fedlm's own: a pairwise average with the server, in the spirit of gossip (Boyd "
+          "et al. 2006)")
+
 
 class GossipPairs(Strategy):
     """Average each arriving worker's model with the global model at weight ``weight``."""
 
     name = "gossip-pairs"
+    source = SOURCE
     synchronous = False
 
     def __init__(self, *, weight: float = 0.5) -> None:

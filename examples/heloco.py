@@ -15,16 +15,26 @@ asynchronous low-communication training under data and device heterogeneity", ar
           ‖Δ_b‖ ũ_b / max(‖ũ_b‖, ε),  ũ_b = (1 − λ_b) Δ_b/‖Δ_b‖ + λ_b m̂_b
                                                    otherwise       (weakly aligned:
                                                    turned towards m, length kept)
-    G = ρ Δ̂;   m ← μ m + G;   θ ← θ − η (μ m + G)                 outer Nesterov
+    G = ρ Δ̂;   m ← μ m + (1 − μ) G;   θ ← θ − η (G + μ m)          outer momentum (EMA)
 
-with m̂_b = m_b / ‖m_b‖. This is the rule as a secondary summary of the paper writes it
-(the paper's text beyond its abstract could not be read here), which breaks off at the
-weakly aligned case's λ_b: this file takes λ_b = min(k_d (c_ok − c_b) conf_b, 1), the
-form of β_b (strength × misalignment × confidence, capped), and its own defaults for
-c_ok 0.2, k_s 1, β_max 1, k_d 1, κ 1, ε 1e-12, since none could be read. ρ, the paper's
-worker/delay weight (1 if none), is fedlm's async scale 1/N (N workers: N arrivals move
-about as far as one sync round); η = ``outer.lr`` 0.7 and μ = ``outer.momentum`` 0.9 are
-asynchronous DiLoCo's. While m_b is zero (the first arrival) nothing is corrected.
+    λ_b = min(k_d (1 − c_b) conf_b, 1)
+
+with m̂_b = m_b / ‖m_b‖. The paper's method section could not be read here (its abstract
+could); the rule is a complete secondary statement of it (the "zij" optimizer notes,
+junaidaliop.github.io/zij/math/heloco/), which agrees with the abstract: the outer
+momentum is the reference, aligned updates are kept, conflicting components corrected.
+Its worked example is a test: Δ = (1, 1), m = (1, 0), κ = k_d = 1, c_ok = 0.8 gives c =
+0.7071, conf = 0.5858, λ = 0.1716, Δ̂ = (1.1186, 0.8652) (tests/test_heloco.py).
+
+fedlm's choices, none of which could be read from the paper: c_ok 0.2, k_s 1, β_max 1,
+k_d 1, κ 1, ε 1e-12; ρ, the paper's worker/delay weight (1 if none), is fedlm's async
+scale 1/N (N workers: N arrivals move about as far as one sync round); η = ``outer.lr``
+0.7 and μ = ``outer.momentum`` 0.9 (tune η: with the EMA momentum one round of N
+arrivals moves the model about η(1 + μ) times their mean, far less than sync DiLoCo's
+Nesterov at the same η). While m_b is zero (the first arrival) nothing is corrected.
+(This file once took λ_b = min(k_d (c_ok − c_b) conf_b, 1), the summary then being cut
+short there, and the heavy-ball momentum m ← μm + G: at 0.7 that is fedlm's
+per-arrival Nesterov, which its own results found unstable.)
 
 Simplified: a block is a whole tensor; no extra staleness weight beyond the correction.
 
@@ -40,6 +50,9 @@ from fedlm.strategies import transforms as T
 from fedlm.strategies.async_base import AsyncStrategy
 
 EPS = 1e-12
+SOURCE = ("reconstruction of Al Asif et al. 2026 (arXiv 2606.00271) from its abstract and "
+          "a complete secondary statement (zij): its correction and EMA momentum, a "
+          "worked example pinned; every constant, rho = 1/N and eta fedlm's")
 
 
 def corrected(d: torch.Tensor, m: torch.Tensor, *, c_ok: float, k_s: float, beta_max: float,
@@ -56,14 +69,15 @@ def corrected(d: torch.Tensor, m: torch.Tensor, *, c_ok: float, k_s: float, beta
     if c < 0:
         beta = min(k_s * -c * conf, beta_max)
         return d - (beta * c * nd) * v
-    lam = min(k_d * (c_ok - c) * conf, 1.0)
+    lam = min(k_d * (1.0 - c) * conf, 1.0)
     turned = (1.0 - lam) * (d / nd) + lam * v
     return turned * (nd / max(float(turned.norm()), EPS))
 
 
 def direction_corrected_nesterov(lr: float, momentum: float, rho: float,
                                  settings: dict) -> T.Transform:
-    """HeLoCo's outer step as a transform: correct each tensor, then Nesterov on ρ·Δ̂."""
+    """HeLoCo's outer step as a transform: correct each tensor, then the EMA-momentum
+    look-ahead step on ρ·Δ̂."""
 
     def init(params):
         return {"m": T.tree_map(lambda p: p.new_zeros(p.shape), params), "corrected": 0}
@@ -72,8 +86,8 @@ def direction_corrected_nesterov(lr: float, momentum: float, rho: float,
         fixed = T.tree_map(lambda d, m: corrected(d, m, **settings), grads, state["m"])
         changed = sum(fixed[k] is not grads[k] for k in grads)
         g = T.tree_map(lambda d: d * rho, fixed)
-        m = T.tree_map(lambda m, g: momentum * m + g, state["m"], g)
-        step = T.tree_map(lambda m, g: lr * (momentum * m + g), m, g)
+        m = T.tree_map(lambda m, g: momentum * m + (1.0 - momentum) * g, state["m"], g)
+        step = T.tree_map(lambda m, g: lr * (g + momentum * m), m, g)
         return step, {"m": m, "corrected": state["corrected"] + changed}
 
     return T.Transform(init, update)
@@ -83,6 +97,7 @@ class HeLoCo(AsyncStrategy):
     """Async DiLoCo with HeLoCo's direction-aware correction of stale outer gradients."""
 
     name = "heloco"
+    source = SOURCE
 
     def __init__(self, *, lr: float = 0.7, momentum: float = 0.9, c_ok: float = 0.2,
                  k_s: float = 1.0, beta_max: float = 1.0, k_d: float = 1.0,

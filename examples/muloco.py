@@ -46,6 +46,9 @@ import torch
 from fedlm.params import BadUpdate
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+SOURCE = ("reconstruction of Therien et al. 2025 (arXiv 2505.23725, abstract): Muon inside "
+          "(Jordan's MuonWithAuxAdam split), a 2-bit delta with error feedback; the quantiser "
+          "is SparseLoCo's code's, per tensor, its error undecayed: fedlm's choices")
 EF_PREFIX = "ef/"  # the worker keeps error feedback under these names (fedlm.sim.codecs)
 
 

@@ -95,10 +95,15 @@ def groups(round_index: int, workers: list[int]) -> list[list[int]]:
     return out
 
 
+SOURCE = ("follows Kolehmainen et al. 2025 (arXiv 2506.10911) as their code applies it "
+          "(SparseOptimizerC); fedlm's: the pairing seed, gamma = lr by default")
+
+
 class NoLoCo(Strategy):
     """NoLoCo: each worker merges with a random peer under a modified Nesterov step."""
 
     name = "noloco"
+    source = SOURCE
     synchronous = False  # no barrier across the fleet: a worker waits for its group only
     default_server = "noloco_example:PeerServer"  # it hands on_update the φ, not a model
 

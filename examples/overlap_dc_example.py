@@ -66,10 +66,16 @@ class OverlappedServer(Server):
         self.previous = state["previous"]
 
 
+SOURCE = ("reconstruction: the one-step overlap of Kale et al. 2025 (arXiv 2502.12996) with "
+          "DC-ASGD's adaptive compensation (Zheng et al. 2017) at the server; fedlm's: "
+          "lambda 2 and where it applies")
+
+
 class OverlappedDiLoCo(DiLoCo):
     """DiLoCo whose rounds overlap the exchange, with a delay-compensated outer step."""
 
     name = "overlapped-diloco"
+    source = SOURCE
     default_server = "overlap_dc_example:OverlappedServer"
 
     def __init__(self, *, lr: float = 0.7, momentum: float = 0.9, nesterov: bool = True,

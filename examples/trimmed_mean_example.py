@@ -10,11 +10,14 @@ import torch
 from fedlm.strategies import transforms as T
 from fedlm.strategies.base import Strategy, check_outer_sgd
 
+SOURCE = "follows Yin et al. 2018 (arXiv 1803.01498): the coordinate-wise trimmed mean"
+
 
 class TrimmedMean(Strategy):
     """FedAvg rounds on the coordinate-wise trimmed mean of the outer gradients."""
 
     name = "trimmed-mean"
+    source = SOURCE
     synchronous = True
 
     def __init__(self, *, lr: float = 1.0, trim: int = 1) -> None:

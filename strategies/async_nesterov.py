@@ -22,6 +22,9 @@ class AsyncNesterov(AsyncStrategy):
         Nesterov momentum β.
     """
 
+    source = ("follows Liu et al. 2024 (arXiv 2401.09135): \"Async DiLoCo\", Nesterov applied "
+              "to every arrival")
+
     name = "async-nesterov"
 
     def __init__(self, *, lr: float = 0.7, momentum: float = 0.9) -> None:

@@ -18,6 +18,9 @@ class AsyncSGD(AsyncStrategy):
         Outer learning rate ε (1.0: N arrivals move as far as a FedAvg round).
     """
 
+    source = ("follows Liu et al. 2024 (arXiv 2401.09135): the plain asynchronous baseline, "
+              "each arrival one SGD step of lr/N")
+
     name = "async-sgd"
 
     def __init__(self, *, lr: float = 1.0) -> None:

@@ -57,6 +57,10 @@ class Strategy(ABC):
     """Base class of every aggregation strategy."""
 
     name: ClassVar[str] = ""  # registry name, e.g. "diloco"
+    # One line, read by `fedlm strategies`: "follows PAPER: what" where the rule is the
+    # paper's (its units, weights, constants), "reconstruction of PAPER: what was chosen"
+    # where the paper leaves parts open or they could not be read, "fedlm's own: ...".
+    source: ClassVar[str] = ""
     synchronous: ClassVar[bool] = False  # True: rounds with a barrier
     # Async: jobs that finish together should be applied together, so their workers
     # restart from the same model (grace = "auto" then opens the adaptive window).

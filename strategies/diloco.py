@@ -15,6 +15,9 @@ from fedlm.strategies.fedavg import FedAvg
 class DiLoCo(FedAvg):
     """FedAvg rounds with DiLoCo's outer Nesterov optimizer (see FedAvg for parameters)."""
 
+    source = ("follows Douillard et al. 2023 (arXiv 2311.08105): outer Nesterov, lr 0.7, "
+              "momentum 0.9, updates weighted by tokens")
+
     name = "diloco"
 
     def __init__(self, *, lr: float = 0.7, momentum: float = 0.9, nesterov: bool = True,

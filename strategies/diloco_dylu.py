@@ -35,6 +35,9 @@ from fedlm.strategies.diloco import DiLoCo
 class DiLoCoDyLU(DiLoCo):
     """Sync DiLoCo on DyLU's job sizes: local_steps dylu, so slow workers run fewer steps."""
 
+    source = ("fedlm's own: DiLoCo (follows its paper) on DyLU's job sizes, the sync twin "
+              "of DN + DyLU (Liu et al. 2024 compare DN + DyLU with fixed-H DiLoCo instead)")
+
     name = "diloco-dylu"
     # Read by the registry when a config is loaded (``registry.local_steps_for``): the
     # policy a run gets where the config leaves ``local_steps`` out, and the policies

@@ -30,6 +30,9 @@ _OTHER_ARM = "it is sync DiLoCo on fill's job sizes; for {} use strategy={}"
 class DiLoCoFill(DiLoCo):
     """Sync DiLoCo with local_steps fill: every worker computes until the round's slowest job ends."""
 
+    source = ("fedlm's own: DiLoCo (follows its paper) on fill's job sizes; the merge "
+              "(tokens, uniform, FedNova) chosen on tuning seeds")
+
     name = "diloco-fill"
     default_local_steps: ClassVar[str] = "fill"
     refused_local_steps: ClassVar[dict[str, str]] = {

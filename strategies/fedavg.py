@@ -50,6 +50,9 @@ class FedAvg(Strategy):
         Fewest replies a round may close with after workers dropped out of it.
     """
 
+    source = ("follows McMahan et al. 2017 (FedAvg: outer SGD, lr 1 = the average), "
+              "Nesterov outer momentum as an option")
+
     name = "fedavg"
     synchronous = True
 

@@ -28,6 +28,9 @@ class FedBuff(AsyncStrategy):
         K, updates per outer step; 0 = the number of workers.
     """
 
+    source = ("follows Nguyen et al. 2022 (arXiv 2106.06639): K buffered updates scaled by "
+              "1/sqrt(1 + s); a Nesterov outer step as Liu et al. 2024's Async Buffer")
+
     name = "fedbuff"
 
     def __init__(self, *, lr: float = 0.7, momentum: float = 0.9, buffer_size: int = 0) -> None:

@@ -36,6 +36,9 @@ class Fill(LocalSteps):
     for it, as sync DiLoCo's does (``fill-online`` sizes from what the workers show).
     """
 
+    source = ("fedlm's own (no paper): each job sized to end with the round's slowest whole "
+              "job")
+
     name = "fill"
     sizes_rounds = True
 
@@ -80,6 +83,8 @@ class FillOnline(Fill):
     slowest worker's *observed* whole job of H steps.
     """
 
+    source = "fedlm's own: fill from the medians of each worker's last 5 observed jobs"
+
     name = "fill-online"
     window = 5
 
@@ -113,6 +118,9 @@ class FillSizes(LocalSteps):
     Fixed per worker, for any strategy: beside an asynchronous one it isolates what
     asynchrony does from what fill's job sizing does (the same job sizes, no barrier).
     """
+
+    source = ("fedlm's own: fill's sizes, fixed per worker, to isolate asynchrony from job "
+              "sizing")
 
     name = "fill-sizes"
 

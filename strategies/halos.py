@@ -67,6 +67,10 @@ from fedlm.strategies.delayed_nesterov import DelayedNesterov
 class Halos(DelayedNesterov):
     """HALoS: region servers (delayed Nesterov) and an async global server that merges them."""
 
+    source = ("reconstruction of Kim et al. 2025 (ICML, utnslab/halos): their region and "
+              "global DN constants, merge 0.25; chosen here: K = 2 pushes (theirs 32, for "
+              "100x longer runs), outer lr = their LR x N")
+
     name = "halos"
     wants_grace = False  # HALoS has no grace window (delayed Nesterov alone asks for one)
     # its servers: one in every region and a global one (fedlm.servers.regions), which

@@ -18,6 +18,7 @@ from typing import ClassVar
 
 class LocalSteps(ABC):
     name: ClassVar[str] = ""
+    source: ClassVar[str] = ""  # as Strategy.source: follows PAPER / reconstruction / fedlm's own
     # Whether it sizes jobs so that the ones handed out together finish together
     # (then the engine's grace = "auto" waits for them: fedlm/engine/grace.py).
     even_times: ClassVar[bool] = False
@@ -68,6 +69,8 @@ class LocalSteps(ABC):
 class Fixed(LocalSteps):
     """Every job runs the configured H steps."""
 
+    source = "follows DiLoCo and Local SGD: every job H steps"
+
     name = "fixed"
 
     def local_steps(self, worker: int) -> int:
@@ -100,6 +103,10 @@ class DyLU(LocalSteps):
     18.6-21.6 s, and jobs handed out together are meant to finish together
     (fedlm/engine/grace.py).
     """
+
+    source = ("fedlm's extension of Liu et al. 2024's DyLU: rounded to the nearest step, "
+              "and each worker's transfers counted so whole jobs end together (the paper's "
+              "rule: dylu-paper)")
 
     name = "dylu"
     even_times = True
@@ -160,6 +167,9 @@ class DyLU(LocalSteps):
 class DyLUFloor(DyLU):
     """DyLU rounded down as the paper rounds; fedlm's link term kept (``dylu-paper``: without)."""
 
+    source = ("the paper's rounding (floor) with fedlm's link term: not the paper's rule on "
+              "unequal links (that is dylu-paper)")
+
     name = "dylu-floor"
 
     @staticmethod
@@ -175,6 +185,9 @@ class DyLUPaper(DyLUFloor):
     link term. On unequal links the whole jobs (transfers and compute) then end apart,
     which ``dylu`` and ``dylu-floor`` correct for; this policy is the paper's rule for
     comparing against them."""
+
+    source = ("follows Liu et al. 2024 (arXiv 2401.09135), Sec. 3.2: H_w = max(1, floor(v_w "
+              "/ max v * H)), compute only")
 
     name = "dylu-paper"
 
@@ -199,6 +212,9 @@ class DyLUOnline(DyLU):
     median too). A worker not yet observed is assumed as fast as the fastest
     observed one, so it starts with the full H.
     """
+
+    source = ("fedlm's own: DyLU (the link-aware rule) from observed speeds; the paper allows "
+              "estimating speeds, without saying how")
 
     name = "dylu-online"
     window = 5

@@ -24,6 +24,9 @@ class Poly(AsyncStrategy):
         Exponent of the polynomial decay (0.5 is common).
     """
 
+    source = ("follows Liu et al. 2024's Poly baseline (FedAsync's polynomial weight, a = "
+              "0.5) on async Nesterov")
+
     name = "poly"
 
     def __init__(self, *, lr: float = 0.7, momentum: float = 0.9, a: float = 0.5) -> None:
@@ -48,6 +51,8 @@ class PolyThres(Poly):
     threshold : int
         Largest staleness still applied (the paper uses 10).
     """
+
+    source = "follows Liu et al. 2024's PolyThres baseline: Poly, updates staler than 10 dropped"
 
     name = "polythres"
 

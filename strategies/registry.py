@@ -141,20 +141,22 @@ def build_local_steps(name: str) -> LocalSteps:
     return LOCAL_STEPS[name]()
 
 
-def describe() -> list[tuple[str, str, str]]:
-    """(name, kind, first docstring line) for every strategy and policy."""
+def describe() -> list[tuple[str, str, str, str]]:
+    """(name, kind, first docstring line, source) for every strategy and policy; the
+    source says whether it follows its paper, is a reconstruction, or is fedlm's own."""
     rows = []
     for name, cls in sorted(STRATEGIES.items()):
         kind = "sync" if cls.synchronous else "async"
-        rows.append((name, kind, _first_line(cls)))
+        rows.append((name, kind, _first_line(cls), cls.source))
     for name, target in sorted(plugin_strategies().items()):
         try:
             cls = strategy_class(name)
-            rows.append((name, "plugin", f"{_first_line(cls)} [{target}]"))
+            rows.append((name, "plugin", f"{_first_line(cls)} [{target}]",
+                         getattr(cls, "source", "")))
         except Exception as exc:  # a broken plugin must not hide the others
-            rows.append((name, "plugin", f"cannot load {target}: {exc}"))
+            rows.append((name, "plugin", f"cannot load {target}: {exc}", ""))
     for name, cls in sorted(LOCAL_STEPS.items()):
-        rows.append((name, "local_steps", _first_line(cls)))
+        rows.append((name, "local_steps", _first_line(cls), cls.source))
     return rows
 
 

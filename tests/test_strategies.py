@@ -124,3 +124,28 @@ def test_constructor_refuses_bad_settings():
         FedAvg(lr=0)
     with pytest.raises(ValueError, match="outer.weighting"):
         DiLoCo(weighting="speed")
+
+
+def test_every_strategy_and_policy_says_whether_it_follows_its_paper():
+    """`fedlm strategies` tells a user which rules are a paper's as the paper states them,
+    which are reconstructions (and what was chosen), and which are fedlm's own."""
+    from fedlm.strategies import registry
+
+    kinds = ("follows ", "reconstruction of ", "fedlm's own", "fedlm's extension of ",
+             "the paper's ")
+    for name, kind, _, source in registry.describe():
+        if kind != "plugin":
+            assert source.startswith(kinds), (name, source)
+
+
+def test_every_example_plugin_says_whether_it_follows_its_paper(capsys):
+    from pathlib import Path
+
+    from fedlm.cli import main
+
+    folder = Path(__file__).resolve().parent.parent / "examples"
+    assert main(["strategies"]) == 0
+    out = capsys.readouterr().out.split("plug-ins in this checkout's examples/")[1]
+    for path in sorted(folder.glob("*.py")):
+        line = next(x for x in out.splitlines() if x.startswith(path.stem + " "))
+        assert line.split(None, 1)[1].startswith(("follows ", "reconstruction", "fedlm's own")), line

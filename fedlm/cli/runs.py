@@ -170,8 +170,36 @@ def cmd_config(args: argparse.Namespace) -> int:
 def cmd_strategies(args: argparse.Namespace) -> int:
     from fedlm.strategies.registry import describe
 
-    for name, kind, line in describe():
+    for name, kind, line, source in describe():
         print(f"{name:<18} {kind:<12} {line}")
+        if source:
+            print(f"{'':<31} {source}")
+    examples = _example_sources()
+    if examples:
+        print("\nplug-ins in this checkout's examples/ (PYTHONPATH=examples, "
+              "strategy=MODULE:CLASS):")
+        for name, source in examples:
+            print(f"{name:<30} {source}")
     print("\nplug in your own: --set strategy=package.module:Class, or an entry point in the "
           "'fedlm.strategies' group (docs/strategies.md)")
     return 0
+
+
+def _example_sources() -> list[tuple[str, str]]:
+    """(module, its SOURCE line) of each plug-in in a source checkout's examples/, read
+    from the file's text (nothing of it runs); none from an installed package."""
+    import ast
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[2] / "examples"
+    out = []
+    for path in sorted(folder.glob("*.py")) if folder.is_dir() else []:
+        try:
+            tree = ast.parse(path.read_text())
+        except (OSError, SyntaxError, ValueError):
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] \
+                    == ["SOURCE"] and isinstance(node.value, ast.Constant):
+                out.append((path.stem, str(node.value.value)))
+    return out
