@@ -145,7 +145,7 @@ def _run_weights(db: Path, run_id: int) -> tuple[dict, str]:
     if not path.exists():
         raise ConfigError(f"init.from: {what} kept no final weights ({path} is missing; "
                           f"reliability.keep_weights was off, or they were deleted)")
-    params = ckpt_lib.read(path)["params"]
+    params, _ = _file_weights(path)  # damaged, truncated, foreign: one line, not a traceback
     if params_hash(params) != run["final_hash"]:
         raise ConfigError(f"init.from: {path} does not hold {what}'s final weights "
                           f"(hash differs from the run's)")

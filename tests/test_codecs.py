@@ -100,3 +100,25 @@ def test_a_run_sends_the_codecs_bytes_trains_and_replays(tmp_path):
     assert engine.now < fp32.now  # a quarter of the bytes through the shared link
     assert loss[-1] < loss[0]
     assert replay(db, run_id).identical
+
+
+class SaysBytes(SignCodec):
+    said = 0
+
+    def payload_bytes(self, reference, net):
+        return type(self).said
+
+
+@pytest.mark.parametrize("said", [-5, 0, float("nan"), float("inf"), 1e300, "many", None, True])
+def test_a_codecs_byte_count_is_checked_as_a_typed_quantity(monkeypatch, said):
+    """A negative, NaN, petabyte-large or non-numeric size would time transfers as
+    nonsense (or, at 1e300 bytes, for ever): refused in one line naming the codec."""
+    from fedlm.sim import codecs
+
+    monkeypatch.setattr(SaysBytes, "said", said)
+    net = NetworkConfig(compression="tests.test_codecs:SaysBytes")
+    with pytest.raises(ConfigError, match="tests.test_codecs:SaysBytes's payload_bytes gave "
+                                          ".*; it must be bytes on the wire in"):
+        codecs.payload_bytes(GRAD, net)
+    monkeypatch.setattr(SaysBytes, "said", 12.0)
+    assert codecs.payload_bytes(GRAD, net) == 12

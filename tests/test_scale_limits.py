@@ -102,3 +102,37 @@ def test_sigterm_stops_a_run_of_thousands_of_workers_within_seconds(tmp_path):
     assert proc.returncode == 130, out[-3000:]
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT status FROM runs").fetchone()[0] == "interrupted"
+
+
+def test_a_job_size_no_machine_can_train_is_refused_before_the_run_is_stored(no_work):
+    """`local_steps = fill` at a speed ratio of 10^5 gave the fast worker a job of
+    3,000,000 steps whose batches (24 GB) were built at once: the OOM killer, the run
+    left running. The first round's sizes are derived before the run, and checked."""
+    db = no_work / "f.db"
+    sets = ["--set", "strategy=diloco-fill", "--set", "fleet.step_times=[0.001, 100]"]
+    rc, out, err = run_cli(["run", *sets, "--db", str(db)])
+    assert_refused(rc, out, err, "local_steps fill: worker 0's first job would run "
+                                 "3,000,000 inner steps")
+    assert "more than the 1,000,000 a job may run" in err and not db.exists()
+    rc, out, err = run_cli(["run", "--set", "strategy=diloco-fill", "--set",
+                            "fleet.step_times=[0.001, 20]", "--set", "inner.batch_size=512",
+                            "--db", str(db)])
+    assert_refused(rc, out, err, "whose batches take 317.0 GB, more than half the")
+
+
+def test_the_first_jobs_derived_before_the_run_are_the_ones_the_engine_hands_out(tmp_path):
+    from fedlm.runner import run_inprocess
+    from fedlm.sim import job_sizes
+    from tests.conftest import tiny_config
+
+    for sets in (("strategy=diloco-fill", "fleet.step_times=[0.5, 1, 3]"),
+                 ("strategy=diloco-dylu", "profile=halos", "workers=3"),
+                 ("strategy=delayed-nesterov", "local_steps=fill-sizes", "profile=very")):
+        cfg = tiny_config(*sets, "updates=1")
+        db = tmp_path / f"{sets[0]}.db"
+        run_inprocess(cfg, str(db))
+        with sqlite3.connect(db) as conn:
+            handed = [s for (s,) in conn.execute(
+                "SELECT local_steps FROM jobs WHERE dispatch_op IS NOT NULL ORDER BY job_id "
+                f"LIMIT {cfg.workers}")]
+        assert sorted(handed) == sorted(job_sizes.first_jobs(cfg)), sets

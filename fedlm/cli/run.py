@@ -34,6 +34,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ConfigError("sim.ray_address: attaches Flower's Ray actors to a cluster; "
                           "--backend inprocess runs no Ray (drop one of the two)")
     cfg = with_trackers(cfg, args.track)
+    if args.resume is None and cfg.init.from_:  # refused before anything is printed or stored
+        from fedlm import start
+
+        start.resolve(cfg, db)
     memory.check_fits(cfg, args.backend)  # what cannot fit is refused before it starts
     check_installed(cfg.track.backends)  # a tracker not installed: refused in one line
     check_writable(db)  # before anything is written at --db

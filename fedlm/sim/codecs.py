@@ -88,4 +88,17 @@ def decode(payload, reference, net):
 
 
 def payload_bytes(reference, net) -> int:
-    return int(codec(net.compression).payload_bytes(reference, net))
+    """The codec's bytes for an update like ``reference``, checked as a typed quantity
+    is: a whole number of bytes in ``quantities.PAYLOAD`` (a negative, NaN, or
+    petabytes-large size would time transfers as nonsense, or for ever)."""
+    from fedlm.sim import quantities as Q
+
+    said = codec(net.compression).payload_bytes(reference, net)
+    try:
+        ok = not isinstance(said, bool) and Q.PAYLOAD.ok(float(said))
+    except (TypeError, ValueError, OverflowError):
+        ok = False
+    if not ok:
+        raise ConfigError(f"network.compression: {net.compression}'s payload_bytes gave "
+                          f"{shown(said, 60)}; it must be {Q.PAYLOAD.rule()}")
+    return int(said)

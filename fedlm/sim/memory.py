@@ -32,7 +32,7 @@ from fedlm.data import tokenizer
 from fedlm.errors import ConfigError
 from fedlm.worker import state_writer
 from fedlm.presets import parameter_count
-from fedlm.sim import fleet
+from fedlm.sim import fleet, job_sizes
 
 MIB = 1 << 20
 PROCESS_BYTES = 400 * MIB  # Python, torch, the corpus: measured ~350 MB for a tiny run
@@ -53,8 +53,10 @@ class Estimate:
     per_job: int  # bytes a job in flight holds
 
 
-def estimate(cfg: Config, backend: str = "flower") -> Estimate:
-    """What a run of ``cfg`` on ``backend`` (flower | inprocess) holds in memory."""
+def estimate(cfg: Config, backend: str = "flower", job_batches: int = 0) -> Estimate:
+    """What a run of ``cfg`` on ``backend`` (flower | inprocess) holds in memory;
+    ``job_batches``: the bytes of the largest job's batches (``job_sizes.check``), held
+    by as many jobs as train at once."""
     model = 4 * parameter_count(cfg.model, cfg.data.seq_len,
                                 tokenizer.vocab_size(cfg.data.tokenizer))  # fp32
     nodes = fleet.node_count(cfg)
@@ -64,6 +66,9 @@ def estimate(cfg: Config, backend: str = "flower") -> Estimate:
     parts = {"processes": PROCESS_BYTES, "the server's models": SERVER_COPIES * model,
              f"{in_flight} jobs in flight": in_flight * per_job,
              "per-worker bookkeeping": nodes * WORKER_BYTES.get(backend, 0)}
+    if job_batches:
+        training = min(in_flight, cfg.sim.job_threads if backend == "inprocess" else nodes)
+        parts["the largest jobs' batches"] = training * job_batches
     if backend == "flower":
         actors = cfg.sim.ray_actors or min(nodes, cfg.sim.cpus or os.cpu_count() or 1)
         parts["processes"] += RAY_BYTES + actors * ACTOR_BYTES
@@ -95,7 +100,9 @@ def available() -> int:
 def check_fits(cfg: Config, backend: str = "flower") -> Estimate:
     """``estimate``, or a one-line ``ConfigError`` saying how much the run needs, what
     takes most of it and what to change, when that is more than ``available()``."""
-    need, have = estimate(cfg, backend), available()
+    have = available()
+    job_batches = job_sizes.check(cfg, have)  # a derived job size, checked as typed ones are
+    need = estimate(cfg, backend, job_batches)
     if need.total <= have:
         return need
     what, biggest = next(iter(need.parts.items()))

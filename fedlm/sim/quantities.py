@@ -61,6 +61,10 @@ PARETO_SHAPE = Quantity("a Pareto shape", 0.01, 100.0)
 TIME_SCALE = Quantity("a time scale", 1e-6, 1e6)
 JITTER = Quantity("a lognormal sigma", 0.0, 10.0)
 PROBABILITY = Quantity("a probability", 0.0, 1.0, lo_open=True)
+# a job's inner steps, as a policy derives them (fedlm.sim.job_sizes): a million steps of
+# the smallest model take hours of a CPU core; more is a fleet no round can be sized for
+JOB_STEPS = Quantity("inner steps of one job", 1, 1e6)
+PAYLOAD = Quantity("bytes on the wire", 1.0, 1e15, note=" (a petabyte)")
 
 
 def check_derived(path: str, source: str, value: float, quantity: Quantity) -> float:
