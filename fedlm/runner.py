@@ -93,7 +93,11 @@ def execute(cfg: Config, db_path: str, connect: Connect,
                                    resumed=run.state is not None)
         engine, params = _engine(cfg, db_path, run, strategy, transport, node_of,
                                  (progress, should_stop, pretrain_progress), server_device)
-        final = engine.run(params, resume=run.state)
+        try:
+            final = engine.run(params, resume=run.state)
+        except SystemExit as exc:  # a plug-in's sys.exit: a failure, not the command's exit
+            raise PluginExit(f"SystemExit({exc.code!r}) raised inside the run (a plug-in "
+                             f"called sys.exit)") from None
         if cfg.reliability.keep_weights:  # what init.from = RUN_ID starts from
             ckpt_lib.write(ckpt_lib.weights_for(db_path, writer.run_id),
                            {"params": final, "run": run.whose})
@@ -112,6 +116,10 @@ def execute(cfg: Config, db_path: str, connect: Connect,
     finally:
         writer.close()
     return writer.run_id
+
+
+class PluginExit(RuntimeError):
+    """Code run inside the engine (a plug-in) raised SystemExit."""
 
 
 @dataclass

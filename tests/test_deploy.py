@@ -136,7 +136,8 @@ def test_certificates_and_keys_have_the_formats_flower_reads(tmp_path):
 
 def test_a_stopped_deploy_leaves_nothing_running(tmp_path):
     """SIGTERM to `fedlm deploy local` mid-run stops the SuperLink, the SuperNodes and
-    everything they started (as Ctrl-C does); the command exits 130."""
+    everything they started (as Ctrl-C does); the command exits 130 and the run is stored
+    as interrupted."""
     home, db, mark = tmp_path / "flwr-home", tmp_path / "runs.db", uuid.uuid4().hex
     args = [sys.executable, "-m", "fedlm", "deploy", "local", "--workers", "2", "--db", str(db),
             "--home", str(home), "--set", "model=tiny", "--set", "updates=1000",
@@ -164,6 +165,8 @@ def test_a_stopped_deploy_leaves_nothing_running(tmp_path):
             assert time.monotonic() < deadline, _processes_mentioning(mark)
             time.sleep(0.2)
         assert (tmp_path / "out.log").read_text().endswith("fedlm: interrupted\n")
+        with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:  # not failed
+            assert conn.execute("SELECT status FROM runs").fetchone()[0] == "interrupted"
     finally:  # by PID, a few rounds: a process may start another while they are ended
         for _ in range(5):
             for pid in [*_processes_mentioning(mark), *[proc.pid] * (proc.poll() is None)]:

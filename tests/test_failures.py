@@ -28,6 +28,14 @@ class Broken(DiLoCo):
         if update.base_version >= 1:
             raise ValueError("outer step exploded")
         return super().on_update(update, params)
+
+
+class Exits(DiLoCo):
+    """DiLoCo whose first update ends the process, the status it asks for being 0."""
+
+    def on_update(self, update, params):
+        import sys
+        sys.exit(0)
 '''
 
 
@@ -57,6 +65,18 @@ def test_a_failing_strategy_marks_the_run_failed_and_says_why(tmp_path):
         "fedlm: error: run 1 failed: ValueError: outer step exploded"]
     (run,) = store.list_runs(db)
     assert (run["status"], run["error"]) == ("failed", "ValueError: outer step exploded")
+
+
+def test_a_plugin_that_calls_sys_exit_fails_the_run_it_does_not_end_the_command(tmp_path):
+    """A plug-in's SystemExit(0) once ended `fedlm run` with status 0, the run stored as
+    failed: the exit belongs to the run, which failed."""
+    db = tmp_path / "x.db"
+    out = _run(db, "strategy=broken_strategy:Exits", env=_env(tmp_path))
+    assert out.returncode == 1, out.stderr
+    assert _error_lines(out.stderr) == ["fedlm: error: run 1 failed: PluginExit: "
+                                        "SystemExit(0) raised inside the run (a plug-in "
+                                        "called sys.exit)"]
+    assert store.list_runs(db)[0]["status"] == "failed"
 
 
 def test_a_checkpoint_the_disk_cannot_take_fails_the_run_and_leaves_no_temp_file(tmp_path):

@@ -96,6 +96,11 @@ def test_cli_random_argv(no_work, command, rest):
     (["run", "--set", "strategy=:x"], "strategy: cannot load ':x'"),
     (["run", "--db", "."], "db: "),
     (["sweep", "missing.toml"], "sweep spec: no such file 'missing.toml'"),
+    (["run", "--set", "sim.batched=on"], "sim.batched: 'on' trains jobs together in one"),
+    (["run", "--backend", "inprocess", "--set", "sim.ray_address=auto"],
+     "sim.ray_address: attaches Flower's Ray actors to a cluster"),
+    (["run", "--set", "strategy=diloco-fill", "--set", "fleet.step_times=[0.001, 100]"],
+     "worker 0's first job would run 3,000,000 inner steps"),
 ])
 def test_cli_bad_arguments_give_one_line(no_work, argv, fragment):
     assert_refused(*run_cli(argv), fragment)

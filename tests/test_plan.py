@@ -240,3 +240,14 @@ def test_plan_reads_the_halos_matrix_as_the_runs_do():
     assert links["down_bw"] == [r.down_bw for r in per_dc]
     assert links["up_bw"] == [r.up_bw for r in per_dc]
     assert links["up_bw"][3] == 0.202e9 / 8  # h3 -> h0, as HALoS measured it
+
+
+def test_a_plan_of_a_changing_fleet_says_what_it_leaves_out(capsys):
+    """The cost model's fleet is steady: slow-downs and absences are named, not ignored."""
+    from fedlm.cli import main
+
+    assert main(["plan", "--set", "fleet.slowdown={factor=4, normal=300, slow=150}",
+                 "--set", "fleet.availability={up=600, down=120}"]) == 0
+    out = capsys.readouterr().out
+    assert "(planned for a steady fleet: absences, slow-downs" in out
+    assert "not modelled; `fedlm run` simulates them)" in out

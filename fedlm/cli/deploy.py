@@ -29,9 +29,13 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     cfg = with_trackers(cfg, args.track)
     check_installed(cfg.track.backends)  # refused now, not after the run,
     check_writable(db)  # and before anything is written at --db
+    home = Path(args.home).resolve()
     with interrupts.interrupt_on_signals():  # LocalDeployment.stop runs on the way out
-        status, run_id = deploy.main_local(cfg, overrides, db, Path(args.home).resolve(),
-                                           args.config)
+        try:
+            status, run_id = deploy.main_local(cfg, overrides, db, home, args.config)
+        except KeyboardInterrupt:  # its processes are stopped: the run was interrupted
+            _mark_interrupted(db, home / deploy.RUN_ID_FILE)
+            raise
     if status != 0:
         print(f"fedlm: error: flwr run exited with {status}; logs in {args.home}",
               file=sys.stderr)
@@ -45,3 +49,18 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
         print(export(db, run_id, cfg.track.backends, cfg.track.dir))
     return print_summary(db, run_id)  # its own run: not the store's newest, which may be another's
+
+
+def _mark_interrupted(db: str, run_id_file: Path) -> None:
+    """The deployed run, stopped by Ctrl-C or SIGTERM, as ``interrupted`` (its ServerApp,
+    stopped with the SuperLink, may have stored it as failed, or not at all)."""
+    from fedlm.store import mark_ended, run_row
+
+    try:
+        run_id = int(run_id_file.read_text())
+        row = run_row(db, run_id)
+    except (OSError, ValueError):
+        return  # the ServerApp had not stored a run yet
+    if row is not None and row["status"] in ("running", "failed"):
+        mark_ended(db, run_id, status="interrupted", virtual_time=row["virtual_time"] or 0.0,
+                   updates=row["updates"] or 0, error="interrupted (deployment stopped)")

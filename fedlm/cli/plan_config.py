@@ -75,6 +75,12 @@ def plan_config(args: argparse.Namespace, params: float | None) -> int:
     if cfg.local_steps != "fixed":  # the planner gives every job H steps
         heading.append(f"(planned with H = {cfg.inner.steps} steps for every job: local_steps "
                        f"{cfg.local_steps!r} is not modelled)")
+    from fedlm.sim import dynamics
+
+    changes = [words for _, words in dynamics.features(cfg.fleet)]
+    if changes:  # the cost model's fleet is steady
+        heading.append(f"(planned for a steady fleet: {', '.join(changes)} not modelled; "
+                       f"`fedlm run` simulates them)")
     if args.json:
         print(json.dumps({"strategy": cfg.strategy, **report.report_dict(inp, preds)}, indent=2))
     else:

@@ -30,9 +30,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fedlm.track.backends import check_installed
 
     cfg, db = _run_config(args)
-    if args.backend == "inprocess" and cfg.sim.ray_address:  # not ignored without a word
-        raise ConfigError("sim.ray_address: attaches Flower's Ray actors to a cluster; "
-                          "--backend inprocess runs no Ray (drop one of the two)")
+    _check_backend(cfg, args.backend)
     cfg = with_trackers(cfg, args.track)
     if args.resume is None and cfg.init.from_:  # refused before anything is printed or stored
         from fedlm import start
@@ -74,6 +72,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         print("fedlm: error: the simulation ended before the run started", file=sys.stderr)
         return 1
     return print_summary(db, view.run_id)
+
+
+def _check_backend(cfg: Config, backend: str) -> None:
+    """Settings one backend has and the other lacks are refused, not ignored."""
+    if backend == "inprocess" and cfg.sim.ray_address:
+        raise ConfigError("sim.ray_address: attaches Flower's Ray actors to a cluster; "
+                          "--backend inprocess runs no Ray (drop one of the two)")
+    if backend != "inprocess" and cfg.sim.batched == "on":
+        raise ConfigError("sim.batched: 'on' trains jobs together in one process; Flower's "
+                          "simulation trains each job in its own actor: use --backend "
+                          "inprocess, or sim.batched = auto")
 
 
 def _run_config(args: argparse.Namespace) -> tuple[Config, str]:

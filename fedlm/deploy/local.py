@@ -45,13 +45,14 @@ from typing import NamedTuple
 
 from fedlm import data as data_lib
 from fedlm.sim import fleet as fleet_lib
-from fedlm.deploy import superlink
+from fedlm.deploy import bundle, superlink
 from fedlm.deploy.credentials import (make_certificates, make_node_key, make_secret,
                                       private_home, store_cli_token)
 from fedlm.flower import patches
 from fedlm.config import Config
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: the Flower app `flwr run` bundles
+RUN_ID_FILE = "run-id"  # in the home: the id under which the ServerApp stored its run
 CONNECTION = "fedlm-local"  # the connection name written to $FLWR_HOME/config.toml
 
 # Flower's SuperExec polls its SuperNode for a new task (a message to run a
@@ -285,12 +286,10 @@ class LocalDeployment:
     def run(self, overrides: list[str], db: str, config_path: str | None = None,
             timeout: float | None = None, background: bool = False, app: Path = ROOT,
             run_config: str | None = None):
-        """``flwr run . fedlm-local`` with fedlm's config in the run config.
-
-        Returns its exit status, or with ``background`` the running process
-        (output in HOME/flwr-run.log), which the caller waits for. ``app`` and
-        ``run_config`` (TOML text) run another Flower app (benchmarks).
-        """
+        """``flwr run`` of the app (the project's own files: ``bundle``) on ``fedlm-local``,
+        fedlm's config in the run config. Returns its exit status, or with ``background``
+        the running process (output in HOME/flwr-run.log), which the caller waits for.
+        ``app`` and ``run_config`` (TOML text) run another Flower app (benchmarks)."""
         rc = self.home / "run-config.toml"
         sets = " ".join(overrides)
         self.run_id_file.unlink(missing_ok=True)  # an earlier run's id is not this one's
@@ -299,6 +298,7 @@ class LocalDeployment:
         rc.write_text(run_config if run_config is not None else
                       f'config = "{config_path or ""}"\nset = "{sets}"\ndb = "{db}"\n'
                       f'run-id-file = "{self.run_id_file}"\nnodes = "{nodes}"\n')
+        app = bundle.stage(ROOT, self.home / "app", home=self.home) if app == ROOT else app
         args = ["flwr", "run", str(app), CONNECTION, "--run-config", str(rc), "--stream"]
         if background:
             return self._spawn("flwr-run", args)
@@ -307,7 +307,7 @@ class LocalDeployment:
 
     @property
     def run_id_file(self) -> Path:
-        return self.home / "run-id"
+        return self.home / RUN_ID_FILE
 
     def run_id(self) -> int | None:
         """The id under which the ServerApp of the last ``run`` stored its run (the
