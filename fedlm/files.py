@@ -27,6 +27,7 @@ CAPS = {  # bytes fedlm reads of each kind of file, at most
     "text": 4 * GiB,          # one file of a text corpus (data.source = text:GLOB)
     "claim": 1 * MiB,         # a sweep's claim on a cell
     "owner record": 1 * MiB,  # who owns a worker-state folder (fedlm.worker.state_folders)
+    "worker state": 64 * GiB,  # a job's optimizer state (fedlm.worker.states)
 }
 
 

@@ -152,7 +152,7 @@ def _open(cfg: Config, db_path: str, strategy, resume: int | None,
             own = ckpt_lib.identity(writer.store_id, db_path, resume, writer.created_at)
             found = ckpt_lib.locate(db_path, resume, own)
             state, key, notes = _rewind(writer, found or ckpt_lib.folder_for(db_path, resume),
-                                        server_device)
+                                        server_device, states_on_disk=cfg.state_store() == "disk")
         except BaseException:
             writer.close()
             raise
@@ -260,7 +260,7 @@ def failure_reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _rewind(writer: RunWriter, folder, device: str = "cpu"
+def _rewind(writer: RunWriter, folder, device: str = "cpu", states_on_disk: bool = False
             ) -> tuple[dict | None, str, list[tuple[str, str]]]:
     """Load the newest intact checkpoint of the run and cut its log back to it.
 
@@ -278,6 +278,11 @@ def _rewind(writer: RunWriter, folder, device: str = "cpu"
                       version=-1, in_flight=[])
         return None, uuid.uuid4().hex, [("resumed", f"from the start ({exc})")]
     notes += [("checkpoint_skipped", s) for s in skipped]
+    gone = run_folder(payload["run_key"])
+    if states_on_disk and not gone.is_dir():  # before the log is cut back: nothing changes
+        raise StoreError(f"--resume: run {writer.run_id}'s worker states are gone from {gone} "
+                         f"(`fedlm states --clean`?); its checkpoint needs them: start the "
+                         f"run again")
     st = payload["engine"]
     at = st["position"]
     writer.rewind(payload["db"], next_job_id=at["next_job_id"], seq=at["seq"],

@@ -61,6 +61,30 @@ def test_a_factory_that_makes_no_optimizer_is_one_line():
         new_optimizer(net, cfg)
 
 
+def raises(parameters, inner):
+    raise RuntimeError("no optimizer today")
+
+
+@pytest.mark.parametrize("name, message", [
+    ("not_an_optimizer", "inner.optimizer: 'tests.test_inner_optimizer:not_an_optimizer' "
+                         "returned str, not a torch.optim.Optimizer"),
+    ("raises", "inner.optimizer: tests.test_inner_optimizer:raises failed on the 'tiny' "
+               "model: RuntimeError: no optimizer today"),
+])
+def test_fedlm_run_refuses_a_failing_factory_before_the_run_is_stored(tmp_path, name, message):
+    """Found when jobs ran, such a factory made a run whose every worker failed its jobs."""
+    import subprocess
+    import sys
+
+    db = tmp_path / "o.db"
+    out = subprocess.run([sys.executable, "-m", "fedlm", "run", "--backend", "inprocess",
+                          "--db", str(db), "--set", "model=tiny", "--set",
+                          f"inner.optimizer=tests.test_inner_optimizer:{name}"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stderr.strip() == f"fedlm: error: {message}"
+    assert not db.exists()
+
+
 def test_a_factorys_state_is_kept_by_parameter_name_and_carried_to_the_next_job():
     cfg = tiny_config(f"inner.optimizer={SGD}", "inner.warmup_steps=0")
     theta = snapshot(M.build(cfg.model, cfg.data.seq_len, seed=0))

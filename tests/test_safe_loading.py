@@ -222,3 +222,27 @@ def test_a_cache_file_that_cannot_be_written_leaves_nothing_and_names_itself(tmp
     assert list(tmp_path.iterdir()) == []  # no temporary file filling the disk further
     files.write_cache(target, lambda tmp: tmp.write_bytes(b"whole"))
     assert target.read_bytes() == b"whole" and list(tmp_path.iterdir()) == [target]
+
+
+@pytest.mark.parametrize("kind", ["evil", "truncated", "fifo", "junk"])
+def test_a_worker_state_that_is_evil_truncated_or_not_a_file_is_one_line_of_ours(tmp_path,
+                                                                                 kind):
+    """Read back by the next job; torch's own words (a truncated zip, or its advice to
+    load a pickle with code in it with weights_only=False) are not shown, no code runs."""
+    from fedlm.worker.states import BadState, read_state
+
+    path, marker = tmp_path / "job7.pt", tmp_path / "ran"
+    if kind == "evil":
+        torch.save({"m": _Payload(str(marker))}, path)
+    elif kind == "truncated":
+        torch.save({"m": torch.zeros(100)}, path)
+        path.write_bytes(path.read_bytes()[:60])
+    elif kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.write_bytes(b"not a state")
+    with pytest.raises(BadState) as err:
+        read_state(path)
+    text = str(err.value)
+    assert str(path) in text and "\n" not in text and "weights_only" not in text
+    assert not marker.exists()

@@ -124,3 +124,22 @@ def test_a_root_that_is_a_link_is_refused_and_nothing_behind_it_goes(cache, tmp_
     err = capsys.readouterr().err.strip()
     assert "is a link" in err and "\n" not in err
     assert (elsewhere / "old" / "precious").read_text() == "keep"
+
+
+def test_a_resume_whose_states_were_cleaned_is_refused_in_one_line_and_changes_nothing(
+        cache, tmp_path, capsys):
+    """Its checkpoint needs the workers' states: without them the resume once failed job
+    after job (MissingState); now it is refused before the store is touched, and the
+    run stays as it was (interrupted)."""
+    db = tmp_path / "a.db"
+    _stopped_run(db)
+    for folder in cache.iterdir():
+        shutil.rmtree(folder)
+    with connect_readonly(db) as conn:
+        before = conn.execute("SELECT COUNT(*) FROM updates").fetchone()[0]
+    assert main(["run", "--resume", "1", "--db", str(db), "--backend", "inprocess"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # after the progress bar
+    assert "fedlm: error: --resume: run 1's worker states are gone from" in err
+    with connect_readonly(db) as conn:
+        assert conn.execute("SELECT status FROM runs").fetchone()[0] == "interrupted"
+        assert conn.execute("SELECT COUNT(*) FROM updates").fetchone()[0] == before

@@ -36,6 +36,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         from fedlm import start
 
         start.resolve(cfg, db)
+    from fedlm.worker import optimizers
+
+    optimizers.probe(cfg)  # a factory that fails: now, not as every worker's failed jobs
     memory.check_fits(cfg, args.backend)  # what cannot fit is refused before it starts
     check_installed(cfg.track.backends)  # a tracker not installed: refused in one line
     check_writable(db)  # before anything is written at --db

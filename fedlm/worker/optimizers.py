@@ -74,3 +74,22 @@ def state_names(opt, net) -> list[str]:
     order. One group of every parameter in order (AdamW): the model's names as they are."""
     by_id = {id(p): n for n, p in net.named_parameters()}
     return [by_id[id(p)] for group in opt.param_groups for p in group["params"]]
+
+
+def probe(cfg) -> None:
+    """Build ``inner.optimizer`` once for the run's model before the run is stored, so
+    that a factory that raises or returns something else is refused in one line now,
+    not as three failed jobs of every worker later."""
+    if cfg.inner.optimizer in BUILT_IN:
+        return
+    from fedlm import data, model as model_lib
+
+    net = model_lib.build(cfg.model, cfg.data.seq_len, seed=cfg.seed,
+                          vocab_size=data.vocab_size(cfg.data))
+    try:
+        build(cfg.inner.optimizer, list(net.named_parameters()), cfg.inner)
+    except Exception as exc:  # noqa: BLE001 - whatever the factory raises: its one line
+        text = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise ConfigError(text if text.startswith("inner.optimizer") else
+                          f"inner.optimizer: {cfg.inner.optimizer} failed on the "
+                          f"{cfg.model!r} model: {type(exc).__name__}: {text}") from None

@@ -40,6 +40,32 @@ class MissingState(RuntimeError):
     """The state a job should start from is not on this worker."""
 
 
+class BadState(RuntimeError):
+    """A worker state file that is damaged, foreign, or holds more than tensors."""
+
+
+def read_state(path: Path) -> dict:
+    """A state written by ``DiskStates.write``, or a one-line ``BadState`` naming the file
+    (torch's own words for a truncated file, or its advice to load a pickle with code in
+    it unsafely, are not the user's to read)."""
+    import pickle
+
+    try:
+        files.check(path, "worker state")  # a FIFO, a device, a huge file: not opened
+        state = torch.load(path, weights_only=True)
+    except files.FileRefused as exc:
+        raise BadState(str(exc)) from None
+    except pickle.UnpicklingError:  # weights_only refused what it holds: never code
+        raise BadState(f"{path}: holds objects other than tensors and numbers; a worker "
+                       f"state never does (refused, not run)") from None
+    except Exception as exc:  # noqa: BLE001 - truncated, not torch's format at all, ...
+        raise BadState(f"{path}: not a worker state fedlm can read (damaged or foreign: "
+                       f"{type(exc).__name__})") from None
+    if not isinstance(state, dict):
+        raise BadState(f"{path}: not a worker state (a {type(state).__name__})")
+    return state
+
+
 class MemoryStates:
     """In a plain dict (the in-process transport). On a GPU the states stay in device
     memory between a worker's jobs (``device_resident``)."""
@@ -129,7 +155,7 @@ class DiskStates:
         path = self._path(job_id)
         if not path.exists():
             raise MissingState(f"no optimizer state of job {job_id} in {self.folder}")
-        return torch.load(path, weights_only=True)
+        return read_state(path)
 
     def save(self, job_id: int, state: dict) -> None:
         if self.writer is not None:
