@@ -99,8 +99,46 @@ def weights_for(db: str | Path, run_id: int) -> Path:
     return db.parent / "weights" / f"{db.name}-{tag}-run{run_id}.pt"
 
 
+class UnsafeState(ValueError):
+    """A payload that a checkpoint cannot carry: reading it back would refuse it."""
+
+
+PLAIN = (torch.Tensor, int, float, bool, str, bytes, type(None))
+
+
+def check_plain(obj: Any, where: str = "state") -> None:
+    """Refuse (``UnsafeState``, naming where) anything ``read`` would not build: a
+    checkpoint of it would be written, then skipped at resume, the run started over."""
+    if isinstance(obj, PLAIN):
+        return
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            if not isinstance(key, (str, int, float, bool, type(None))):
+                raise UnsafeState(f"{where} has a key of type {type(key).__name__}")
+            check_plain(value, f"{where}[{key!r}]")
+        return
+    if isinstance(obj, (list, tuple)) and (type(obj) in (list, tuple) or _safe(type(obj))):
+        for k, value in enumerate(obj):
+            check_plain(value, f"{where}[{k}]")
+        return
+    if _safe(type(obj)):
+        for name in getattr(obj, "__dataclass_fields__", {}):
+            check_plain(getattr(obj, name), f"{where}.{name}")
+        return
+    raise UnsafeState(f"{where} is an object of {type(obj).__module__}.{type(obj).__qualname__}, which a "
+                      f"checkpoint cannot carry (tensors, numbers, strings, lists, tuples "
+                      f"and dicts of them only)")
+
+
+def _safe(cls: type) -> bool:
+    return cls in safe_classes() or (issubclass(cls, tuple) and hasattr(cls, "_fields")
+                                     and cls.__module__.startswith("fedlm"))
+
+
 def write(path: Path, payload: dict[str, Any]) -> Path:
-    """Write ``payload`` to ``path`` in the checkpoint format, atomically."""
+    """Write ``payload`` to ``path`` in the checkpoint format, atomically; ``UnsafeState``
+    first for a payload that could not be read back."""
+    check_plain(payload, "checkpoint")
     path.parent.mkdir(parents=True, exist_ok=True)
     buf = io.BytesIO()
     torch.save(payload, buf)

@@ -88,6 +88,8 @@ def execute(cfg: Config, db_path: str, connect: Connect,
     try:
         if cfg.state_store() == "disk":  # so that `fedlm states` can tell whose they are
             state_folders.claim(run.key, db_path, writer.run_id)
+            writer.add_event(kind=state_folders.CLAIM_EVENT, virtual_time=0.0, detail=run.key)
+            writer.commit()  # the store confirms the folder's record even if we die now
         transport, node_of = connect(run.key)
         run.notes += _batched_mode(transport, db_path, writer.run_id,
                                    resumed=run.state is not None)

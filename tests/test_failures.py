@@ -30,6 +30,13 @@ class Broken(DiLoCo):
         return super().on_update(update, params)
 
 
+class Unsaveable(DiLoCo):
+    """DiLoCo whose state holds an object of its own: no checkpoint can carry it."""
+
+    def state_dict(self):
+        return {**super().state_dict(), "clock": Unsaveable}
+
+
 class Exits(DiLoCo):
     """DiLoCo whose first update ends the process, the status it asks for being 0."""
 
@@ -77,6 +84,19 @@ def test_a_plugin_that_calls_sys_exit_fails_the_run_it_does_not_end_the_command(
                                         "SystemExit(0) raised inside the run (a plug-in "
                                         "called sys.exit)"]
     assert store.list_runs(db)[0]["status"] == "failed"
+
+
+def test_a_strategy_state_no_checkpoint_can_carry_fails_at_its_first_checkpoint(tmp_path):
+    """Such checkpoints were written without a word, then skipped by --resume, which
+    started the run over from version 0."""
+    db = tmp_path / "u.db"
+    out = _run(db, "strategy=broken_strategy:Unsaveable", "reliability.checkpoint_every=1",
+               env=_env(tmp_path))
+    assert out.returncode == 1, out.stderr
+    (line,) = _error_lines(out.stderr)
+    assert line.startswith("fedlm: error: run 1 failed: UnsafeState: checkpoint['engine']")
+    assert "['strategy']['clock'] is an object of abc.ABCMeta, which a checkpoint cannot carry" in line
+    assert not list((tmp_path / "checkpoints").glob("**/ckpt-v*.pt"))
 
 
 def test_a_checkpoint_the_disk_cannot_take_fails_the_run_and_leaves_no_temp_file(tmp_path):

@@ -84,8 +84,10 @@ def test_a_folder_a_resume_can_use_is_kept_and_the_rest_go(cache, tmp_path, caps
     assert verdicts[kept_a.name][0] is False and "--resume 1" in verdicts[kept_a.name][1]
     assert verdicts[lost_b.name] == (True, "its run interrupted with no checkpoint to "
                                            "resume from")
-    assert verdicts["finished"] == (True, "its run finished")
-    assert verdicts["absent"] == (True, "its run is not in its store")
+    # records that name a finished run, or a run its store never had: taken at face
+    # value they made these folders removable; the store confirms neither
+    assert verdicts["finished"] == (False, "its run never claimed this folder in its store")
+    assert verdicts["absent"] == (False, "its run is not in its store")
     assert verdicts["old"][0] is False and verdicts["garbled"][0] is False
     assert verdicts["halfway" + state_folders.GOING] == (True, "its removal was interrupted")
     assert verdicts["moved"][0] is False
@@ -93,19 +95,20 @@ def test_a_folder_a_resume_can_use_is_kept_and_the_rest_go(cache, tmp_path, caps
     assert "link" not in verdicts
 
     assert main(["states"]) == 0  # a listing removes nothing
-    assert "4 removable" in capsys.readouterr().out
+    assert "2 removable" in capsys.readouterr().out
     assert main(["states", "--clean"]) == 0
-    assert "removed 4 folders" in capsys.readouterr().out
+    assert "removed 2 folders" in capsys.readouterr().out
     assert sorted(p.name for p in cache.iterdir()) == sorted(
-        [kept_a.name, "old", "garbled", "moved", "link"])
+        [kept_a.name, "finished", "absent", "old", "garbled", "moved", "link"])
     assert main(["states", "--clean", "--older-than", "7"]) == 0  # unknown owners, if old
-    assert sorted(p.name for p in cache.iterdir()) == sorted([kept_a.name, "moved", "link"])
+    assert sorted(p.name for p in cache.iterdir()) == sorted(
+        [kept_a.name, "finished", "absent", "moved", "link"])
     assert (outside / "precious").read_text() == "keep"
 
     run_inprocess(tiny_config(*DISK), str(tmp_path / "a.db"), resume=1)  # its states served
     with connect_readonly(tmp_path / "a.db") as conn:
         assert conn.execute("SELECT status FROM runs").fetchone()[0] == "finished"
-    assert sorted(p.name for p in cache.iterdir()) == ["link", "moved"]  # went as it ended
+    assert sorted(p.name for p in cache.iterdir()) == ["absent", "finished", "link", "moved"]
 
 
 def test_with_nothing_there_it_says_so(cache, capsys):

@@ -13,9 +13,11 @@ id), and ``survey`` judges each folder by that run's state in its store:
 - **kept**: the run is still running, or stopped with a checkpoint to resume from;
   a folder whose owner cannot be told (none written, its store not where it said,
   unreadable) is kept too: its run may resume from a store that moved;
-- **removable**: its run finished or diverged, is not in its store, or has no
-  checkpoint left (a resume could not use the states); with ``older_than`` also a
-  folder of unknown owner untouched for that long.
+- **removable**: its run finished or diverged, or has no checkpoint left (a resume
+  could not use the states), and its store confirms that the run made this folder (an
+  event the run writes as it claims it: a record is a file anyone could write); with
+  ``older_than`` also a folder of unknown owner untouched for that long (one whose
+  record names a run not in its store, or one its store does not confirm, among them).
 
 Nothing outside the ``worker-state`` folder is removed, and no link is followed.
 """
@@ -35,6 +37,7 @@ from fedlm.checkpoint import folder_for
 from fedlm.worker.states import run_folder, states_root
 
 OWNER = "owner.json"
+CLAIM_EVENT = "worker_states"  # the run's event naming its folder: the record's confirmation
 GOING = ".removing"  # the name's suffix while ``remove`` deletes a folder
 
 
@@ -124,13 +127,17 @@ def _judge(path: Path) -> tuple[str, bool | None, str]:
         row = readers.run_row(db, run_id)
     except Exception as exc:  # noqa: BLE001 - a store that cannot be read tells nothing
         return owner, None, f"its store cannot be read ({_first_line(exc)})"
-    if row is None:
-        return owner, True, "its run is not in its store"
+    if row is None:  # a deleted run's, or a record naming a run it never was: unknown
+        return owner, None, "its run is not in its store"
     status = readers.shown_status(row)
-    if status in ("finished", "diverged"):
-        return owner, True, f"its run {status}"
     if status == "running":
         return owner, False, "its run is running"
+    if path.name not in readers.event_details(db, run_id, CLAIM_EVENT):
+        # a record is a file anyone can write: only the store's word that this run made
+        # the folder lets its run's end decide the folder's fate
+        return owner, None, "its run never claimed this folder in its store"
+    if status in ("finished", "diverged"):
+        return owner, True, f"its run {status}"
     if not any(folder_for(db, run_id).glob("ckpt-v*.pt")):
         return owner, True, f"its run {status} with no checkpoint to resume from"
     return owner, False, (f"its run {status}; `fedlm run --resume {run_id} --db {db}` "
