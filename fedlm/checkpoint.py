@@ -150,7 +150,11 @@ def write(path: Path, payload: dict[str, Any]) -> Path:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:  # disk full, say: a half-written file would keep it full
+    except OSError as exc:  # disk full, say: a half-written file would keep it full
+        tmp.unlink(missing_ok=True)
+        raise OSError(exc.errno, f"{path}: cannot write the checkpoint "
+                                 f"({exc.strerror or exc})") from None
+    except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     dir_fd = os.open(path.parent, os.O_RDONLY)

@@ -116,7 +116,8 @@ def test_a_checkpoint_the_disk_cannot_take_fails_the_run_and_leaves_no_temp_file
     assert out.returncode == 1, out.stderr[-2000:]
     assert "Traceback" not in out.stderr
     (line,) = _error_lines(out.stderr)
-    assert line.startswith("fedlm: error: run 1 failed: OSError: [Errno 27] File too large")
+    assert line.startswith("fedlm: error: run 1 failed: OSError: [Errno 27] ")
+    assert "ckpt-v000000001.pt: cannot write the checkpoint (File too large)" in line
     (run,) = store.list_runs(db)
     assert run["status"] == "failed" and "File too large" in run["error"]
     folder = checkpoint.folder_for(db, 1)
