@@ -130,7 +130,7 @@ def _value(x, digits: int) -> str:
 
 
 def headline_row(h: dict) -> None:
-    # three rows of four (progress, quality, cost): seven or more to a row cut the
+    # rows of four (progress, quality, cost, against the fleet): seven or more to a row cut the
     # numbers off ("2,457…") at common window widths
     cols = st.columns(4)
     cols[0].metric("updates applied", f"{h['updates']:,}")
@@ -150,6 +150,14 @@ def headline_row(h: dict) -> None:
     cols[2].metric("sent down", _bytes(h["bytes_down"]), help="bytes of the model sent out")
     cols[3].metric("waiting for the link", f"{h['link_wait']:,.1f} s",
                    help="transfer time beyond each worker's own link: the shared server link")
+    cols = st.columns(4)
+    cols[0].metric("time over the fleet's bound", _value(h["bound_ratio"], 2) + "x"
+                   if h["bound_ratio"] is not None else "-",
+                   help=f"virtual time over the least its workers need for its steps "
+                        f"({h['bound']:,.1f} s: each computing all the time but for one "
+                        f"round trip)")
+    cols[1].metric("goodput", f"{100 * h['goodput']:.1f}%",
+                   help="compute of jobs whose updates arrived, over present worker time")
 
 
 def timeline_chart(iv: pd.DataFrame) -> alt.Chart:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from fedlm.store.yardstick import yardstick
 from fedlm.store import config_of, last_seen, region_transfers, shown_status, tokenizer_of
 from fedlm.store.schema import COUNTED_KINDS, PRESENT_KINDS, idle_fraction
 from fedlm.store import dashboard as reads
@@ -93,7 +94,15 @@ def headline(db: str | Path, run_id: int) -> dict:
             "bits_per_byte": h["bits_per_byte"], "best_bits_per_byte": h["best_bits_per_byte"],
             "idle": spans.get("idle", 0.0), "idle_fraction": idle_fraction(spans),
             "bytes_down": h["bytes_down"], "bytes_up": h["bytes_up"],
-            "link_wait": spans.get("link wait", 0.0)}
+            "link_wait": spans.get("link wait", 0.0), **_yardstick(db, run_id, r)}
+
+
+def _yardstick(db: str | Path, run_id: int, run) -> dict:
+    """The run's time over its fleet's least time for its steps, and its goodput
+    (fedlm.sim.bound); no ratio on the wall clock or before a step arrived."""
+    y = yardstick(db, run_id)
+    ratio = y.ratio if run["clock"] == "virtual" else None
+    return {"bound": y.bound, "bound_ratio": ratio, "goodput": y.goodput}
 
 
 def worker_totals(db: str | Path, run_id: int) -> pd.DataFrame:

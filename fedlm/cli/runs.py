@@ -58,11 +58,23 @@ def print_summary(db: str, run_id: int) -> int:
               f"{w.communication:>8.2f} {w.idle:>9.1f} {100 * w.idle_fraction:>6.1f}%"
               + (f" {w.hidden:>12.2f}" if hidden else ""))
     print(f"  straggler idle fraction (all workers): {100 * s.idle_fraction:.1f}%")
+    _print_yardstick(db, run_id, s.clock)
     _print_regions(store.region_transfers(db, run_id))
     _print_troubles(store.troubles(db, run_id))
     _print_fleet_changes(store.fleet_changes(db, run_id))
     print(f"  stored in {db} (run {s.run_id}); `fedlm show {s.run_id} --db {db}`")
     return 0
+
+
+def _print_yardstick(db: str, run_id: int, clock: str) -> None:
+    """The run's time against the least its fleet needs for its steps (fedlm.sim.bound)."""
+    from fedlm.store.yardstick import yardstick
+
+    y = yardstick(db, run_id)
+    if y.ratio is None or clock != "virtual":
+        return
+    print(f"  fleet's bound for its {y.steps:,} steps: {y.bound:.1f} s; this run took "
+          f"{y.ratio:.2f}x that; goodput {100 * y.goodput:.1f}% (useful compute / present)")
 
 
 def _print_regions(regions: list[dict]) -> None:

@@ -62,7 +62,7 @@ def headline_rows(db: str | Path, run_id: int) -> dict[str, Any]:
     interval, and the bytes sent down and up."""
     with closing(connect_readonly(db)) as conn:
         run = conn.execute("SELECT status, virtual_time, owner_host, owner_pid, owner_started,"
-                           " heartbeat_at FROM runs WHERE id=?", (run_id,)).fetchone()
+                           " heartbeat_at, clock FROM runs WHERE id=?", (run_id,)).fetchone()
         vt_now = conn.execute("SELECT COALESCE(MAX(t_end), 0) FROM intervals WHERE run_id=?",
                               (run_id,)).fetchone()[0]
         versions, jobs, tokens = conn.execute(

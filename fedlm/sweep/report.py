@@ -24,6 +24,7 @@ from fedlm.sweep import fairness, plots, tuning
 from fedlm.sweep.plots import by_seed, groups_of
 from fedlm.sweep.run import Cell, Failure, SweepResult
 from fedlm.sweep.spec import cells_of, reference_of, seeds_of
+from fedlm.store.yardstick import yardstick
 from fedlm.sweep.uncertainty import Estimate, estimate, paired_estimate, ratio, \
     relative_difference
 
@@ -254,6 +255,15 @@ class _Report:
             else f"{est.mean:{fmt}} ± {est.half_width:{fmt}}"
         return f"{text} ({len(vals)} of {both} reached)" + self.start_mark(arm, group)
 
+    def bound(self, arm: str, group: Group) -> str:
+        """The run's virtual time over its fleet's least time for its steps, and goodput."""
+        ys = [yardstick(self.db, c.run_id) for _, c in sorted(group.items(), key=by_seed)]
+        ratios = [y.ratio for y in ys if y.ratio is not None]
+        if not ratios:
+            return "-"
+        times = shown(estimate(ratios), ".2f", self.seeded, self.n_planned(arm), "x")
+        return f"{times}; goodput {shown(estimate(100 * y.goodput for y in ys), '.0f', False)}%"
+
     def idle(self, arm: str, group: Group) -> str:
         return shown(self.of(group, lambda c: 100 * c.summary.idle_fraction), ".1f",
                      self.seeded, self.n_planned(arm), "%")
@@ -322,6 +332,11 @@ class _Report:
                     "out, so the mean is optimistic)" if seeded else ""),
             *t("... as a fraction of the reference's own time (below 1: sooner)",
                lambda a, g: self.reach(a, g, as_ratio=True)),
+            *t("Virtual time over the fleet's bound (the least time its workers need for "
+               "the run's steps), and goodput", self.bound,
+               note="bound: every worker computing all the time but for one round trip "
+                    "(fedlm/sim/bound.py); goodput: useful compute over present worker time "
+                    "(mean over seeds)"),
             *t("Idle fraction (all workers)", self.idle),
             *t("Updates applied / local steps", self.counts,
                note="lowest–highest over seeds" if seeded else ""),

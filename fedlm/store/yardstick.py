@@ -1,0 +1,63 @@
+"""A run against its fleet's yardstick (``fedlm.sim.bound``): the least virtual time its
+fleet needs for the inner steps it trained, its own time as a multiple of that, and its
+goodput. Read from the store alone: each worker's step time and link (``workers``), the
+bytes its jobs moved (``jobs``), the steps that reached the server, the intervals.
+
+A worker's unavoidable round trip is one download and one upload of its first job's
+bytes over its own link (latency + bytes / bandwidth each way, as the simulator times a
+star's transfers). For an all-reduce or region servers the bound keeps that star's
+round trip: still a lower bound on what a worker must move, if a loose one.
+"""
+
+from __future__ import annotations
+
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+
+from fedlm.sim.bound import goodput, least_time
+from fedlm.sim.links import transfer_seconds
+from fedlm.store.connection import connect_readonly
+from fedlm.store.schema import PRESENT_KINDS
+
+
+@dataclass(frozen=True)
+class Yardstick:
+    steps: int  # inner steps that reached the server
+    bound: float  # the least virtual time its fleet needs for them (s)
+    time: float  # the run's own virtual time (s)
+    goodput: float  # useful compute over present worker time
+
+    @property
+    def ratio(self) -> float | None:
+        """The run's time over the bound (None: no bound to compare with)."""
+        return self.time / self.bound if self.bound > 0 else None
+
+
+def yardstick(path: str | Path, run_id: int) -> Yardstick:
+    with closing(connect_readonly(path)) as conn:
+        workers = conn.execute("SELECT worker, step_time, latency, down_bw, up_bw FROM workers "
+                               "WHERE run_id=? ORDER BY worker", (run_id,)).fetchall()
+        moved = {w: (d, u) for w, d, u in conn.execute(
+            "SELECT worker, down_bytes, up_bytes FROM jobs WHERE run_id=? AND down_bytes IS NOT "
+            "NULL ORDER BY job_id DESC", (run_id,))}  # each worker's first job's, last written
+        steps, = conn.execute("SELECT COALESCE(SUM(local_steps), 0) FROM updates WHERE "
+                              "run_id=?", (run_id,)).fetchone()
+        end, = conn.execute("SELECT COALESCE(virtual_time, 0) FROM runs WHERE id=?",
+                            (run_id,)).fetchone()
+        marks = ",".join("?" * len(PRESENT_KINDS))
+        present, = conn.execute(f"SELECT COALESCE(SUM(t_end - t_start), 0) FROM intervals "
+                                f"WHERE run_id=? AND kind IN ({marks})",
+                                (run_id, *PRESENT_KINDS)).fetchone()
+        useful, = conn.execute("SELECT COALESCE(SUM(i.t_end - i.t_start), 0) FROM intervals i "
+                               "JOIN jobs j ON j.run_id = i.run_id AND j.job_id = i.job_id "
+                               "WHERE i.run_id=? AND i.kind='compute' AND j.status='done'",
+                               (run_id,)).fetchone()
+    if not workers:
+        return Yardstick(steps, 0.0, end, goodput(useful, present))
+    typical = next(iter(moved.values()), (0, 0))
+    trips = [transfer_seconds(moved.get(w, typical)[0] or 0, down, lat)
+             + transfer_seconds(moved.get(w, typical)[1] or 0, up, lat)
+             for w, _, lat, down, up in workers]
+    bound = least_time([t for _, t, *_ in workers], trips, steps)
+    return Yardstick(steps, bound, end, goodput(useful, present))
