@@ -14,6 +14,7 @@ checks every update at its boundary with them. The model's side (``snapshot``,
 from __future__ import annotations
 
 import hashlib
+from collections import OrderedDict
 
 Params = "OrderedDict[str, torch.Tensor]"
 
@@ -62,8 +63,6 @@ def _on_host(tensors) -> list:
     names = sorted(tensors)
     if not any(tensors[n].device.type == "cuda" for n in names):
         return [(n, tensors[n].detach().contiguous()) for n in names]
-    from fedlm.worker.precision import to_host  # torch is loaded when tensors are on a GPU
-
     host = to_host({n: tensors[n].contiguous() for n in names})
     return list(host.items())
 
@@ -113,3 +112,28 @@ def _all_finite(tensors) -> bool:
     import torch  # loaded already: these are its tensors
 
     return bool(torch.stack(ends).isfinite().all())
+
+
+def to_host(tensors) -> "OrderedDict":
+    """Detached CPU copies of ``tensors`` (a name -> tensor mapping).
+
+    CPU tensors are copied as ``tensor.to('cpu', copy=True)`` always did. Device
+    tensors go to pinned host buffers asynchronously on the current stream, then
+    one synchronisation of that stream waits for all of them (not one blocking
+    copy per tensor, and not for the jobs other threads run on their streams)."""
+    import torch  # here: this module imports without torch, and CPU tensors need none
+
+    out = OrderedDict()
+    pending = False
+    for name, t in tensors.items():
+        t = t.detach()
+        if t.device.type == "cuda":
+            buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            buf.copy_(t, non_blocking=True)
+            out[name] = buf
+            pending = True
+        else:
+            out[name] = t.to("cpu", copy=True)
+    if pending:
+        torch.cuda.current_stream().synchronize()
+    return out

@@ -12,7 +12,7 @@ processes and its ClientApp actors), a run holds:
 - per worker, its AdamW state (two tensors the size of the model) when
   ``inner.state_store`` keeps it in memory (``context``); ``disk`` keeps it in
   files on the node instead (in process, written behind the jobs: the states not
-  written yet, and written ones while there is room, at most ``state_writer.BUDGET``
+  written yet, and written ones while there is room, at most ``STATES_KEPT``
   or one state, stay in memory).
 
 Each is a lower bound of what the run really uses: 10,000 workers of the default
@@ -30,11 +30,11 @@ from dataclasses import dataclass
 from fedlm.config import Config
 from fedlm.data import tokenizer
 from fedlm.errors import ConfigError
-from fedlm.worker import state_writer
 from fedlm.presets import parameter_count
 from fedlm.sim import fleet, job_sizes
 
 MIB = 1 << 20
+STATES_KEPT = 1 << 30  # bytes of worker states the state writer keeps in memory, at most
 PROCESS_BYTES = 400 * MIB  # Python, torch, the corpus: measured ~350 MB for a tiny run
 RAY_BYTES = 500 * MIB  # Ray's GCS, raylet and dashboard agent
 ACTOR_BYTES = 300 * MIB  # one ClientApp actor (Python, torch, the corpus)
@@ -66,17 +66,17 @@ def estimate(cfg: Config, backend: str = "flower", job_batches: int = 0) -> Esti
     parts = {"processes": PROCESS_BYTES, "the server's models": SERVER_COPIES * model,
              f"{in_flight} jobs in flight": in_flight * per_job,
              "per-worker bookkeeping": nodes * WORKER_BYTES.get(backend, 0)}
-    if job_batches:
-        training = min(in_flight, cfg.sim.job_threads if backend == "inprocess" else nodes)
+    actors = cfg.sim.ray_actors or min(nodes, cfg.sim.cpus or os.cpu_count() or 1)
+    if job_batches:  # the jobs that train at once: the job threads, or Ray's actors
+        training = min(in_flight, cfg.sim.job_threads if backend == "inprocess" else actors)
         parts["the largest jobs' batches"] = training * job_batches
     if backend == "flower":
-        actors = cfg.sim.ray_actors or min(nodes, cfg.sim.cpus or os.cpu_count() or 1)
         parts["processes"] += RAY_BYTES + actors * ACTOR_BYTES
     if cfg.state_store() != "disk":
         parts["AdamW states in memory (inner.state_store)"] = nodes * 2 * model
     elif backend == "inprocess":
         parts["AdamW states kept by the state writer"] = min(nodes * 2 * model,
-                                                    max(state_writer.BUDGET, 2 * model))
+                                                    max(STATES_KEPT, 2 * model))
     parts = dict(sorted(parts.items(), key=lambda kv: -kv[1]))
     return Estimate(sum(parts.values()), parts, nodes, in_flight, per_job)
 

@@ -13,8 +13,9 @@ CUDA kernel (on CPU torch's default implementation is kept: its bits are the
 reference). A compiled model is built once per process and reused by every job
 of that process (``compiled``).
 
-Also the one place that copies tensors between host and device: ``to_host``
-and ``to_device`` (pinned, asynchronous copies on CUDA, one synchronisation of
+Also where tensors go between host and device: ``to_device`` here and ``to_host``
+(in ``fedlm.params``, the floor that hashes and checks updates, which needs it too;
+re-exported here), both pinned, asynchronous copies on CUDA, one synchronisation of
 the job's own stream for the lot), and ``job_stream``: each thread that runs
 jobs on a CUDA device does so on a stream of its own, so jobs of several
 simulated workers overlap on one GPU (``sim.job_threads``).
@@ -27,6 +28,8 @@ import threading
 from collections import OrderedDict
 
 import torch
+
+from fedlm.params import to_host
 
 
 def resolve(choice: str, device: str) -> str:
@@ -170,27 +173,4 @@ def to_server(tensors, job_device: str, server_device: str) -> "OrderedDict[str,
         return to_host(tensors)
     out = to_device(tensors, server_device)
     torch.cuda.current_stream(torch.device(job_device)).synchronize()
-    return out
-
-
-def to_host(tensors) -> "OrderedDict[str, torch.Tensor]":
-    """Detached CPU copies of ``tensors`` (a name -> tensor mapping).
-
-    CPU tensors are copied as ``tensor.to('cpu', copy=True)`` always did. Device
-    tensors go to pinned host buffers asynchronously on the current stream, then
-    one synchronisation of that stream waits for all of them (not one blocking
-    copy per tensor, and not for the jobs other threads run on their streams)."""
-    out: OrderedDict[str, torch.Tensor] = OrderedDict()
-    pending = False
-    for name, t in tensors.items():
-        t = t.detach()
-        if t.device.type == "cuda":
-            buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-            buf.copy_(t, non_blocking=True)
-            out[name] = buf
-            pending = True
-        else:
-            out[name] = t.to("cpu", copy=True)
-    if pending:
-        torch.cuda.current_stream().synchronize()
     return out

@@ -31,7 +31,9 @@ from __future__ import annotations
 import threading
 from collections import deque
 
-BUDGET = 1 << 30  # bytes of states kept in memory, written or waiting to be
+from fedlm.sim.memory import STATES_KEPT  # the run-size estimate counts them too
+
+BUDGET = STATES_KEPT  # bytes of states kept in memory, written or waiting to be
 CLOSE_WAIT = 120.0  # seconds close() waits for the write in progress
 
 
