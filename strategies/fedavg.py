@@ -67,12 +67,18 @@ class FedAvg(Strategy):
         self.lr, self.momentum, self.nesterov, self.weighting = lr, momentum, nesterov, weighting
         self.min_replies = min_replies
         self.failed_rounds = 0
-        self.optimizer = T.sgd(lr, momentum, nesterov)
+        self.optimizer = self.outer_optimizer()
         self.opt_state: Any = None
         self.round = 0
         self.dispatched: set[int] = set()
         self.results: dict[int, Update] = {}
         self.dropped: set[int] = set()  # out of this round (missed its deadline, retired)
+
+    def outer_optimizer(self) -> T.Transform:
+        """What turns a round's merged outer gradient into its step: the seam a
+        subclass overrides for another outer optimizer (FedAdam: a few lines, the round
+        bookkeeping untouched). Called once, at the end of ``__init__``."""
+        return T.sgd(self.lr, self.momentum, self.nesterov)
 
     def start(self, params, *, num_workers: int) -> None:
         self.opt_state = self.optimizer.init(params)
@@ -139,5 +145,9 @@ class FedAvg(Strategy):
         self.failed_rounds = state["failed_rounds"]
 
     def summary(self) -> str:
-        return (f"{self.name}: sync rounds, outer SGD lr {self.lr}"
-                f"{momentum_text(self.momentum, self.nesterov)}, weighting {self.weighting}")
+        """One line of its settings; a subclass with another outer optimizer says its own
+        (``outer_summary``), not outer SGD's."""
+        return f"{self.name}: sync rounds, {self.outer_summary()}, weighting {self.weighting}"
+
+    def outer_summary(self) -> str:
+        return f"outer SGD lr {self.lr}{momentum_text(self.momentum, self.nesterov)}"

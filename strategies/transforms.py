@@ -18,6 +18,7 @@ methods, so this module (and the strategies built on it) imports without torch.
     DiLoCo              = chain(trace(0.9, nesterov=True), scale(0.7))
     Poly (async)        = chain(weight_by_staleness(w, divide_by=N), sgd(0.7, 0.9, True))
     FedBuff (async)     = chain(weight_by_staleness(w), buffer(K), sgd(0.7, 0.9, True))
+    FedAdam (sync)      = chain(adaptive("adam", 0.9, 0.99, 1e-3), scale(0.1))
 """
 
 from __future__ import annotations
@@ -140,6 +141,41 @@ def trace(momentum: float, nesterov: bool = False) -> Transform:
         m = tree_map(lambda m, g: momentum * m + g, state["m"], grads)
         step = tree_map(lambda m, g: momentum * m + g, m, grads) if nesterov else m
         return step, {"m": m}
+
+    return Transform(init, update)
+
+
+def adaptive(second: str, beta1: float = 0.9, beta2: float = 0.99,
+             tau: float = 1e-3) -> Transform:
+    """The adaptive outer optimizers of Reddi et al. 2021 ("Adaptive Federated
+    Optimization", Algorithm 2; Flower's FedAdam, FedYogi, FedAdagrad), as a direction
+    (chain ``scale(lr)`` after it):
+
+        m ← β₁·m + (1 − β₁)·g
+        v ← β₂·v + (1 − β₂)·g²                    second = "adam"
+        v ← v − (1 − β₂)·g²·sign(v − g²)         second = "yogi"
+        v ← v + g²                                second = "adagrad"
+        step = m / (√v + τ)
+
+    v starts at τ² (the paper's v₋₁ ≥ τ²), m at 0; no bias correction (the paper has
+    none; Flower's FedAdam rescales its lr by one)."""
+    if second not in ("adam", "yogi", "adagrad"):
+        raise ValueError(f"adaptive: adam, yogi or adagrad, got {second!r}")
+
+    def init(params):
+        return {"m": tree_map(_zeros, params),
+                "v": tree_map(lambda p: _zeros(p) + tau * tau, params)}
+
+    def update(grads, state, info):
+        m = tree_map(lambda m, g: beta1 * m + (1 - beta1) * g, state["m"], grads)
+        if second == "adam":
+            v = tree_map(lambda v, g: beta2 * v + (1 - beta2) * g * g, state["v"], grads)
+        elif second == "yogi":
+            v = tree_map(lambda v, g: v - (1 - beta2) * g * g * (v - g * g).sign(),
+                         state["v"], grads)
+        else:
+            v = tree_map(lambda v, g: v + g * g, state["v"], grads)
+        return tree_map(lambda m, v: m / (v.sqrt() + tau), m, v), {"m": m, "v": v}
 
     return Transform(init, update)
 

@@ -15,10 +15,6 @@ from tests.support import scalar as _p, scalar_update as _update, value as _v
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
-# the plug-ins of examples/ written as such (the strategies, inner optimizers and codecs
-# too; the two page examples, older than the rule, were once part of the core's commits)
-PLUGINS = ["noloco_example.py", "overlap_dc_example.py", "decoupled_diloco.py", "heloco.py",
-           "cgad.py", "muloco.py", "sparseloco.py"]
 
 
 @pytest.fixture(autouse=True)
@@ -108,6 +104,16 @@ def test_a_noloco_run_trains_replays_and_resumes_bit_identically(tmp_path):
     run_inprocess(tiny_config(*sets), str(db), resume=1)
     (b,) = store.list_runs(db)
     assert b["status"] == "finished" and b["final_hash"] == run["final_hash"]
+
+
+def test_the_docs_table_is_the_one_list_of_the_examples():
+    """docs/strategies.md's table of examples/ names every file there, and no other."""
+    import re
+
+    page = (ROOT / "docs" / "strategies.md").read_text()
+    table = page.split("## The plug-ins in `examples/`")[1].split("\n\n```")[0]
+    listed = set(re.findall(r"^\| `(\w+)\.py` \|", table, flags=re.M))
+    assert listed == {p.stem for p in (ROOT / "examples").glob("*.py")}
 
 
 def test_no_core_file_imports_an_example():
