@@ -28,6 +28,7 @@ import streamlit as st
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `streamlit run` from a checkout
 from fedlm.dashboard import queries as q  # noqa: E402
 from fedlm.dashboard.regions import region_section  # noqa: E402
+from fedlm.dashboard.rounds import rounds_section  # noqa: E402
 from fedlm.dashboard.curves import (MEASURES, group_label,  # noqa: E402
                                     perplexity_charts)
 from fedlm.store import StoreError  # noqa: E402
@@ -232,6 +233,7 @@ def live(db: str, smoothing: float, log_scale: bool, window: float,
     timeline_section(db, marker, run, focus, window)
     straggler_section(cached("worker_totals", db, marker, focus))
     region_section(cached("regions", db, marker, focus))
+    rounds_section(cached("rounds", db, marker, focus))
     shards_section(cached("shards", db, marker, focus))
     fails = cached("failures", db, marker, focus)
     failures_section(fails)

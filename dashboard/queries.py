@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from fedlm.store.rounds import rounds as read_rounds
 from fedlm.store.yardstick import yardstick
 from fedlm.store import config_of, last_seen, region_transfers, shown_status, tokenizer_of
 from fedlm.store.schema import COUNTED_KINDS, PRESENT_KINDS, idle_fraction
@@ -244,3 +245,15 @@ def regions(db: str | Path, run_id: int) -> dict[str, pd.DataFrame] | None:
     traffic = (moved.assign(t=(moved["t_sent"] // width) * width)
                .groupby(["t", "kind"], as_index=False)["bytes"].sum())
     return {"table": table, "versions": versions, "traffic": traffic}
+
+
+def rounds(db: str | Path, run_id: int) -> pd.DataFrame | None:
+    """A sampled run's rounds (``fedlm.store.rounds``), or None for a run that drew none."""
+    rs = read_rounds(db, run_id)
+    if not rs:
+        return None
+    return pd.DataFrame([{"round": k, "version": r.version, "available": r.available,
+                          "drawn": r.drawn, "kept": r.kept, "dropped": r.dropped,
+                          "cut by deadline": r.deadline, "lost": r.lost, "wasted": r.wasted}
+                         for k, r in enumerate(rs)])
+

@@ -6,7 +6,8 @@ and how many local steps, which jobs were lost, and in which order finished
 jobs reached the strategy. Replay walks it:
 
     dispatch op  -> ServerCalls.dispatch: what the job is sent (the strategy hears
-                    of it, as in the run)
+                    of it, as in the run); before a round's first, the workers its
+                    round was drawn from (a ``round_drawn`` event), offered again
     lost op      -> ServerCalls.lost; a version if the strategy makes one (a sync
                     round closing with what it had)
     transfer op  -> ServerCalls.arrived: a message between servers arrives; a
@@ -32,6 +33,7 @@ replayed were sent (versions of the model, or their own starts) is kept in memor
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -46,6 +48,7 @@ from fedlm.errors import ConfigError
 from fedlm.params import params_hash, same_update
 from fedlm.store import StoreError, event_details, input_pins, operation_log, replayable_row
 from fedlm.sim import compression
+from fedlm.engine.runlog import ROUND_DRAWN
 from fedlm.job import JobSpec
 from fedlm.worker import batching
 from fedlm.worker.batched import job_updates as batched_updates
@@ -119,7 +122,8 @@ def replay(db: str | Path, run_id: int,
     device = model_lib.resolve_device(cfg.device) if _in_process(db, run_id) else "cpu"
     walk = _Walk(cfg, precision.to_device(params, device),
                  _trainer(cfg, batching.recorded(event_details(db, run_id, batching.KIND)),
-                          device))
+                          device),
+                 [json.loads(d) for d in event_details(db, run_id, ROUND_DRAWN)])
     held = 1
     if progress:
         progress(0, len(ops))
@@ -137,8 +141,9 @@ class _Walk:
     """The operation log, op by op, through the run's own server calls (``ServerCalls``:
     the order of the server's hooks at each event is the engine's)."""
 
-    def __init__(self, cfg, params, train) -> None:
+    def __init__(self, cfg, params, train, draws: list[dict] = ()) -> None:
         self.cfg, self.train, self.mismatched = cfg, train, 0
+        self.draws = sorted(draws, key=lambda d: d["op"])  # rounds drawn: from whom, when
         strategy = registry.build_strategy(cfg.strategy, cfg.outer)
         # messages between servers were timed by the run: here only their arrivals count
         self.server = servers.ServerCalls(servers.build(cfg, strategy),
@@ -155,6 +160,8 @@ class _Walk:
 
     def dispatch(self, row) -> None:
         version = self.server.evaluated()[0]
+        while self.draws and self.draws[0]["op"] <= row["dispatch_op"]:  # as the run drew
+            self.server.offered(self.draws.pop(0)["offered"], version)
         if row["base_version"] != version:
             raise ReplayError(f"job {row['job_id']} starts from version {row['base_version']}, "
                               f"dispatched at version {version} of the replay")

@@ -37,7 +37,28 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
+
+
+class _Dropped:
+    """What ``on_update`` returns for an update it will never apply (a closed round's)."""
+
+    def __repr__(self) -> str:
+        return "DROPPED"
+
+
+DROPPED = _Dropped()  # the store then keeps the update as never applied, not as held
+
+
+@dataclass(frozen=True)
+class FleetFacts:
+    """What a strategy may know of the run's fleet, told once before ``start``
+    (``Strategy.on_fleet``): nothing it could read from a clock or a file."""
+
+    seed: int  # the run's seed: a strategy's own draws come from it (replay repeats them)
+    step_times: tuple[float, ...]  # each worker's nominal seconds per inner step
+    # each worker's own shard's sequences (None: shards are not workers'), read when asked
+    data_sizes: Callable[[], list[int] | None] = lambda: None
 
 
 @dataclass(frozen=True)
@@ -66,6 +87,20 @@ class Strategy(ABC):
     # restart from the same model (grace = "auto" then opens the adaptive window).
     wants_grace: ClassVar[bool] = False
 
+    # Whether it draws each round's workers from those available (``offered``): the
+    # engine then offers it everyone present before it asks ``wants_job``.
+    draws_rounds: bool = False
+
+    def on_fleet(self, facts: FleetFacts) -> None:
+        """The run's fleet, told once before ``start`` (speeds, the seed for draws of its
+        own, each worker's data): where a strategy learns what its servers know."""
+
+    def offered(self, workers: list[int], *, version: int) -> bool:
+        """(``draws_rounds`` strategies only) ``workers`` are free and present now, about
+        to be asked ``wants_job`` from global ``version``. Returns whether it drew a round
+        from them: the run logs what was offered then, and its replay offers it again."""
+        return False
+
     @abstractmethod
     def start(self, params, *, num_workers: int) -> None:
         """Called once before the first job with the initial global model."""
@@ -93,7 +128,8 @@ class Strategy(ABC):
     @abstractmethod
     def on_update(self, update: Update, params) -> Any | None:
         """Take one finished job. Return the new global params, or None to hold
-        the update (e.g. until the round's barrier or a buffer fills)."""
+        the update (e.g. until the round's barrier or a buffer fills), or ``DROPPED``
+        for one it will never apply (an over-committed round's late reply)."""
 
     @abstractmethod
     def state_dict(self) -> dict[str, Any]:

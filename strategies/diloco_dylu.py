@@ -47,6 +47,6 @@ class DiLoCoDyLU(DiLoCo):
         "fixed": "it is sync DiLoCo on DyLU's job sizes; for fixed H use strategy=diloco"}
 
     def __init__(self, *, lr: float = 0.7, momentum: float = 0.9, nesterov: bool = True,
-                 weighting: str = "tokens", min_replies: int = 1) -> None:
+                 weighting: str = "tokens", min_replies: int = 1, **sampling) -> None:
         super().__init__(lr=lr, momentum=momentum, nesterov=nesterov, weighting=weighting,
-                         min_replies=min_replies)
+                         min_replies=min_replies, **sampling)

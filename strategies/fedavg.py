@@ -26,7 +26,8 @@ from __future__ import annotations
 from typing import Any
 
 from fedlm.strategies import transforms as T
-from fedlm.strategies.base import Strategy, Update, check_outer_sgd, momentum_text
+from fedlm.strategies.base import DROPPED, FleetFacts, Strategy, Update, check_outer_sgd, momentum_text
+from fedlm.strategies.sampling import Sampling
 
 WEIGHTINGS = ("tokens", "uniform", "fednova")  # how a round's outer gradients are merged
 
@@ -48,6 +49,11 @@ class FedAvg(Strategy):
         for rounds whose jobs ran different numbers of steps).
     min_replies : int
         Fewest replies a round may close with after workers dropped out of it.
+    fraction, min_workers, sample_by, overcommit
+        Client sampling (``fedlm.strategies.sampling``): a round takes
+        max(min_workers, floor(fraction · N)) of the N workers available, drawn
+        uniformly or by data, dispatching ``overcommit`` times as many and keeping the
+        first to report. The defaults (1, 1, uniform, 1): every worker, every round.
     """
 
     source = ("follows McMahan et al. 2017 (FedAvg: outer SGD, lr 1 = the average), "
@@ -57,7 +63,9 @@ class FedAvg(Strategy):
     synchronous = True
 
     def __init__(self, *, lr: float = 1.0, momentum: float = 0.0, nesterov: bool = False,
-                 weighting: str = "tokens", min_replies: int = 1) -> None:
+                 weighting: str = "tokens", min_replies: int = 1, fraction: float = 1.0,
+                 min_workers: int = 1, sample_by: str = "uniform",
+                 overcommit: float = 1.0) -> None:
         check_outer_sgd(lr, momentum)
         if weighting not in WEIGHTINGS:
             raise ValueError(f"outer.weighting: must be tokens, uniform or fednova, "
@@ -73,6 +81,13 @@ class FedAvg(Strategy):
         self.dispatched: set[int] = set()
         self.results: dict[int, Update] = {}
         self.dropped: set[int] = set()  # out of this round (missed its deadline, retired)
+        self.sampling = Sampling(fraction, min_workers, sample_by, overcommit)
+        self.draws_rounds = self.sampling.active
+        self.drawn: list[int] | None = None  # this round's workers (None: every worker)
+        self.keep = 0  # replies this round closes at (0: every worker dispatched)
+        self.round_version = -1  # the version this round's jobs start from
+        self.discarded = 0  # updates of a closed round (over-committed): never applied
+        self.facts: FleetFacts | None = None
 
     def outer_optimizer(self) -> T.Transform:
         """What turns a round's merged outer gradient into its step: the seam a
@@ -80,44 +95,74 @@ class FedAvg(Strategy):
         bookkeeping untouched). Called once, at the end of ``__init__``."""
         return T.sgd(self.lr, self.momentum, self.nesterov)
 
+    def on_fleet(self, facts: FleetFacts) -> None:
+        self.facts = facts
+
     def start(self, params, *, num_workers: int) -> None:
         self.opt_state = self.optimizer.init(params)
 
+    def offered(self, workers: list[int], *, version: int) -> bool:
+        if not self.draws_rounds or self.drawn is not None:
+            return False  # this round is drawn already: a worker freed mid-round joins none
+        if len(workers) < self.sampling.min_workers:
+            return False  # too few available yet (absent, or busy with a closed round's job)
+        facts = self.facts or FleetFacts(0, ())
+        self.drawn, self.keep = self.sampling.draw(
+            sorted(workers), facts.seed, (self.round, self.failed_rounds),
+            facts.data_sizes() if self.sampling.sample_by == "data" else None)
+        return True
+
     def wants_job(self, worker: int, *, version: int) -> bool:
         # A worker takes part once per round; the next round opens at the barrier.
+        if self.draws_rounds and (self.drawn is None or worker not in self.drawn):
+            return False  # not drawn for this round (or the round not drawn yet)
         return worker not in self.dispatched and worker not in self.dropped
 
     def on_dispatch(self, worker: int, *, version: int) -> None:
         self.dispatched.add(worker)
+        self.round_version = version
 
     def on_job_lost(self, worker: int, *, job_id: int, reason: str, params):
+        if self.draws_rounds and worker not in self.dispatched:
+            return None  # a job of a round already closed (over-committed)
         self.dispatched.discard(worker)
         if reason in ("error", "rejected"):
             return None  # the worker may take the round's job again
         self.dropped.add(worker)
-        if len(self.results) < len(self.dispatched):
+        if len(self.results) < self._closes_at():
             return None  # others still running
         if len(self.results) >= self.min_replies:
             return self._aggregate(params)
         self.failed_rounds += 1  # too few replies: the round starts over
-        self.dispatched.clear()
-        self.results.clear()
-        self.dropped.clear()
+        self._next_round()
         return None
 
     def on_update(self, update: Update, params):
+        if self.draws_rounds and (update.worker not in self.dispatched
+                                  or update.base_version != self.round_version):
+            self.discarded += 1  # over-committed: the round closed without it
+            return DROPPED
         self.results[update.worker] = update
-        if len(self.results) < len(self.dispatched):
+        if len(self.results) < self._closes_at():
             return None  # barrier: wait for the round's slowest worker
         return self._aggregate(params)
+
+    def _closes_at(self) -> int:
+        """Replies the round waits for: every job still in it, at most the K it keeps."""
+        waiting = len(self.dispatched)
+        return min(self.keep, waiting) if self.drawn is not None and self.keep else waiting
+
+    def _next_round(self) -> None:
+        self.dispatched.clear()
+        self.results.clear()
+        self.dropped.clear()
+        self.drawn = None
 
     def _aggregate(self, params):
         ordered = [self.results[w] for w in sorted(self.results)]
         mean = self._merge(ordered)
         self.round += 1
-        self.dispatched.clear()
-        self.results.clear()
-        self.dropped.clear()
+        self._next_round()
         step, self.opt_state = self.optimizer.update(mean, self.opt_state, None)
         return T.descend(params, step)
 
@@ -134,7 +179,9 @@ class FedAvg(Strategy):
     def state_dict(self) -> dict[str, Any]:
         return {"opt_state": self.opt_state, "round": self.round,
                 "dispatched": sorted(self.dispatched), "results": dict(self.results),
-                "dropped": sorted(self.dropped), "failed_rounds": self.failed_rounds}
+                "dropped": sorted(self.dropped), "failed_rounds": self.failed_rounds,
+                "drawn": self.drawn, "keep": self.keep, "round_version": self.round_version,
+                "discarded": self.discarded}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.opt_state = state["opt_state"]
@@ -143,11 +190,19 @@ class FedAvg(Strategy):
         self.results = dict(state["results"])
         self.dropped = set(state["dropped"])
         self.failed_rounds = state["failed_rounds"]
+        self.drawn = state.get("drawn")  # a checkpoint from before sampling: every worker
+        self.keep = state.get("keep", 0)
+        self.round_version = state.get("round_version", -1)
+        self.discarded = state.get("discarded", 0)
 
     def summary(self) -> str:
         """One line of its settings; a subclass with another outer optimizer says its own
         (``outer_summary``), not outer SGD's."""
-        return f"{self.name}: sync rounds, {self.outer_summary()}, weighting {self.weighting}"
+        s = self.sampling
+        drawn = (f", rounds of {s.fraction:g} of the workers (at least {s.min_workers}, "
+                 f"{s.sample_by}, overcommit {s.overcommit:g})" if s.active else "")
+        return (f"{self.name}: sync rounds{drawn}, {self.outer_summary()}, weighting "
+                f"{self.weighting}")
 
     def outer_summary(self) -> str:
         return f"outer SGD lr {self.lr}{momentum_text(self.momentum, self.nesterov)}"

@@ -89,13 +89,29 @@ def strategy_class(name: str) -> type[Strategy]:
     return cls
 
 
+def settings_of(cls: type) -> dict[str, inspect.Parameter]:
+    """A strategy's ``outer.*`` settings: its constructor's keyword arguments, and where
+    it hands the rest on (``**kwargs``) its parent's, as far up as they are handed."""
+    out: dict[str, inspect.Parameter] = {}
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        params = inspect.signature(klass.__init__).parameters
+        named = {k: p for k, p in params.items() if k != "self" and p.kind not in
+                 (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+        out = {**named, **out}  # a subclass's default wins over its parent's
+        if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            break
+    return out
+
+
 def check_strategy(name: str, outer: dict[str, Any]) -> None:
     """Refuse an unknown strategy or an ``outer.*`` key its constructor lacks."""
     cls = strategy_class(name)
-    accepted = inspect.signature(cls.__init__).parameters
+    accepted = settings_of(cls)
     for key in outer:
-        if key not in accepted or key == "self":
-            known = ", ".join(k for k in accepted if k != "self") or "none"
+        if key not in accepted:
+            known = ", ".join(accepted) or "none"
             raise ConfigError(f"outer.{key}: not a setting of {name!r} (known: {known})")
     build_strategy(name, outer)  # range checks live in the constructor
 

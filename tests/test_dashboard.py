@@ -276,3 +276,18 @@ def _y_titles(at) -> set:
     specs = [_spec(c) for c in at.get("vega_lite_chart")]
     layers = [layer for s in specs for layer in (s.get("layer") or [s])]
     return {layer.get("encoding", {}).get("y", {}).get("title") for layer in layers}
+
+
+def test_a_sampled_run_shows_its_rounds_drawn_kept_and_cut(monkeypatch, tmp_path):
+    from fedlm.store.rounds import rounds
+
+    db = tmp_path / "s.db"
+    run_engine(tiny_config("strategy=diloco", "workers=10", "outer.fraction=0.3",
+                           "outer.overcommit=1.3", "profile=very", "updates=4"), db)
+    rs = rounds(db, 1)
+    assert len(rs) == 4 and rs[0].available == 10 and rs[0].drawn == 4 and rs[0].kept == 3
+    at = app(monkeypatch, db)
+    assert any("Sampled rounds" in m.value for m in at.markdown)
+    caption = " ".join(c.value for c in at.caption)
+    assert f"drawn {sum(r.drawn for r in rs)} of" in caption
+    assert f"kept {sum(r.kept for r in rs)}, dropped {sum(r.dropped for r in rs)}" in caption

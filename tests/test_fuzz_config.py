@@ -70,9 +70,10 @@ def _leaves() -> list[tuple[str, Any, Any]]:
     # outer.*: whatever the built-in strategies' constructors take
     outer: dict[str, Any] = {}
     for cls in registry.STRATEGIES.values():
-        init_hints = get_type_hints(cls.__init__)
-        for name, p in inspect.signature(cls.__init__).parameters.items():
-            if name != "self" and name not in outer:
+        init_hints = {k: v for klass in reversed(cls.__mro__) if "__init__" in vars(klass)
+                      for k, v in get_type_hints(klass.__init__).items()}
+        for name, p in registry.settings_of(cls).items():
+            if name not in outer:
                 default = p.default if p.default is not inspect.Parameter.empty else 1.0
                 outer[name] = (init_hints.get(name, float), default)
     out += [(f"outer.{k}", t, d) for k, (t, d) in sorted(outer.items())]

@@ -26,7 +26,7 @@ def test_the_name_is_diloco_with_dylu_and_token_weights():
     assert strategy.synchronous and strategy.weighting == "tokens"
     assert (strategy.lr, strategy.momentum, strategy.nesterov) == (0.7, 0.9, True)
     assert from_json(cfg.to_json()) == cfg  # a stored run's config reads back the same
-    assert "diloco-dylu" in {name for name, kind, _ in registry.describe() if kind == "sync"}
+    assert "diloco-dylu" in {name for name, kind, *_ in registry.describe() if kind == "sync"}
 
 
 def test_a_run_gets_dylus_job_sizes_and_the_long_spellings_weights(tmp_path):

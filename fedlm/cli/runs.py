@@ -59,6 +59,7 @@ def print_summary(db: str, run_id: int) -> int:
               + (f" {w.hidden:>12.2f}" if hidden else ""))
     print(f"  straggler idle fraction (all workers): {100 * s.idle_fraction:.1f}%")
     _print_yardstick(db, run_id, s.clock)
+    _print_rounds(db, run_id)
     _print_regions(store.region_transfers(db, run_id))
     _print_troubles(store.troubles(db, run_id))
     _print_fleet_changes(store.fleet_changes(db, run_id))
@@ -75,6 +76,32 @@ def _print_yardstick(db: str, run_id: int, clock: str) -> None:
         return
     print(f"  fleet's bound for its {y.steps:,} steps: {y.bound:.1f} s; this run took "
           f"{y.ratio:.2f}x that; goodput {100 * y.goodput:.1f}% (useful compute / present)")
+
+
+def _print_rounds(db: str, run_id: int, shown: int = 8) -> None:
+    """A sampled run's rounds: drawn, kept, dropped, cut, wasted (the first and last few)."""
+    from fedlm.store.rounds import rounds
+
+    rs = rounds(db, run_id)
+    if not rs:
+        return
+    total = lambda f: sum(getattr(r, f) for r in rs)  # noqa: E731
+    print(f"  sampled rounds: {len(rs)}; drawn {total('drawn')} jobs of "
+          f"{sum(r.available for r in rs) / len(rs):.1f} workers available on average; "
+          f"kept {total('kept')}, dropped after the round closed {total('dropped')}, cut "
+          f"by the deadline {total('deadline')}, lost {total('lost')}, running at the end "
+          f"{total('running')}; {total('wasted'):.1f} s of compute wasted")
+    print(f"  {'round':>6} {'version':>8} {'avail':>6} {'drawn':>6} {'kept':>5} "
+          f"{'dropped':>8} {'cut':>4} {'lost':>5} {'wasted s':>9}")
+    picked = list(enumerate(rs))
+    if len(picked) > shown:
+        picked = picked[:shown // 2] + [(None, None)] + picked[-(shown // 2):]
+    for k, r in picked:
+        if r is None:
+            print(f"  {'...':>6}")
+            continue
+        print(f"  {k:>6} {r.version:>8} {r.available:>6} {r.drawn:>6} {r.kept:>5} "
+              f"{r.dropped:>8} {r.deadline:>4} {r.lost:>5} {r.wasted:>9.1f}")
 
 
 def _print_regions(regions: list[dict]) -> None:

@@ -47,6 +47,7 @@ from fedlm.engine.grace import grace_for, late_jobs, window_events
 from fedlm.engine.in_flight import InFlightJobs
 from fedlm.engine.inbox import Inbox
 from fedlm.engine.jobs import JobMaker
+from fedlm.engine.offering import Offering
 from fedlm.engine.presence import Presence
 from fedlm.engine.replies import outcome
 from fedlm.engine.runlog import RunLog
@@ -57,7 +58,7 @@ from fedlm.engine.types import (BackOnline, Delivery, Diverged, EngineError, Eve
 from fedlm.engine.workers import WorkerPool
 
 
-class Engine:
+class Engine(Offering):
     def __init__(self, cfg: Config, *, strategy: Strategy, local_steps: LocalSteps,
                  transport: Transport, fleet: list[WorkerProfile], writer: RunWriter | None,
                  evaluate: Callable | None = None,
@@ -177,42 +178,6 @@ class Engine:
             self._evaluate()
         self._close_timeline()
         return self.params
-
-    def _dispatch_free_workers(self) -> None:
-        now, cap = self.now, self.cfg.max_in_flight
-        if self.budget.spent(self.steps_done, self.in_flight.steps()):
-            # nobody gets a job: none is asked (not the whole fleet at every event)
-            self.pool.pass_over(self.version, len(self.in_flight))
-            return
-        candidates = self.pool.candidates(self.version, len(self.in_flight))
-        if self.policy.sizes_rounds:  # it sizes the round from everyone offered a job
-            candidates = [w for w in candidates if self._takes_job(w, now)]
-            self.policy.offered(now=now, version=self.version, workers=candidates,
-                                busy=len(self.in_flight))
-        for w in candidates:
-            # asked at every job: handing out a round to thousands of workers takes
-            # long (in one process each job runs as it is handed out), a stop must not wait
-            if self.inbox.should_stop():
-                raise Interrupted("interrupted")
-            if cap and len(self.in_flight) >= cap:
-                self.pool.blocked = True
-                break
-            if not self.policy.sizes_rounds and not self._takes_job(w, now):
-                continue
-            steps = self.server.job_steps(w, self.version, self.policy, self._allowed)
-            if steps is not None:
-                self._dispatch(w, now, steps)
-
-    def _allowed(self, steps: int) -> int:
-        """Steps of a job within the local-step budget (``fedlm.engine.budget``)."""
-        return self.budget.allow(steps, self.steps_done, self.in_flight.steps())
-
-    def _takes_job(self, w: int, now: float) -> bool:
-        """Whether free worker ``w`` is offered a job now: it is there (an absent one
-        leaves the pool until it is back), not retired, and the server wants one."""
-        if self.presence is not None and self.presence.gone_away(w, now, self.version):
-            return False
-        return w not in self.pool.retired and self.server.wants_job(w, self.version)
 
     def _dispatch(self, w: int, now: float, steps: int) -> None:
         index, free_since = self.pool.take(w)

@@ -8,10 +8,12 @@ gets the next number, which is the order
 
 from __future__ import annotations
 
+import json
 from typing import Iterable
 
 from fedlm.params import update_digest
 from fedlm.store import IntervalKind, RunWriter
+from fedlm.store.rounds import ROUND_DRAWN  # an event: whom a round was drawn from
 from fedlm.job import JobSpec
 
 from fedlm.engine.types import JobResult
@@ -87,6 +89,11 @@ class RunLog:
     def round_closed(self, now: float, version: int, updates: int) -> None:
         self._event("round_closed", now,
                     detail=f"version {version} from {updates} updates after a lost job")
+
+    def round_drawn(self, now: float, offered: list[int]) -> None:
+        """A strategy drew its round from ``offered``: replay offers them again before
+        the op numbered now (the round's first dispatch)."""
+        self._event(ROUND_DRAWN, now, detail=json.dumps({"op": self.op, "offered": offered}))
 
     def applied(self, version: int, seqs: list[int]) -> None:
         if self.writer:

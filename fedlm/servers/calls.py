@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from fedlm.job import JobSpec
 from fedlm.servers.protocol import Message, Sent, Server
-from fedlm.strategies.base import Update
+from fedlm.strategies.base import DROPPED, Update
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,11 @@ class ServerCalls:
     def wants_job(self, worker: int, version: int) -> bool:
         return self._server.wants_job(worker, version)
 
+    def offered(self, workers: list[int], version: int) -> bool:
+        """Free, present ``workers`` before they are asked for jobs: whether a round was
+        drawn from them (the engine logs the offer; replay makes it again)."""
+        return self._server.offered(workers, version)
+
     def job_steps(self, worker: int, version: int, policy,
                   allow: Callable[[int], int] = lambda steps: steps) -> int | None:
         """Inner steps of ``worker``'s next job, within ``allow`` (the engine's step
@@ -107,7 +112,11 @@ class ServerCalls:
         record(update, seq)
         self._held.append(seq)
         self._seq += 1
-        self._version(s.take(update), "update")
+        taken = s.take(update)
+        if taken is DROPPED:  # never to be applied: no version will count it
+            self._held.remove(seq)
+            taken = None
+        self._version(taken, "update")
         self._messages()
         return update
 

@@ -30,7 +30,7 @@ from fedlm.config import Config
 from fedlm.job import JobSpec
 from fedlm.params import num_bytes
 from fedlm.sim import wire_sizes
-from fedlm.strategies.base import Strategy, Update
+from fedlm.strategies.base import FleetFacts, Strategy, Update
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,23 @@ class Server:
 
     def start_strategy(self, params, fleet: list) -> None:
         """The strategy's ``start`` (a kind with more to set up first overrides this)."""
+        self.strategy.on_fleet(self.facts(fleet))
         self.strategy.start(params, num_workers=len(fleet))
+
+    def facts(self, fleet: list) -> FleetFacts:
+        """What a strategy of this server may know of the fleet (``Strategy.on_fleet``)."""
+        cfg = self.cfg
+
+        def data_sizes() -> list[int] | None:  # the corpus is read only if it is asked for
+            from fedlm.shards import shard_sizes
+
+            return shard_sizes(cfg) if cfg.data.shard_choice == "fixed" else None
+        return FleetFacts(cfg.seed, tuple(p.step_time for p in fleet), data_sizes)
+
+    def offered(self, workers: list[int], version: int) -> bool:
+        """Free, present ``workers`` about to be asked for jobs: the strategy may draw its
+        round from them (``Strategy.draws_rounds``)."""
+        return self.strategy.offered(workers, version=version)
 
     @property
     def versions_per_update(self) -> int:

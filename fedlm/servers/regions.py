@@ -91,7 +91,9 @@ class RegionServers(Server):
                                         for _ in range(n - 1)]
         self.top = registry.build_strategy(self.cfg.strategy, self.levels.global_outer)
         for part, workers in zip(self.parts, self.regions):
+            part.on_fleet(self.facts([fleet[w] for w in workers]))
             part.start(params, num_workers=len(workers))
+        self.top.on_fleet(self.facts(fleet))
         self.top.start(params, num_workers=n)
         self.models = [params] * n  # θ_r (tensors are never changed in place)
         self.merged = [params] * n  # θ̂_r

@@ -26,7 +26,7 @@ from fedlm.job import JobSpec
 from fedlm.params import num_bytes
 from fedlm.servers.protocol import Sent, Server
 from fedlm.sim import wire_sizes
-from fedlm.strategies.base import Strategy, Update
+from fedlm.strategies.base import DROPPED, Strategy, Update
 from fedlm.strategies.fragments import (Streaming, changed_since, fragment_names,
                                         round_fragment, segment_steps)
 
@@ -81,6 +81,7 @@ class StreamedServer(Server):
         self.groups = fragment_names(self.names, self.streaming.fragments)
         parts = [_part(params, g) for g in self.groups]
         for strategy, part in zip(self.parts, parts):
+            strategy.on_fleet(self.facts(fleet))
             strategy.start(part, num_workers=len(fleet))
         self.encoded_bytes = [wire_sizes.encoded_bytes(p, self.cfg.network) for p in parts]
 
@@ -120,7 +121,7 @@ class StreamedServer(Server):
     def take(self, update: Update):
         p, strategy = self._of(update.base_version)
         new = strategy.on_update(update, _part(self.params, self.groups[p]))
-        return None if new is None else self._whole(new)
+        return new if new is None or new is DROPPED else self._whole(new)
 
     def lose(self, worker: int, *, job_id: int, reason: str):
         p, strategy = self._of(self.version)  # a round's jobs are all of its version

@@ -22,7 +22,7 @@ changes too (slow-downs and absences only take capacity away), just a looser one
 
 Goodput: the share of the workers' present time (compute, exposed communication and
 idle: the idle fraction's denominator, ``store.schema.idle_fraction``) spent computing
-jobs whose updates reached the server (lost and cancelled work is not good).
+jobs whose updates the model took in (lost, cancelled and dropped work is not good).
 """
 
 from __future__ import annotations

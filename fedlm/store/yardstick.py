@@ -50,9 +50,9 @@ def yardstick(path: str | Path, run_id: int) -> Yardstick:
                                 f"WHERE run_id=? AND kind IN ({marks})",
                                 (run_id, *PRESENT_KINDS)).fetchone()
         useful, = conn.execute("SELECT COALESCE(SUM(i.t_end - i.t_start), 0) FROM intervals i "
-                               "JOIN jobs j ON j.run_id = i.run_id AND j.job_id = i.job_id "
-                               "WHERE i.run_id=? AND i.kind='compute' AND j.status='done'",
-                               (run_id,)).fetchone()
+                               "JOIN updates u ON u.run_id = i.run_id AND u.job_id = i.job_id "
+                               "WHERE i.run_id=? AND i.kind='compute' AND u.applied_version "
+                               "IS NOT NULL", (run_id,)).fetchone()
     if not workers:
         return Yardstick(steps, 0.0, end, goodput(useful, present))
     typical = next(iter(moved.values()), (0, 0))
