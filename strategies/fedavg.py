@@ -83,7 +83,7 @@ class FedAvg(Strategy):
         self.dropped: set[int] = set()  # out of this round (missed its deadline, retired)
         self.sampling = Sampling(fraction, min_workers, sample_by, overcommit)
         self.draws_rounds = self.sampling.active
-        self.drawn: list[int] | None = None  # this round's workers (None: every worker)
+        self.drawn: set[int] | None = None  # this round's workers (None: not drawn yet)
         self.keep = 0  # replies this round closes at (0: every worker dispatched)
         self.round_version = -1  # the version this round's jobs start from
         self.discarded = 0  # updates of a closed round (over-committed): never applied
@@ -101,16 +101,19 @@ class FedAvg(Strategy):
     def start(self, params, *, num_workers: int) -> None:
         self.opt_state = self.optimizer.init(params)
 
-    def offered(self, workers: list[int], *, version: int) -> bool:
-        if not self.draws_rounds or self.drawn is not None:
-            return False  # this round is drawn already: a worker freed mid-round joins none
-        if len(workers) < self.sampling.min_workers:
-            return False  # too few available yet (absent, or busy with a closed round's job)
-        facts = self.facts or FleetFacts(0, ())
-        self.drawn, self.keep = self.sampling.draw(
-            sorted(workers), facts.seed, (self.round, self.failed_rounds),
+    def offered(self, workers: list[int], *, version: int) -> list[int] | None:
+        if not self.awaits_draw or len(workers) < self.sampling.min_workers:
+            return None  # drawn already, or too few available yet: wait for more
+        facts, among = self.facts or FleetFacts(0, ()), sorted(workers)
+        drawn, self.keep = self.sampling.draw(
+            among, facts.seed, (self.round, self.failed_rounds),
             facts.data_sizes() if self.sampling.sample_by == "data" else None)
-        return True
+        self.drawn = set(drawn)
+        return among
+
+    @property
+    def awaits_draw(self) -> bool:
+        return self.draws_rounds and self.drawn is None
 
     def wants_job(self, worker: int, *, version: int) -> bool:
         # A worker takes part once per round; the next round opens at the barrier.
@@ -180,7 +183,8 @@ class FedAvg(Strategy):
         return {"opt_state": self.opt_state, "round": self.round,
                 "dispatched": sorted(self.dispatched), "results": dict(self.results),
                 "dropped": sorted(self.dropped), "failed_rounds": self.failed_rounds,
-                "drawn": self.drawn, "keep": self.keep, "round_version": self.round_version,
+                "drawn": None if self.drawn is None else sorted(self.drawn),
+                "keep": self.keep, "round_version": self.round_version,
                 "discarded": self.discarded}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -190,7 +194,8 @@ class FedAvg(Strategy):
         self.results = dict(state["results"])
         self.dropped = set(state["dropped"])
         self.failed_rounds = state["failed_rounds"]
-        self.drawn = state.get("drawn")  # a checkpoint from before sampling: every worker
+        drawn = state.get("drawn")  # a checkpoint from before sampling: none drawn
+        self.drawn = None if drawn is None else set(drawn)
         self.keep = state.get("keep", 0)
         self.round_version = state.get("round_version", -1)
         self.discarded = state.get("discarded", 0)

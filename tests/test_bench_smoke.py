@@ -40,6 +40,7 @@ SMOKES = {
                                    '"transactions_per_second"']),
     "deploy_echo.py": (300, ["echo app round trips: 1 arrays", "4 arrays"]),
     "deploy_overhead.py": (420, ["tiny/warm", "wrote /dev/null"]),
+    "sampling_scale.py": (120, ["'workers': 1000", "events_per_s", "smoke: nothing written"]),
     "batched.py": (240, ["one step: per job", "sync DiLoCo", "DN + DyLU",
                          "smoke: nothing written"]),
 }
