@@ -44,7 +44,7 @@ class Evaluator:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
         self.device = model_lib.resolve_device(cfg.device)
-        self.net = model_lib.build(cfg.model, cfg.data.seq_len, seed=0, device=self.device,
+        self.net = model_lib.blank(cfg.model, cfg.data.seq_len, device=self.device,
                                    vocab_size=data.vocab_size(cfg.data))
         corpus = data.load_corpus(cfg.data)
         val = corpus.val

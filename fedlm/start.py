@@ -98,10 +98,10 @@ def pretrain(params, cfg: Config, progress: Callable[[int, int], None] | None = 
     start from the same weights."""
     torch.set_num_threads(cfg.inner.threads)
     k = cfg.init.pretrain_steps
-    net = model_lib.build(cfg.model, cfg.data.seq_len, seed=cfg.seed,
+    net = model_lib.blank(cfg.model, cfg.data.seq_len,
                           device=model_lib.resolve_device(cfg.device),
                           vocab_size=data.vocab_size(cfg.data))
-    load_into(net, params)
+    load_into(net, params)  # every weight: the structure alone was needed
     opt = adamw(net, cfg)
     everything = np.arange(len(data.load_corpus(cfg.data).train), dtype=np.int64)
     seed = int(np.random.SeedSequence([cfg.seed, 86028121]).generate_state(1)[0])

@@ -1,5 +1,6 @@
 import math
 
+import pytest
 import torch
 
 from fedlm import model as M
@@ -44,3 +45,21 @@ def test_same_seed_same_weights_and_rng_untouched():
     assert torch.equal(before, after)
     for (n, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
         assert torch.equal(p, q), n
+
+
+@pytest.mark.parametrize("preset", ["tiny", "60m"])
+def test_a_blank_model_is_the_structure_and_takes_any_weights_bit_for_bit(preset):
+    """Scratch models (a worker's, the evaluator's, pretraining's) are built without a
+    random initialisation (60m and up: on the meta device, then empty storage), since
+    their weights are loaded before any use: the same parameters, still tied, the same
+    loss once loaded."""
+    from fedlm.model import BLANK_ABOVE, blank, build, load_into, snapshot
+    from fedlm.presets import parameter_count
+
+    seeded, empty = build(preset, 64, seed=3), blank(preset, 64)
+    assert [n for n, _ in empty.named_parameters()] == [n for n, _ in seeded.named_parameters()]
+    assert empty.head.weight is empty.tok_emb.weight
+    load_into(empty, snapshot(seeded))
+    x = torch.randint(0, 256, (2, 64))
+    assert torch.equal(empty(x, x)[1], seeded(x, x)[1])
+    assert (parameter_count(preset, 64) >= BLANK_ABOVE) == (preset == "60m")

@@ -97,3 +97,27 @@ def test_a_round_deadline_closes_the_round_with_the_replies_it_has(tmp_path):
     assert cut >= 1  # the slow worker, when drawn, is cut at the deadline
     assert _rows(db, "SELECT MAX(t_end) FROM intervals")[0][0] < 6 * 10 + 1
     assert replay(db, 1).identical
+
+
+def test_a_failed_round_is_drawn_again_from_every_worker_free_and_replays(tmp_path):
+    """A round cut below min_replies by the deadline starts over from the same version:
+    its new draw is from every free worker (a full offer), not from those just freed."""
+    db = tmp_path / "f.db"
+    run_inprocess(tiny_config("strategy=diloco", "workers=6", "outer.fraction=0.5",
+                              "outer.min_replies=3", "fleet.step_times=[1, 1, 1, 30, 30, 30]",
+                              "inner.steps=3", "reliability.deadline=10", "updates=3"), str(db))
+    draws = [json.loads(d) for (d,) in _rows(db, "SELECT detail FROM events WHERE "
+                                                 "kind='round_drawn' ORDER BY id")]
+    versions = [v for (v,) in _rows(db, "SELECT base_version FROM jobs ORDER BY job_id")]
+    assert len(draws) > 3 or len(set(versions)) < len(versions)  # some round drawn again
+    assert all(len(d["offered"]) >= 3 for d in draws)  # each from many free, not one
+    assert replay(db, 1).identical
+
+
+def test_sampling_on_a_churning_fleet_runs_and_replays(tmp_path):
+    db = tmp_path / "c.db"
+    run_inprocess(tiny_config("strategy=diloco", "workers=12", "outer.fraction=0.25",
+                              "outer.overcommit=1.5", "fleet.availability={up=30, down=20}",
+                              "updates=6"), str(db))
+    assert _rows(db, "SELECT status FROM runs")[0][0] == "finished"
+    assert replay(db, 1).identical

@@ -49,8 +49,11 @@ class Offering:
     def _offer(self, present: list[int], now: float) -> list[int]:
         """The present workers the server wants, once it has drawn its round from them
         (logged with the next op, for replay) and the policy has sized it."""
-        if self.server.offered(present, self.version):
-            self.log.round_drawn(now, present)
+        among = self.server.offered(present, self.version)
+        if among is not None:
+            self.log.round_drawn(now, among)
+        if self.strategy.awaits_draw:  # next scan, every free worker: a draw takes them all
+            self.pool.blocked = True
         wanted = [w for w in present if self.server.wants_job(w, self.version)]
         if self.policy.sizes_rounds:
             self.policy.offered(now=now, version=self.version, workers=wanted,

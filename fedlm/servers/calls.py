@@ -73,9 +73,9 @@ class ServerCalls:
     def wants_job(self, worker: int, version: int) -> bool:
         return self._server.wants_job(worker, version)
 
-    def offered(self, workers: list[int], version: int) -> bool:
-        """Free, present ``workers`` before they are asked for jobs: whether a round was
-        drawn from them (the engine logs the offer; replay makes it again)."""
+    def offered(self, workers: list[int], version: int) -> list[int] | None:
+        """Free, present ``workers`` before they are asked for jobs: the workers a round
+        was drawn from, or None (the engine logs them; replay offers exactly them)."""
         return self._server.offered(workers, version)
 
     def job_steps(self, worker: int, version: int, policy,

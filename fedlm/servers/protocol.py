@@ -102,9 +102,9 @@ class Server:
             return shard_sizes(cfg) if cfg.data.shard_choice == "fixed" else None
         return FleetFacts(cfg.seed, tuple(p.step_time for p in fleet), data_sizes)
 
-    def offered(self, workers: list[int], version: int) -> bool:
+    def offered(self, workers: list[int], version: int) -> list[int] | None:
         """Free, present ``workers`` about to be asked for jobs: the strategy may draw its
-        round from them (``Strategy.draws_rounds``)."""
+        round (``Strategy.draws_rounds``); the workers it drew from, or None."""
         return self.strategy.offered(workers, version=version)
 
     @property

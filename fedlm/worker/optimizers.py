@@ -84,8 +84,7 @@ def probe(cfg) -> None:
         return
     from fedlm import data, model as model_lib
 
-    net = model_lib.build(cfg.model, cfg.data.seq_len, seed=cfg.seed,
-                          vocab_size=data.vocab_size(cfg.data))
+    net = model_lib.blank(cfg.model, cfg.data.seq_len, vocab_size=data.vocab_size(cfg.data))
     try:
         build(cfg.inner.optimizer, list(net.named_parameters()), cfg.inner)
     except Exception as exc:  # noqa: BLE001 - whatever the factory raises: its one line

@@ -70,7 +70,7 @@ def _scratch_model(preset: str, block_size: int, device: str,
     if key not in models:
         if len(models) >= 2:
             models.clear()
-        models[key] = model_lib.build(preset, block_size, seed=0, device=device,
+        models[key] = model_lib.blank(preset, block_size, device=device,
                                       vocab_size=vocab_size)
     return models[key]
 
