@@ -34,8 +34,7 @@ from fedlm.errors import ConfigError
 from fedlm.strategies import registry
 from tests.fuzzing import RANDOM, SEED, time_bound
 
-# Derandomized: the suite (and CI) tries the same examples every time; set
-# FEDLM_FUZZ_RANDOM=1 to explore new ones (and pin what they find with @example).
+# Derandomized: the same examples every time (FEDLM_FUZZ_RANDOM=1 explores; pin finds with @example)
 FUZZ = settings(max_examples=120, deadline=None, database=None,
                 derandomize=not os.environ.get("FEDLM_FUZZ_RANDOM"),
                 suppress_health_check=[HealthCheck.function_scoped_fixture,
