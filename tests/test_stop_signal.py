@@ -97,7 +97,7 @@ def _status(db):
 
 @pytest.mark.parametrize("backend, hook", [
     ("inprocess", "Sleeps"),  # the engine in the main thread: the signal handler raises
-    pytest.param("flower", "Spins", marks=pytest.mark.flower),  # the ServerApp's thread
+    ("inprocess", "Spins"),
 ])
 def test_a_run_stuck_in_a_plugin_is_made_to_stop_within_the_grace(tmp_path, backend, hook):
     """SIGTERM to a run whose strategy hook never returns: the engine never reaches its
@@ -134,3 +134,33 @@ def test_a_run_stuck_in_a_plugin_is_made_to_stop_within_the_grace(tmp_path, back
     assert _status(db) == "interrupted"
     assert _processes_mentioning(mark) == []
 
+
+
+def test_an_overdue_stop_is_raised_in_the_thread_that_asks_whatever_it_is_doing():
+    """On Flower the engine runs in the ServerApp's thread, not the main one: an overdue
+    stop is raised there, at its next line of Python (a loop that never returns too)."""
+    import threading
+
+    from fedlm.interrupts import stop_on_signals
+
+    class Overdue(Exception):
+        pass
+
+    caught, asked = [], threading.Event()
+
+    def engine(stop) -> None:
+        try:
+            stop.is_set()  # the engine's thread asks once, as at each step
+            asked.set()
+            while True:  # then never reaches its next step
+                pass
+        except Overdue:
+            caught.append(threading.get_ident())
+
+    with stop_on_signals(overdue=Overdue, grace=0.3) as stop:
+        thread = threading.Thread(target=engine, args=(stop,), daemon=True)
+        thread.start()
+        assert asked.wait(10)
+        os.kill(os.getpid(), signal.SIGTERM)  # the first signal: a stop is asked for
+        thread.join(timeout=10)
+    assert not thread.is_alive() and caught == [thread.ident]
