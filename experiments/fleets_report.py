@@ -62,7 +62,7 @@ def at_budget(db: str, row, summary) -> tuple[float, float]:
     long rounds by up to a tenth of it); this is where it stood at equal work."""
     budget = json.loads(row["config_json"])["local_step_budget"]
     tokens_per_step = summary.tokens / max(1, summary.local_steps)
-    points = [(t, p) for t, n, p in store_readers.tokens_curve(db, row["id"])
+    points = [(t, p) for t, n, p in store.tokens_curve(db, row["id"])
               if n <= budget * tokens_per_step + 1e-9]
     return points[-1] if points else (row["virtual_time"], math.nan)
 

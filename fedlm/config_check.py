@@ -17,8 +17,9 @@ from fedlm.config import (BATCH_MODES, CLOCKS, DEVICES, GRACE_RULES, PARTITIONS,
                           PRECISIONS, SCHEDULES, SHARD_CHOICES, STATE_STORES, TOPOLOGIES,
                           TRACKERS, WANDB_MODES, Config)
 from fedlm.data import shakespeare_play_count, tokenizer
-from fedlm.errors import ConfigError, first_line, shown, shown_key
-from fedlm.servers import Server, kind_name, server_class
+from fedlm.errors import ConfigError, first_line, require, shown, shown_key
+from fedlm.servers import kind_name
+from fedlm.servers.checks import check_exchange
 from fedlm.sim import codecs, faults, fleet, fleet_check, geo, quantities as Q
 from fedlm.worker import optimizers
 from fedlm.strategies import registry
@@ -101,9 +102,7 @@ def _seconds(text: str) -> float | None:
     return value if math.isfinite(value) and 0 <= value <= MAX_GRACE else None
 
 
-def _require(ok: bool, path: str, value: Any, why: str) -> None:
-    if not ok:
-        raise ConfigError(f"{path}: {why}, got {shown(value)}")
+_require = require  # the checks below read as before
 
 
 def _require_choice(path: str, value: Any, choices: tuple[str, ...]) -> None:
@@ -275,7 +274,7 @@ def _check_network(cfg: Config) -> None:
     _require(n.block_size >= 0, "network.block_size", n.block_size, "must be >= 0")
     Q.BANDWIDTH.check("network.intra_bw", n.intra_bw)
     _require_choice("network.topology", n.topology, TOPOLOGIES)
-    _check_exchange(cfg)
+    check_exchange(cfg)  # the server kind, topology and streaming rounds: the servers'
 
 
 def _check_reliability(cfg: Config) -> None:
@@ -321,73 +320,6 @@ def _check_track(cfg: Config) -> None:
     _require(t.dir.strip() != "", "track.dir", t.dir, "must be a folder path")
     _require(t.project.strip() != "", "track.project", t.project, "must not be empty")
     _require_choice("track.wandb_mode", t.wandb_mode, WANDB_MODES)
-
-
-def _check_exchange(cfg: Config) -> None:
-    """What an all-reduce topology and Streaming DiLoCo's rounds need: every worker
-    in every round (a synchronous strategy), and a timing model without a shared
-    server link (``fedlm.sim.collectives``)."""
-    from fedlm.strategies import fragments
-    from fedlm.strategies.registry import strategy_class
-
-    try:
-        stream = fragments.Streaming.of_config(cfg)
-    except ValueError as exc:
-        raise ConfigError(str(exc).splitlines()[0]) from None
-    cls = strategy_class(cfg.strategy)
-    named = getattr(cls, "server", None)  # where a strategy named its server before
-    _require(not (isinstance(named, str) and named), "strategy", cfg.strategy,
-             f"names its server in `server` ({named!r}), which fedlm no longer reads: call "
-             f"it default_server, or set server = {named!r} in the config")
-    n = cfg.network
-    shared = n.server_down > 0 or n.server_up > 0 or n.daily_amplitude > 0
-    if n.topology in ("ring", "tree"):
-        _require(cls.synchronous, "network.topology", n.topology,
-                 f"an all-reduce needs every worker each round: a synchronous strategy "
-                 f"(diloco, fedavg), not {cfg.strategy!r}")
-        _require(not shared, "network.topology", n.topology,
-                 "has no server: drop network.server_down, server_up and daily_amplitude")
-    kind, name = server_class(cfg), kind_name(cfg)
-    # a shared link times every job by its flows (fedlm.sim.network): a kind that times
-    # its own jobs (an overlapped exchange, say) would lose its timing there, silently
-    _require(not (shared and kind.timing is not Server.timing), "network.server_up",
-             n.server_up or n.server_down or n.daily_amplitude,
-             f"{cfg.strategy!r}'s server times its own jobs ({kind.__name__}.timing), which a "
-             f"shared server link cannot: drop network.server_down, server_up and "
-             f"daily_amplitude")
-    if not kind.shared_link:  # servers of its own
-        _require(n.topology == "star" and not n.hierarchical, "network.topology", n.topology,
-                 f"{cfg.strategy!r} has its own servers (one per region and a global one): "
-                 f"use the star topology without network.hierarchical")
-        _require(not (n.server_down or n.server_up), "network.server_up",
-                 n.server_up or n.server_down, f"{cfg.strategy!r}'s workers talk to their "
-                 f"region's server, not a shared one: drop network.server_down and server_up")
-    _require(name != "regions" or not cls.synchronous, "server", name,
-             f"runs an asynchronous strategy at every region's server (halos, "
-             f"delayed-nesterov, ...), not {cfg.strategy!r}")
-    _require(name != "streamed" or stream is not None, "server", name,
-             "has streaming rounds to run: set stream.fragments (or stream.overlap)")
-    if stream is None:
-        return
-    _require(cls.synchronous, "stream.fragments", cfg.stream.fragments,
-             f"streaming rounds need a synchronous strategy (diloco, fedavg), "
-             f"not {cfg.strategy!r}")
-    _require(name == "streamed", "stream.fragments", cfg.stream.fragments,
-             f"streaming rounds run on server = 'streamed', not {name!r}")
-    blocks = presets.PRESETS[cfg.model][0]
-    _require(stream.fragments <= blocks, "stream.fragments", stream.fragments,
-             f"must be at most the {blocks} blocks of layers of model {cfg.model!r}")
-    shortest = cfg.inner.steps // stream.fragments
-    _require(shortest >= 1, "stream.fragments", stream.fragments,
-             f"must be at most inner.steps ({cfg.inner.steps})")
-    _require(stream.overlap < shortest, "stream.overlap", stream.overlap,
-             f"must be less than the {shortest} inner steps of a round "
-             f"(inner.steps {cfg.inner.steps} / stream.fragments {stream.fragments})")
-    _require(cfg.local_steps == "fixed", "local_steps", cfg.local_steps,
-             "must be 'fixed' with streaming rounds (stream.fragments/overlap/mix)")
-    _require(not shared, "stream.fragments", stream.fragments,
-             "streaming rounds are timed without a shared server link or daily cycle: "
-             "drop network.server_down, server_up and daily_amplitude")
 
 
 def notes(cfg: Config) -> list[str]:

@@ -34,3 +34,10 @@ def shown_key(name: str) -> str:
 def first_line(exc: BaseException) -> str:
     lines = str(exc).splitlines()
     return lines[0] if lines else type(exc).__name__
+
+
+def require(ok: bool, path: str, value: Any, why: str) -> None:
+    """A config check: ``ConfigError`` ("PATH: WHY, got VALUE") unless ``ok``."""
+    if not ok:
+        raise ConfigError(f"{path}: {why}, got {shown(value)}")
+

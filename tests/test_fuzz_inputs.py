@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from fedlm.config_load import ConfigError
 from fedlm.engine import EngineError
 from fedlm.engine.dry_run import run_clock
-from fedlm.sim import fleet, quantities as Q, traces
+from fedlm.sim import fleet, quantities as Q
 from tests.conftest import tiny_config
 from tests.fuzzing import RANDOM, SEED, time_bound
 

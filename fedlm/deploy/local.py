@@ -38,14 +38,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
 from fedlm import data as data_lib
 from fedlm.sim import fleet as fleet_lib
-from fedlm.deploy import bundle, superlink
+from fedlm.deploy import bundle, processes, superlink
 from fedlm.deploy.credentials import (make_certificates, make_node_key, make_secret,
                                       private_home, store_cli_token)
 from fedlm.flower import patches
@@ -318,49 +317,10 @@ class LocalDeployment:
             return None
 
     def stop(self) -> None:
-        for proc in reversed(self.procs):
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                continue
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait(timeout=15)
+        """Every process it started, and what they started (``processes.stop_all``)."""
+        processes.stop_all(self.procs, mark=f"FLWR_HOME={self.home}")
         self.procs.clear()
         self.nodes.clear()
-        # The SuperLink starts its SuperExec (and that the ServerApp) in a session
-        # of its own; they exit once they see the SuperLink gone (0.2 s checks,
-        # then a graceful exit). Wait for that, bounded; then end what is left.
-        deadline = time.monotonic() + 15
-        while (left := self._own_processes()) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-    def _own_processes(self) -> list[int]:
-        """Live processes started for this deployment: FLWR_HOME is this home (Linux)."""
-        mark = f"FLWR_HOME={self.home}".encode()
-        pids = []
-        proc_dir = Path("/proc")
-        if not proc_dir.is_dir():
-            return pids
-        for p in proc_dir.iterdir():
-            if p.name.isdigit() and int(p.name) != os.getpid():
-                try:
-                    if mark in (p / "environ").read_bytes().split(b"\0"):
-                        pids.append(int(p.name))
-                except OSError:
-                    pass
-        return pids
 
     def __enter__(self) -> "LocalDeployment":
         return self

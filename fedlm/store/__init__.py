@@ -33,13 +33,12 @@ from fedlm.store.connection import (StoreError, check_writable, connect, connect
 from fedlm.store.export import export  # the function; the module is fedlm.store.export too
 from fedlm.store.fleet_changes import WorkerChanges, fleet_changes
 from fedlm.store.progress import ProgressPoint, progress_points
-from fedlm.store.readers import (OperationLog, RunSummary, Troubles, WorkerSummary, best_loss,
-                                 config_of, event_details, input_pins, last_seen, list_runs,
-                                 metric_curve, tokens_curve, operation_log,
-                                 region_transfers,
+from fedlm.store.readers import (OperationLog, RunSummary, Troubles, WorkerSummary, config_of,
+                                 event_details, input_pins, last_seen, list_runs, operation_log,
                                  replayable_row, resumable_row, run_row, shown_status, summarize,
-                                 tokenizer_of, troubles,
-                                 traffic, uploaded_bytes)
+                                 tokenizer_of, troubles)
+from fedlm.store.series import (best_loss, metric_curve, region_transfers, tokens_curve, traffic,
+                                uploaded_bytes)
 from fedlm.store.schema import SCHEMA_VERSION, TABLES, IntervalKind, store_id
 from fedlm.store.writer import RunWriter, mark_ended
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from fedlm import store
 from fedlm.sweep import fairness, plots, tuning
+from fedlm.sweep.cells import ONE_SEED, SEEDED, seconds_format, shown, span
 from fedlm.sweep.plots import by_seed, groups_of
 from fedlm.sweep.run import Cell, Failure, SweepResult
 from fedlm.sweep.spec import cells_of, reference_of, seeds_of
@@ -77,30 +78,6 @@ def write_report(spec: dict, result: SweepResult) -> tuple[str, list[Path]]:
 def _seeded(spec: dict) -> bool:
     """Whether the spec (or --seeds) names seeds: then the report gives intervals."""
     return any(c.seed is not None for c in cells_of(spec))
-
-
-def seconds_format(group: Group) -> str:
-    """Whole seconds, unless this cell's runs are all shorter than 10 virtual s (a fast
-    fleet or a scaled clock, which whole seconds would show as 0 or 1), per cell: one
-    report may hold runs of 3 s and of 3,000 s."""
-    longest = max((c.summary.virtual_time for c in group.values()), default=10)
-    return ",.0f" if longest >= 10 else ".3f"
-
-
-def shown(est: Estimate | None, fmt: str, seeded: bool, planned: int = 0,
-          unit: str = "") -> str:
-    """``est`` as a table cell. Without seeds, the value alone (as reports always
-    were). With seeds: ``mean ± half-width`` of the 95% interval, the unit after
-    both (``+6.7 ± 2.1%``); ``n=1: no interval`` where one seed finished;
-    ``(n=k)`` where fewer seeds than ``planned`` finished."""
-    if est is None:
-        return "-"
-    if not seeded:
-        return f"{est.mean:{fmt}}{unit}"
-    if est.half_width is None:
-        return f"{est.mean:{fmt}}{unit} (n=1: no interval)"
-    text = f"{est.mean:{fmt}} ± {est.half_width:{fmt.replace('+', '')}}{unit}"
-    return text + (f" (n={est.n})" if est.n < planned else "")
 
 
 def report(spec: dict, cells: list[Cell], failures: list[Failure] = (),
@@ -270,8 +247,8 @@ class _Report:
 
     def counts(self, arm: str, group: Group) -> str:
         cs = list(group.values())
-        return (f"{_span([c.summary.updates for c in cs])} / "
-                f"{_span([c.summary.local_steps for c in cs])}")
+        return (f"{span([c.summary.updates for c in cs])} / "
+                f"{span([c.summary.local_steps for c in cs])}")
 
     def ids(self, arm: str, group: Group) -> str:
         cs = [c for _, c in sorted(group.items(), key=by_seed)]
@@ -297,8 +274,8 @@ class _Report:
         out += self.starts_warning()
         if self.seeded:
             seeds = sorted({c.seed for c in cells_of(spec)})
-            return out + [f"Seeds: {', '.join(map(str, seeds))}; {_SEEDED}", ""]
-        return out + [_ONE_SEED, ""]
+            return out + [f"Seeds: {', '.join(map(str, seeds))}; {SEEDED}", ""]
+        return out + [ONE_SEED, ""]
 
     def starts_warning(self) -> list[str]:
         """The seeds whose arms began from different weights, arm by start."""
@@ -365,19 +342,3 @@ class _Report:
         if spec.get("discussion"):
             out += ["## Reading", "", spec["discussion"].strip(), ""]
         return out
-
-
-def _span(values: list[int]) -> str:
-    low, high = min(values), max(values)
-    return f"{low:,}" if low == high else f"{low:,}–{high:,}"
-
-
-_SEEDED = ("each cell is run once per seed (an arm's own `seeds` are listed under Arms). A "
-           "number is the mean over the seeds that finished ± the half-width of its 95% "
-           "confidence interval (Student t, n − 1 degrees of freedom); n is given where "
-           "fewer seeds finished than were planned, and one seed alone has no interval. "
-           "Comparisons with the reference are paired: each seed against the reference's "
-           "run of the same profile and seed, then the mean and interval of those "
-           "differences (of ratios: their arithmetic mean).")
-_ONE_SEED = ("One run per cell (one seed): no intervals. `seeds = [0, 1, 2]` in the spec, or "
-             "`--seeds N`, runs each cell over seeds and gives means with 95% intervals.")

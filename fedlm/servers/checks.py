@@ -1,0 +1,77 @@
+"""What the servers need of a config: the kind of server, the network topology and
+Streaming DiLoCo's rounds checked together (``check_exchange``, called by
+``fedlm.config_check.validate``), each refusal one line naming the field."""
+
+from __future__ import annotations
+
+from fedlm import presets
+from fedlm.config import Config
+from fedlm.errors import ConfigError, require
+from fedlm.servers import Server, kind_name, server_class
+
+
+def check_exchange(cfg: Config) -> None:
+    """What an all-reduce topology and Streaming DiLoCo's rounds need: every worker
+    in every round (a synchronous strategy), and a timing model without a shared
+    server link (``fedlm.sim.collectives``)."""
+    from fedlm.strategies import fragments
+    from fedlm.strategies.registry import strategy_class
+
+    try:
+        stream = fragments.Streaming.of_config(cfg)
+    except ValueError as exc:
+        raise ConfigError(str(exc).splitlines()[0]) from None
+    cls = strategy_class(cfg.strategy)
+    named = getattr(cls, "server", None)  # where a strategy named its server before
+    require(not (isinstance(named, str) and named), "strategy", cfg.strategy,
+             f"names its server in `server` ({named!r}), which fedlm no longer reads: call "
+             f"it default_server, or set server = {named!r} in the config")
+    n = cfg.network
+    shared = n.server_down > 0 or n.server_up > 0 or n.daily_amplitude > 0
+    if n.topology in ("ring", "tree"):
+        require(cls.synchronous, "network.topology", n.topology,
+                 f"an all-reduce needs every worker each round: a synchronous strategy "
+                 f"(diloco, fedavg), not {cfg.strategy!r}")
+        require(not shared, "network.topology", n.topology,
+                 "has no server: drop network.server_down, server_up and daily_amplitude")
+    kind, name = server_class(cfg), kind_name(cfg)
+    # a shared link times every job by its flows (fedlm.sim.network): a kind that times
+    # its own jobs (an overlapped exchange, say) would lose its timing there, silently
+    require(not (shared and kind.timing is not Server.timing), "network.server_up",
+             n.server_up or n.server_down or n.daily_amplitude,
+             f"{cfg.strategy!r}'s server times its own jobs ({kind.__name__}.timing), which a "
+             f"shared server link cannot: drop network.server_down, server_up and "
+             f"daily_amplitude")
+    if not kind.shared_link:  # servers of its own
+        require(n.topology == "star" and not n.hierarchical, "network.topology", n.topology,
+                 f"{cfg.strategy!r} has its own servers (one per region and a global one): "
+                 f"use the star topology without network.hierarchical")
+        require(not (n.server_down or n.server_up), "network.server_up",
+                 n.server_up or n.server_down, f"{cfg.strategy!r}'s workers talk to their "
+                 f"region's server, not a shared one: drop network.server_down and server_up")
+    require(name != "regions" or not cls.synchronous, "server", name,
+             f"runs an asynchronous strategy at every region's server (halos, "
+             f"delayed-nesterov, ...), not {cfg.strategy!r}")
+    require(name != "streamed" or stream is not None, "server", name,
+             "has streaming rounds to run: set stream.fragments (or stream.overlap)")
+    if stream is None:
+        return
+    require(cls.synchronous, "stream.fragments", cfg.stream.fragments,
+             f"streaming rounds need a synchronous strategy (diloco, fedavg), "
+             f"not {cfg.strategy!r}")
+    require(name == "streamed", "stream.fragments", cfg.stream.fragments,
+             f"streaming rounds run on server = 'streamed', not {name!r}")
+    blocks = presets.PRESETS[cfg.model][0]
+    require(stream.fragments <= blocks, "stream.fragments", stream.fragments,
+             f"must be at most the {blocks} blocks of layers of model {cfg.model!r}")
+    shortest = cfg.inner.steps // stream.fragments
+    require(shortest >= 1, "stream.fragments", stream.fragments,
+             f"must be at most inner.steps ({cfg.inner.steps})")
+    require(stream.overlap < shortest, "stream.overlap", stream.overlap,
+             f"must be less than the {shortest} inner steps of a round "
+             f"(inner.steps {cfg.inner.steps} / stream.fragments {stream.fragments})")
+    require(cfg.local_steps == "fixed", "local_steps", cfg.local_steps,
+             "must be 'fixed' with streaming rounds (stream.fragments/overlap/mix)")
+    require(not shared, "stream.fragments", stream.fragments,
+             "streaming rounds are timed without a shared server link or daily cycle: "
+             "drop network.server_down, server_up and daily_amplitude")
