@@ -57,6 +57,7 @@ class FleetFacts:
 
     seed: int  # the run's seed: a strategy's own draws come from it (replay repeats them)
     step_times: tuple[float, ...]  # each worker's nominal seconds per inner step
+    inner_steps: int = 0  # the run's H (inner.steps): what a job's steps are measured by
     # each worker's own shard's sequences (None: shards are not workers'), read when asked
     data_sizes: Callable[[], list[int] | None] = lambda: None
 
@@ -95,10 +96,17 @@ class Strategy(ABC):
         """The run's fleet, told once before ``start`` (speeds, the seed for draws of its
         own, each worker's data): where a strategy learns what its servers know."""
 
-    def offered(self, workers: list[int], *, version: int) -> bool:
+    def offered(self, workers: list[int], *, version: int) -> list[int] | None:
         """(``draws_rounds`` strategies only) ``workers`` are free and present now, about
-        to be asked ``wants_job`` from global ``version``. Returns whether it drew a round
-        from them: the run logs what was offered then, and its replay offers it again."""
+        to be asked ``wants_job`` from global ``version``: all of them while it
+        ``awaits_draw`` (else those freed since the last offer). Returns the workers it
+        drew a round from, or None: the run logs them, its replay offers exactly them."""
+        return None
+
+    @property
+    def awaits_draw(self) -> bool:
+        """Whether its next round is still to be drawn: the engine then offers it every
+        free, present worker, not only those freed since (a full scan)."""
         return False
 
     @abstractmethod

@@ -49,11 +49,13 @@ class FedAvg(Strategy):
         for rounds whose jobs ran different numbers of steps).
     min_replies : int
         Fewest replies a round may close with after workers dropped out of it.
-    fraction, min_workers, sample_by, overcommit
+    fraction, min_workers, sample_by, overcommit, late
         Client sampling (``fedlm.strategies.sampling``): a round takes
         max(min_workers, floor(fraction · N)) of the N workers available, drawn
         uniformly or by data, dispatching ``overcommit`` times as many and keeping the
-        first to report. The defaults (1, 1, uniform, 1): every worker, every round.
+        first to report; the others' replies are dropped, or with ``late = "next"``
+        merged into the next round. The defaults (1, 1, uniform, 1, drop): every worker,
+        every round.
     """
 
     source = ("follows McMahan et al. 2017 (FedAvg: outer SGD, lr 1 = the average), "
@@ -65,7 +67,7 @@ class FedAvg(Strategy):
     def __init__(self, *, lr: float = 1.0, momentum: float = 0.0, nesterov: bool = False,
                  weighting: str = "tokens", min_replies: int = 1, fraction: float = 1.0,
                  min_workers: int = 1, sample_by: str = "uniform",
-                 overcommit: float = 1.0) -> None:
+                 overcommit: float = 1.0, late: str = "drop") -> None:
         check_outer_sgd(lr, momentum)
         if weighting not in WEIGHTINGS:
             raise ValueError(f"outer.weighting: must be tokens, uniform or fednova, "
@@ -81,7 +83,8 @@ class FedAvg(Strategy):
         self.dispatched: set[int] = set()
         self.results: dict[int, Update] = {}
         self.dropped: set[int] = set()  # out of this round (missed its deadline, retired)
-        self.sampling = Sampling(fraction, min_workers, sample_by, overcommit)
+        self.sampling = Sampling(fraction, min_workers, sample_by, overcommit, late)
+        self.carried: list[Update] = []  # late replies for the next round (late = next)
         self.draws_rounds = self.sampling.active
         self.drawn: set[int] | None = None  # this round's workers (None: not drawn yet)
         self.keep = 0  # replies this round closes at (0: every worker dispatched)
@@ -143,6 +146,9 @@ class FedAvg(Strategy):
     def on_update(self, update: Update, params):
         if self.draws_rounds and (update.worker not in self.dispatched
                                   or update.base_version != self.round_version):
+            if self.sampling.late == "next":  # into the round open now: held until it closes
+                self.carried.append(update)
+                return None
             self.discarded += 1  # over-committed: the round closed without it
             return DROPPED
         self.results[update.worker] = update
@@ -162,7 +168,8 @@ class FedAvg(Strategy):
         self.drawn = None
 
     def _aggregate(self, params):
-        ordered = [self.results[w] for w in sorted(self.results)]
+        ordered = [self.results[w] for w in sorted(self.results)] + self.carried
+        self.carried = []
         mean = self._merge(ordered)
         self.round += 1
         self._next_round()
@@ -185,7 +192,7 @@ class FedAvg(Strategy):
                 "dropped": sorted(self.dropped), "failed_rounds": self.failed_rounds,
                 "drawn": None if self.drawn is None else sorted(self.drawn),
                 "keep": self.keep, "round_version": self.round_version,
-                "discarded": self.discarded}
+                "discarded": self.discarded, "carried": list(self.carried)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.opt_state = state["opt_state"]
@@ -199,13 +206,15 @@ class FedAvg(Strategy):
         self.keep = state.get("keep", 0)
         self.round_version = state.get("round_version", -1)
         self.discarded = state.get("discarded", 0)
+        self.carried = list(state.get("carried", []))
 
     def summary(self) -> str:
         """One line of its settings; a subclass with another outer optimizer says its own
         (``outer_summary``), not outer SGD's."""
         s = self.sampling
         drawn = (f", rounds of {s.fraction:g} of the workers (at least {s.min_workers}, "
-                 f"{s.sample_by}, overcommit {s.overcommit:g})" if s.active else "")
+                 f"{s.sample_by}, overcommit {s.overcommit:g}, late replies {s.late})"
+                 if s.active else "")
         return (f"{self.name}: sync rounds{drawn}, {self.outer_summary()}, weighting "
                 f"{self.weighting}")
 

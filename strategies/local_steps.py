@@ -203,6 +203,28 @@ class DyLUPaper(DyLUFloor):
         return not x or min(x) == max(x)
 
 
+class DyLURtt(DyLU):
+    """DyLU, but no job computes for less than its own round trip: H_w = max(DyLU's, ceil(v_w X_w))."""
+
+    source = ("fedlm's own, after Shadowheart SGD (arXiv 2402.04785): a budget from each "
+              "worker's compute and communication times; DyLU's size, or the steps that "
+              "cover the job's own transfers, whichever is more")
+    name = "dylu-rtt"
+
+    def _cover(self, worker: int) -> int:
+        return math.ceil(self.speed(worker) * self.transfer(worker) - 1e-9)
+
+    def local_steps(self, worker: int) -> int:
+        return max(super().local_steps(worker), self._cover(worker))
+
+    def sizes_even(self) -> bool:
+        """As DyLU's, unless a far worker's jobs are lengthened past the cohort's."""
+        if not super().sizes_even() or getattr(self, "transfer_times", None) is None:
+            return super().sizes_even()  # uneven already, or not started: DyLU's answer
+        return all(self._cover(w) <= DyLU.local_steps(self, w)
+                   for w in range(len(self.step_times)))
+
+
 class DyLUOnline(DyLU):
     """DyLU with speeds estimated from observed compute times.
 

@@ -27,14 +27,15 @@ from fedlm.strategies.fedavg import FedAvg
 from fedlm.strategies.fedbuff import FedBuff
 from fedlm.strategies.halos import Halos
 from fedlm.strategies.fill_steps import Fill, FillOnline, FillSizes
-from fedlm.strategies.local_steps import DyLU, DyLUFloor, DyLUOnline, DyLUPaper, Fixed, LocalSteps
+from fedlm.strategies.local_steps import (DyLU, DyLUFloor, DyLUOnline, DyLUPaper, DyLURtt,
+                                          Fixed, LocalSteps)
 from fedlm.strategies.poly import Poly, PolyThres
 
 STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (
     FedAvg, DiLoCo, DiLoCoDyLU, DiLoCoFill, AsyncSGD, AsyncNesterov, DelayedNesterov, Poly, PolyThres,
     FedBuff, Halos)}
 LOCAL_STEPS: dict[str, type[LocalSteps]] = {cls.name: cls for cls in (
-    Fixed, DyLU, DyLUFloor, DyLUPaper, DyLUOnline, Fill, FillOnline, FillSizes)}
+    Fixed, DyLU, DyLUFloor, DyLUPaper, DyLURtt, DyLUOnline, Fill, FillOnline, FillSizes)}
 ENTRY_POINT_GROUP = "fedlm.strategies"
 
 

@@ -11,7 +11,9 @@ after the round closed, are dropped (their compute is waste). The D are drawn wi
 replacement, uniformly or with probability proportional to each worker's data
 (``sample_by = "data"``: its shard's sequences, where shards are the workers' own),
 from a generator seeded by the run's seed and the round: a run, its replay and its
-resume draw the same workers, whatever was drawn before.
+resume draw the same workers, whatever was drawn before. With ``late = "next"`` a reply
+that comes after its round closed is merged into the round open then instead (a
+semi-synchronous round: it closes at a quorum, its stragglers' work is not lost).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 SAMPLE_BY = ("uniform", "data")
+LATE = ("drop", "next")
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,7 @@ class Sampling:
     min_workers: int = 1  # a round takes at least this many (Flower: min_train_nodes)
     sample_by: str = "uniform"  # uniform | data (proportional to each worker's sequences)
     overcommit: float = 1.0  # dispatch ceil(K x overcommit), keep the first K to report
+    late: str = "drop"  # a reply after its round closed: drop | next (merged into the next)
 
     def __post_init__(self) -> None:
         if not 0 < self.fraction <= 1:
@@ -43,6 +47,8 @@ class Sampling:
             raise ValueError(f"outer.sample_by: uniform or data, got {self.sample_by!r}")
         if not 1 <= self.overcommit <= 10:
             raise ValueError(f"outer.overcommit: must be in [1, 10], got {self.overcommit!r}")
+        if self.late not in LATE:
+            raise ValueError(f"outer.late: drop or next, got {self.late!r}")
 
     @property
     def active(self) -> bool:

@@ -121,3 +121,19 @@ def test_sampling_on_a_churning_fleet_runs_and_replays(tmp_path):
                               "updates=6"), str(db))
     assert _rows(db, "SELECT status FROM runs")[0][0] == "finished"
     assert replay(db, 1).identical
+
+
+def test_a_semi_synchronous_round_closes_at_its_quorum_and_merges_stragglers_into_the_next(
+        tmp_path):
+    """fraction = q / N with overcommit = N / q: every worker dispatched, the round closes
+    at the first q replies; with late = next the others' work joins the next round."""
+    db = tmp_path / "q.db"
+    run_inprocess(tiny_config("strategy=diloco", "workers=4", "outer.fraction=0.5",
+                              "outer.overcommit=2", "outer.late=next", "profile=very",
+                              "updates=5"), str(db))
+    late = _rows(db, "SELECT COUNT(*) FROM updates WHERE applied_version > base_version + 1")
+    assert late[0][0] >= 1  # a straggler's update went into a later round
+    never = _rows(db, "SELECT COUNT(*) FROM updates u JOIN runs r ON r.id = u.run_id WHERE "
+                      "u.applied_version IS NULL AND u.base_version < r.updates - 1")
+    assert never[0][0] == 0  # none dropped (but those still held when the run ended)
+    assert replay(db, 1).identical

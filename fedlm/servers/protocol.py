@@ -100,7 +100,8 @@ class Server:
             from fedlm.shards import shard_sizes
 
             return shard_sizes(cfg) if cfg.data.shard_choice == "fixed" else None
-        return FleetFacts(cfg.seed, tuple(p.step_time for p in fleet), data_sizes)
+        return FleetFacts(cfg.seed, tuple(p.step_time for p in fleet), cfg.inner.steps,
+                          data_sizes)
 
     def offered(self, workers: list[int], version: int) -> list[int] | None:
         """Free, present ``workers`` about to be asked for jobs: the strategy may draw its
