@@ -79,6 +79,13 @@ class Strategy(ABC):
     """Base class of every aggregation strategy."""
 
     name: ClassVar[str] = ""  # registry name, e.g. "diloco"
+    # What a config that names none gets: the server kind ("" = one server, or streamed
+    # where [stream] asks for it) and the local-steps policy ("" = the config's "fixed").
+    default_server: ClassVar[str] = ""
+    default_local_steps: ClassVar[str] = ""
+    # Local-steps policies this strategy refuses: name -> the hint its one-line error gives.
+    refused_local_steps: ClassVar[dict[str, str]] = {}
+    lr: float | None = None  # the outer learning rate, where it has one (divergence hints)
     # One line, read by `fedlm strategies`: "follows PAPER: what" where the rule is the
     # paper's (its units, weights, constants), "reconstruction of PAPER: what was chosen"
     # where the paper leaves parts open or they could not be read, "fedlm's own: ...".

@@ -145,8 +145,8 @@ def local_steps_for(strategy: str, policy: str, *, given: bool) -> str:
     except Exception:
         return policy
     if not given:
-        return getattr(cls, "default_local_steps", None) or policy
-    refused = getattr(cls, "refused_local_steps", None) or {}
+        return cls.default_local_steps or policy
+    refused = cls.refused_local_steps
     if policy in refused:
         raise ConfigError(f"local_steps: {policy!r} does not go with strategy {strategy!r}: "
                           f"{refused[policy]}")

@@ -16,7 +16,7 @@ import math
 def hint(strategy) -> str:
     """What to try, for the message: a global model that blows up between outer
     steps is almost always an outer step too large for the strategy."""
-    lr = getattr(strategy, "lr", None)
+    lr = strategy.lr
     now = f" (now {lr:g})" if isinstance(lr, (int, float)) and not isinstance(lr, bool) else ""
     return (f"the outer learning rate is likely too high for {strategy.name}; try a smaller "
             f"outer.lr{now}")

@@ -34,7 +34,7 @@ def _suggested(cfg: Config) -> str:
     from fedlm.strategies.registry import strategy_class
 
     try:
-        return getattr(strategy_class(cfg.strategy), "default_server", "") or ""
+        return strategy_class(cfg.strategy).default_server
     except Exception:  # noqa: BLE001 - config_check reports a strategy that fails to load
         return ""
 
