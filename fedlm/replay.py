@@ -54,7 +54,6 @@ from fedlm.worker import batching
 from fedlm.worker.batched import job_updates as batched_updates
 from fedlm.worker.train import job_update
 from fedlm.worker.states import MemoryStates
-from fedlm.strategies import registry
 
 
 @dataclass(frozen=True)
@@ -144,10 +143,8 @@ class _Walk:
     def __init__(self, cfg, params, train, draws: list[dict] = ()) -> None:
         self.cfg, self.train, self.mismatched = cfg, train, 0
         self.draws = sorted(draws, key=lambda d: d["op"])  # rounds drawn: from whom, when
-        strategy = registry.build_strategy(cfg.strategy, cfg.outer)
         # messages between servers were timed by the run: here only their arrivals count
-        self.server = servers.ServerCalls(servers.build(cfg, strategy),
-                                          on_version=lambda version: None)
+        self.server = servers.ServerCalls(servers.build(cfg), on_version=lambda version: None)
         self.server.start(params, self.server.links(fleet.node_profiles(cfg)))
         self.sent: dict[int, servers.Sent] = {}  # each job not yet over: what it was sent
         self.states = [MemoryStates() for _ in range(fleet.node_count(cfg))]

@@ -17,6 +17,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Callable
 
+from fedlm import servers
 from fedlm import checkpoint as ckpt_lib, start as start_lib
 from fedlm.store import inputs
 from fedlm.worker import batching, placement, precision, state_folders
@@ -42,14 +43,14 @@ def prepare_data(cfg: Config) -> None:
     data_shards(cfg.data, cfg.shard_count(), cfg.seed)
 
 
-def open_run(cfg: Config, db_path: str, strategy) -> RunWriter:
+def open_run(cfg: Config, db_path: str, summary: str) -> RunWriter:
     """A new run's row in the store at ``db_path``."""
     tags = "".join(f"+{tag}" for tag, _ in dynamics.features(cfg.fleet))
     return RunWriter(db_path, name=cfg.name or f"{cfg.strategy}-{cfg.fleet.preset}{tags}",
                      strategy=cfg.strategy, local_steps=cfg.local_steps,
                      profile=cfg.fleet.preset, model=cfg.model, workers=cfg.workers,
                      seed=cfg.seed, clock=cfg.clock, config_json=cfg.to_json(),
-                     strategy_summary=strategy.summary())
+                     strategy_summary=summary)
 
 
 def worker_rows(cfg: Config, fleet: list, node_of: dict | None = None,
@@ -79,8 +80,8 @@ def execute(cfg: Config, db_path: str, connect: Connect,
     ``server_device``: where the global model, the outer optimizer's state and the
     outer step live (the run's GPU in process; the host where updates come over a wire).
     """
-    strategy = registry.build_strategy(cfg.strategy, cfg.outer)
-    run = _open(cfg, db_path, strategy, resume, server_device)
+    server = servers.build(cfg)  # the kind of server, with its strategies
+    run = _open(cfg, db_path, servers.summary(server), resume, server_device)
     writer = run.writer
     if on_start:
         on_start(writer.run_id)
@@ -93,7 +94,7 @@ def execute(cfg: Config, db_path: str, connect: Connect,
         transport, node_of = connect(run.key)
         run.notes += _batched_mode(transport, db_path, writer.run_id,
                                    resumed=run.state is not None)
-        engine, params = _engine(cfg, db_path, run, strategy, transport, node_of,
+        engine, params = _engine(cfg, db_path, run, server, transport, node_of,
                                  (progress, should_stop, pretrain_progress), server_device)
         try:
             final = engine.run(params, resume=run.state)
@@ -137,12 +138,12 @@ class _Run:
     whose: dict  # what its checkpoints say about whose they are
 
 
-def _open(cfg: Config, db_path: str, strategy, resume: int | None,
+def _open(cfg: Config, db_path: str, summary: str, resume: int | None,
           server_device: str) -> _Run:
     if resume is None:
         origin = start_lib.resolve(cfg, db_path)  # a bad init.from: refused before it is stored
         pinned = inputs.pins(cfg)  # the files it names, by content: read before it is stored
-        writer = open_run(cfg, db_path, strategy)
+        writer = open_run(cfg, db_path, summary)
         inputs.record(writer, pinned)
         state, key, notes, found = None, uuid.uuid4().hex, [], None
     else:
@@ -163,7 +164,7 @@ def _open(cfg: Config, db_path: str, strategy, resume: int | None,
                 ckpt_lib.identity(writer.store_id, db_path, writer.run_id, writer.created_at))
 
 
-def _engine(cfg: Config, db_path: str, run: _Run, strategy, transport, node_of,
+def _engine(cfg: Config, db_path: str, run: _Run, server, transport, node_of,
             callbacks, server_device: str):
     """The engine of ``run`` and the params it starts from (a new run's start point, or
     the shapes a resumed one's state fills)."""
@@ -192,7 +193,7 @@ def _engine(cfg: Config, db_path: str, run: _Run, strategy, transport, node_of,
                        "run": run.whose},
                       keep=cfg.reliability.checkpoint_keep)
 
-    engine = Engine(cfg, strategy=strategy,
+    engine = Engine(cfg, server=server,
                     local_steps=registry.build_local_steps(cfg.local_steps),
                     transport=transport, fleet=fleet, writer=writer,
                     evaluate=Evaluator(cfg), progress=progress, should_stop=should_stop,

@@ -17,17 +17,18 @@ from fedlm.params import params_hash
 from fedlm.runner import open_run, worker_rows
 from fedlm.sim import fleet
 from fedlm.strategies import registry
+from fedlm import servers
 from fedlm.strategies.base import Update
 
 
 def run_engine(cfg, db, transport=None, evaluate=True):
     """Run ``cfg`` to the end into the store at ``db``, with ``transport`` (default: the
     in-process trainer) and (``evaluate``) evaluations: (engine, final params, run id)."""
-    strategy = registry.build_strategy(cfg.strategy, cfg.outer)
-    writer = open_run(cfg, db, strategy)
+    server = servers.build(cfg)
+    writer = open_run(cfg, db, servers.summary(server))
     profiles = fleet.node_profiles(cfg)
     writer.add_workers(worker_rows(cfg, profiles))
-    engine = Engine(cfg, strategy=strategy, local_steps=registry.build_local_steps(cfg.local_steps),
+    engine = Engine(cfg, server=server, local_steps=registry.build_local_steps(cfg.local_steps),
                     transport=transport or InProcessTransport(cfg), fleet=profiles,
                     writer=writer, evaluate=Evaluator(cfg) if evaluate else None)
     net = M.build(cfg.model, cfg.data.seq_len, seed=cfg.seed)

@@ -65,7 +65,10 @@ def test_the_engine_and_replay_read_no_server_attribute_outside_the_protocol():
     assert stray == []
     # and none reaches past the calls to the kind, nor builds one of its own
     text = "\n".join(p.read_text() for p in CORE)
-    assert "._server" not in text and text.count("servers.build(") == 2  # engine, replay
+    builds = {p.name for p in CORE if "servers.build(" in p.read_text()}
+    # the run's entry points build the server; the engine only for a strategy handed in
+    assert "._server" not in text and builds == {"runner.py", "replay.py", "dry_run.py",
+                                                 "loop.py"}
 
 
 def test_the_check_would_see_a_field_read():
@@ -197,3 +200,15 @@ def test_servers_of_their_own_refuse_a_shared_server_link_in_one_line():
                       (["network.hierarchical=true"], "network.topology")):
         with pytest.raises(ConfigError, match=rf"^{key}: 'halos'"):
             tiny_config("strategy=halos", *sets)
+
+
+def test_servers_build_is_the_one_place_a_strategy_is_made_from_a_config():
+    """The engine, replay, the dry run, resume and the CLI take a built server; a kind
+    that composes several instances asks its base for them (``Server.new_strategy``)."""
+    made = {}
+    for path in sorted((ROOT / "fedlm").rglob("*.py")):
+        calls = [n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Call)
+                 and getattr(n.func, "attr", getattr(n.func, "id", None)) == "build_strategy"]
+        if calls:
+            made[str(path.relative_to(ROOT))] = len(calls)
+    assert made == {"fedlm/servers/__init__.py": 1, "fedlm/servers/protocol.py": 1}

@@ -107,11 +107,10 @@ def _announce(cfg: Config, db: str, resume: int | None) -> None:
     then the settings that do nothing here, and a resume that starts over."""
     from fedlm import runner, servers
     from fedlm.sim import dynamics
-    from fedlm.strategies import registry
 
     stop = f"{cfg.updates} updates" + (f" or {cfg.local_step_budget} local steps"
                                        if cfg.local_step_budget > 0 else "")
-    server = servers.build(cfg, registry.build_strategy(cfg.strategy, cfg.outer))
+    server = servers.build(cfg)
     versions = server.versions_wanted(cfg.updates)
     if versions != cfg.updates:  # e.g. streamed: P rounds an update, P - 1 more end it
         stop += f" ({'; '.join([*filter(None, [server.describe()]), f'{versions} versions'])})"

@@ -13,6 +13,7 @@ from collections import OrderedDict
 
 import torch
 
+from fedlm import servers
 from fedlm.engine.loop import Engine
 from fedlm.engine.types import JobResult
 from fedlm.sim import compression, fleet
@@ -67,7 +68,7 @@ def run_clock(cfg, zeros) -> tuple[Engine, dict[str, float]]:
     seconds of each kind of interval, summed over the workers."""
     spans = _Spans()
     transport = InstantTransport(zeros, cfg)
-    engine = Engine(cfg, strategy=registry.build_strategy(cfg.strategy, cfg.outer),
+    engine = Engine(cfg, server=servers.build(cfg),
                     local_steps=registry.build_local_steps(cfg.local_steps),
                     transport=transport, fleet=fleet.node_profiles(cfg), writer=spans)
     transport.reference = engine.server.reference  # what the run's server compares to

@@ -59,15 +59,17 @@ from fedlm.engine.workers import WorkerPool
 
 
 class Engine(Offering):
-    def __init__(self, cfg: Config, *, strategy: Strategy, local_steps: LocalSteps,
+    def __init__(self, cfg: Config, *, server: servers.Server | None = None,
+                 strategy: Strategy | None = None, local_steps: LocalSteps,
                  transport: Transport, fleet: list[WorkerProfile], writer: RunWriter | None,
                  evaluate: Callable | None = None,
                  progress: Callable[[Progress], None] | None = None,
                  should_stop: Callable[[], bool] | None = None,
                  checkpoint: Callable[[dict], None] | None = None,
                  shard_sizes: list[int] | None = None) -> None:
-        self.server = servers.ServerCalls(servers.build(cfg, strategy),
-                                          on_version=self._new_version,
+        kind = server if server is not None else servers.build(cfg, strategy)  # built once
+        strategy = kind.strategy
+        self.server = servers.ServerCalls(kind, on_version=self._new_version,
                                           on_messages=lambda m: self.transfers.send(m, self.now))
         # the links a worker's jobs take: to its server (which may sit in its region)
         servers_fleet, fleet = fleet, self.server.links(fleet)

@@ -22,7 +22,7 @@ from fedlm.servers.protocol import Message, Sent, Server
 from fedlm.strategies.base import Strategy
 
 __all__ = ["KINDS", "Message", "Sent", "Server", "ServerCalls", "Version", "build",
-           "default_kind", "kind_name", "server_class"]
+           "default_kind", "kind_name", "server_class", "summary"]
 
 KINDS = {"one": "fedlm.servers.protocol:Server",
          "streamed": "fedlm.servers.streamed:StreamedServer",
@@ -81,6 +81,19 @@ def server_class(cfg: Config) -> type[Server]:
     return kind
 
 
-def build(cfg: Config, strategy: Strategy) -> Server:
-    """The server kind of ``cfg`` around ``strategy`` (``ServerCalls`` drives it)."""
+def build(cfg: Config, strategy: Strategy | None = None) -> Server:
+    """The server kind of ``cfg`` with the strategy instances it needs (``ServerCalls``
+    drives it): the one place a strategy is made from a config. ``strategy``: one made
+    already (tests, benchmarks) in place of the config's own."""
+    from fedlm.strategies.registry import build_strategy
+
+    if strategy is None:
+        strategy = build_strategy(cfg.strategy, cfg.outer)
     return server_class(cfg)(cfg, strategy)
+
+
+def summary(server: Server) -> str:
+    """One line of a built server's settings, as the run store keeps it: its strategy's
+    summary (the kind, where it is not one server, says itself in ``describe``)."""
+    return server.strategy.summary()
+

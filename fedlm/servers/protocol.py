@@ -92,6 +92,13 @@ class Server:
         self.strategy.on_fleet(self.facts(fleet))
         self.strategy.start(params, num_workers=len(fleet))
 
+    def new_strategy(self, outer: dict | None = None) -> Strategy:
+        """Another instance of the run's strategy (``outer``: other settings), for a kind
+        that composes several (a fragment's, a region's, the global server's)."""
+        from fedlm.strategies.registry import build_strategy
+
+        return build_strategy(self.cfg.strategy, self.cfg.outer if outer is None else outer)
+
     def facts(self, fleet: list) -> FleetFacts:
         """What a strategy of this server may know of the fleet (``Strategy.on_fleet``)."""
         cfg = self.cfg

@@ -81,15 +81,12 @@ class RegionServers(Server):
         return local_links(fleet, self.cfg.network.intra_bw)
 
     def start_strategy(self, params, fleet: list) -> None:
-        from fedlm.strategies import registry
-
         self.regions = by_region(fleet)
         self.region_of = {w: r for r, ws in enumerate(self.regions) for w in ws}
         n = len(self.regions)
         # the run's strategy at the first region's server, one like it at every other
-        self.parts = [self.strategy] + [registry.build_strategy(self.cfg.strategy, self.cfg.outer)
-                                        for _ in range(n - 1)]
-        self.top = registry.build_strategy(self.cfg.strategy, self.levels.global_outer)
+        self.parts = [self.strategy] + [self.new_strategy() for _ in range(n - 1)]
+        self.top = self.new_strategy(self.levels.global_outer)
         for part, workers in zip(self.parts, self.regions):
             part.on_fleet(self.facts([fleet[w] for w in workers]))
             part.start(params, num_workers=len(workers))

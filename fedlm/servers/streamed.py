@@ -68,11 +68,9 @@ class StreamedServer(Server):
     knows nothing of fragments."""
 
     def __init__(self, cfg: Config, strategy: Strategy) -> None:
-        from fedlm.strategies import registry
-
         super().__init__(cfg, strategy)
         self.streaming = Streaming.of_config(cfg)
-        self.parts = [strategy] + [registry.build_strategy(cfg.strategy, cfg.outer)
+        self.parts = [strategy] + [self.new_strategy()
                                    for _ in range(self.streaming.fragments - 1)]
 
     def start_strategy(self, params, fleet: list) -> None:
