@@ -24,26 +24,40 @@ the whole state is in it; ``Engine.load_state_dict`` is ``restore``. The keys:
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:  # the types only: this module imports none of them at run time
+    from fedlm.engine.events import VirtualEvents, WallEvents
+    from fedlm.engine.grace import NoGrace
+    from fedlm.engine.in_flight import InFlightJobs
+    from fedlm.engine.inbox import Inbox
+    from fedlm.engine.jobs import JobMaker
+    from fedlm.engine.runlog import RunLog
+    from fedlm.engine.stall import StallWatch
+    from fedlm.engine.transfers import ServerTransfers
+    from fedlm.engine.types import Transport
+    from fedlm.engine.workers import WorkerPool
+    from fedlm.servers import ServerCalls
+    from fedlm.strategies.local_steps import LocalSteps
 
 
 class Engine(Protocol):
     """What this module reads and sets of an engine (``fedlm.engine.loop.Engine``): its
     parts, its totals, where it stands."""
 
-    server: Any
-    policy: Any
-    grace: Any
-    pool: Any
-    events: Any
-    inbox: Any
-    log: Any
-    jobs: Any
-    in_flight: Any
-    stall: Any
-    transfers: Any
-    transport: Any
-    base_params: dict
+    server: ServerCalls
+    policy: LocalSteps
+    grace: NoGrace  # or a subclass: the fixed or the adaptive window
+    pool: WorkerPool
+    events: VirtualEvents | WallEvents
+    inbox: Inbox
+    log: RunLog
+    jobs: JobMaker
+    in_flight: InFlightJobs
+    stall: StallWatch
+    transfers: ServerTransfers
+    transport: Transport
+    base_params: dict[int, Any]  # version -> the params jobs in flight started from
     last_eval_version: int
     model_bytes: int
     up_bytes: int

@@ -18,10 +18,10 @@ from __future__ import annotations
 from fedlm.config import Config
 from fedlm.errors import ConfigError
 from fedlm.servers.calls import ServerCalls, Version
-from fedlm.servers.protocol import Message, Sent, Server
+from fedlm.servers.protocol import JobClock, Message, Sent, Server
 from fedlm.strategies.base import Strategy
 
-__all__ = ["KINDS", "Message", "Sent", "Server", "ServerCalls", "Version", "build",
+__all__ = ["KINDS", "JobClock", "Message", "Sent", "Server", "ServerCalls", "Version", "build",
            "default_kind", "kind_name", "server_class", "summary"]
 
 KINDS = {"one": "fedlm.servers.protocol:Server",

@@ -24,7 +24,7 @@ the ``Strategy`` base class's methods.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from fedlm.config import Config
 from fedlm.job import JobSpec
@@ -59,6 +59,19 @@ class Message:
     destination: int | None
     nbytes: int  # what travels
     kind: str = ""  # a label for the run log ("push", "model", ...); no one branches on it
+
+
+class JobClock(Protocol):
+    """What a server kind's ``timing`` may ask of the engine's event source (virtual:
+    ``fedlm.engine.events.VirtualEvents``; wall: ``WallEvents``, which answers None)."""
+
+    def timing(self, w: int, steps: int, index: int = 0) -> Any:
+        """A whole job of ``steps`` steps on worker ``w`` (its ``index``-th), timed."""
+
+    def overlapped_timing(self, w: int, steps: int, down_bytes: int, up_bytes: int,
+                          overlap: int) -> Any:
+        """A job that waits for the previous round's exchange, overlapped by its first
+        ``overlap`` steps."""
 
 
 class Server:
@@ -149,7 +162,9 @@ class Server:
         ``self.seen.get(job.worker)``; None: a first job)."""
         return Sent(job, start, self.model_bytes, self.up_bytes)
 
-    def timing(self, sent: Sent, events, index: int):
+    def timing(self, sent: Sent, events: JobClock, index: int):
+        """How long ``sent``'s job takes on the event source (``JobClock``: what a kind
+        may ask of it); None on the wall clock, where only the reply says."""
         return events.timing(sent.job.worker, sent.job.local_steps, index)
 
     def reference(self, job: JobSpec):

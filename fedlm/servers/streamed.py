@@ -24,7 +24,7 @@ from dataclasses import replace
 from fedlm.config import Config
 from fedlm.job import JobSpec
 from fedlm.params import num_bytes
-from fedlm.servers.protocol import Sent, Server
+from fedlm.servers.protocol import JobClock, Sent, Server
 from fedlm.sim import wire_sizes
 from fedlm.strategies.base import DROPPED, Strategy, Update
 from fedlm.strategies.fragments import (Streaming, changed_since, fragment_names,
@@ -145,7 +145,7 @@ class StreamedServer(Server):
         return Sent(job, payload, num_bytes(payload) if sent else 0,
                     self.encoded_bytes[job.fragment])
 
-    def timing(self, sent: Sent, events, index: int):
+    def timing(self, sent: Sent, events: JobClock, index: int):
         # the exchange it waits for starts with the upload of its worker's last report
         seen = self.seen.get(sent.job.worker)
         prev_up = (self.encoded_bytes[round_fragment(seen, self.streaming.fragments)]
