@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from fedlm.config import Config
 from fedlm.data import tokenizer
 from fedlm.errors import ConfigError
-from fedlm.presets import parameter_count
+from fedlm.presets import PRESETS, parameter_count
 from fedlm.sim import fleet, job_sizes
 
 MIB = 1 << 20
@@ -127,3 +127,29 @@ def _size(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
     return f"{n:.1f} TB"
+
+
+def gpu_bytes(cfg: Config) -> int:
+    """What one in-process run of ``cfg`` holds in GPU memory, about: the server's models
+    (``SERVER_COPIES``), per job thread a model's weights, gradients and two AdamW moments
+    and its activations (a layer's ~16 values a token and model width, fp32), and the
+    workers' states where they stay on the device (``inner.state_store = context``)."""
+    params = parameter_count(cfg.model, cfg.data.seq_len,
+                             tokenizer.vocab_size(cfg.data.tokenizer))
+    n_layer, d_model = PRESETS[cfg.model][0], PRESETS[cfg.model][1]
+    activations = 4 * 16 * cfg.inner.batch_size * cfg.data.seq_len * d_model * n_layer
+    per_thread = 4 * 4 * params + activations
+    states = fleet.node_count(cfg) * 2 * 4 * params if cfg.state_store() != "disk" else 0
+    return SERVER_COPIES * 4 * params + cfg.sim.job_threads * per_thread + states
+
+
+def check_gpu_jobs(cfgs: list[Config], jobs: int, free: int) -> None:
+    """``jobs`` runs of the largest of ``cfgs`` at once on a GPU with ``free`` bytes, or a
+    one-line ``ConfigError`` that says how many fit."""
+    need = max(gpu_bytes(c) for c in cfgs)
+    if jobs * need <= 0.9 * free:  # some room for the CUDA context and fragmentation
+        return
+    fits = max(1, int(0.9 * free // need))
+    raise ConfigError(f"--jobs {jobs}: runs of up to {_size(need)} of GPU memory each, "
+                      f"{_size(jobs * need)} at once, more than the {_size(free)} the GPU "
+                      f"has free: --jobs {fits}" + ("" if fits > 1 else " (one at a time)"))

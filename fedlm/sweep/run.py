@@ -103,6 +103,26 @@ def check_jobs(jobs: int, backend: str) -> None:
                          "simulation starts a Ray instance of its own)")
 
 
+def check_gpu_room(spec: dict, jobs: int) -> None:
+    """Runs packed on one GPU (``--jobs N`` where a run's device is CUDA): refused, in
+    one line, when N of the largest would not fit in the GPU's free memory."""
+    from fedlm import config_load
+    from fedlm.sim import memory
+
+    cfgs = [config_load.load(None, overrides(spec, c)) for c in cells_of(spec)[:64]]
+    cfgs = [c for c in cfgs if c.device in ("cuda", "auto")]
+    if not cfgs:
+        return
+    try:
+        import torch
+    except ImportError:
+        return
+    if not torch.cuda.is_available():
+        return  # auto on a host without CUDA: the runs train on the CPU
+    free, _ = torch.cuda.mem_get_info()
+    memory.check_gpu_jobs(cfgs, jobs, free)
+
+
 class _Children:
     """The ``fedlm run`` processes a sweep has started; ``stop`` ends them (SIGTERM:
     each marks its run interrupted; SIGKILL after ``grace`` seconds) and starts
@@ -177,6 +197,8 @@ def run_sweep(spec: dict, *, backend: str = "flower", rerun: bool = False, jobs:
     by arm and profile (``track.group``), so that an arm's seeds show together.
     """
     check_jobs(jobs, backend)
+    if jobs > 1:
+        check_gpu_room(spec, jobs)
     if track:
         from fedlm.track import check_installed
 
