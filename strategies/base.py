@@ -86,6 +86,13 @@ class Strategy(ABC):
     # Local-steps policies this strategy refuses: name -> the hint its one-line error gives.
     refused_local_steps: ClassVar[dict[str, str]] = {}
     lr: float | None = None  # the outer learning rate, where it has one (divergence hints)
+    # Under region servers (``server = "regions"``, fedlm.servers.regions): how much of the
+    # global model a region's server merges in (α; 1: all of it) and how many versions a
+    # region makes between pushes (K); and the settings the global server's instance takes
+    # in place of this one's (HALoS's ``global_lr``, ...; none: the same settings).
+    merge: float = 1.0
+    push_every: int = 1
+    global_overrides: dict[str, Any] = {}
     # One line, read by `fedlm strategies`: "follows PAPER: what" where the rule is the
     # paper's (its units, weights, constants), "reconstruction of PAPER: what was chosen"
     # where the paper leaves parts open or they could not be read, "fedlm's own: ...".

@@ -101,6 +101,9 @@ class Halos(DelayedNesterov):
         self.global_lr, self.global_momentum = global_lr, global_momentum
         self.global_buffer_size, self.global_c = global_buffer_size, global_c
         self.merge, self.push_every = merge, push_every
+        # the global server runs delayed Nesterov with HALoS's global constants
+        self.global_overrides = {"lr": global_lr, "momentum": global_momentum,
+                                 "buffer_size": global_buffer_size, "c": global_c}
 
     def summary(self) -> str:
         return (f"{self.name}: region DN lr {self.lr}, momentum {self.momentum}, N "

@@ -142,15 +142,14 @@ def region_inputs(cfg, params: float, tensors: int = 1):
 
 
 def push_every(cfg) -> int:
-    """K: the region servers' ``outer.push_every`` (the strategy's default where the
-    config has none)."""
-    from fedlm.servers import server_class
-    from fedlm.servers.regions import RegionServers, levels
+    """K: the region servers' ``push_every``, as their strategy declares it."""
+    from fedlm import servers
+    from fedlm.servers.regions import RegionServers
 
-    if not issubclass(server_class(cfg), RegionServers):
+    if not issubclass(servers.server_class(cfg), RegionServers):
         raise ConfigError(f"strategy: {cfg.strategy!r} has no region servers to plan "
                           f"(predict_regions is for server = 'regions', as halos has)")
-    return levels(cfg).push_every
+    return servers.build(cfg).strategy.push_every
 
 
 def predict_regions(cfg, params: float, tensors: int = 1) -> Prediction:

@@ -5,8 +5,8 @@ The kind owns every model and composes strategies, as the streamed server compos
 one per fragment: each region's server holds its region's model θ_r and an instance
 of the run's strategy, which takes the region's workers' updates on θ_r (a region
 version each time it steps); the global server holds the evaluated (and hashed)
-model θ_g and an instance of its own, made with the ``outer.global_*`` settings in
-place of the plain ones (``global_lr`` for ``lr``, ...: ``levels``). Between them go
+model θ_g and an instance of its own, made with the settings the strategy gives it
+(``Strategy.global_overrides``; HALoS's ``outer.global_*``: ``levels``). Between them go
 messages (``Message``), which the engine times over each region's link to the global
 server (``fedlm.engine.transfers``) and hands back on arrival, as operations of the
 run log:
@@ -26,7 +26,6 @@ since its region pushed.
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -35,9 +34,6 @@ from fedlm.servers.protocol import Message, Server
 from fedlm.sim.fleet import REGIONS, Region, WorkerProfile, by_region
 from fedlm.strategies.base import Strategy, Update
 from fedlm.strategies.transforms import tree_map
-
-GLOBAL = "global_"  # outer.global_X is X for the global server's strategy
-
 
 def local_links(fleet: list[WorkerProfile], intra_bw: float) -> list[WorkerProfile]:
     """The workers' profiles with their region server as the other end of their link."""
@@ -48,25 +44,20 @@ def local_links(fleet: list[WorkerProfile], intra_bw: float) -> list[WorkerProfi
 
 @dataclass(frozen=True)
 class Levels:
-    """What the config says of the two levels beyond the region servers' strategy
-    (``outer`` itself): the global server's strategy settings and the region servers'
-    own (a strategy that declares no ``merge`` or ``push_every`` gets 1: a push after
-    every region version, a merge that takes the global model whole)."""
+    """The two levels beyond the region servers' strategy: the global server's strategy
+    settings and the region servers' own (the base Strategy's: a push after every
+    region version, a merge that takes the global model whole)."""
 
     global_outer: dict[str, Any]
     merge: float  # α
     push_every: int  # K
 
 
-def levels(cfg: Config) -> Levels:
-    from fedlm.strategies.registry import strategy_class
-
-    # the strategy's defaults where the config gives none: its constructor's
-    params = inspect.signature(strategy_class(cfg.strategy).__init__).parameters
-    outer = {**{k: p.default for k, p in params.items() if p.default is not p.empty},
-             **cfg.outer}
-    top = {**outer, **{k[len(GLOBAL):]: v for k, v in outer.items() if k.startswith(GLOBAL)}}
-    return Levels(top, float(outer.get("merge", 1.0)), int(outer.get("push_every", 1)))
+def levels(strategy: Strategy, outer: dict[str, Any]) -> Levels:
+    """The two levels above the region servers' ``strategy`` (made from ``outer``), as it
+    declares them (``Strategy.merge``, ``push_every``, ``global_overrides``)."""
+    return Levels({**outer, **strategy.global_overrides}, float(strategy.merge),
+                  int(strategy.push_every))
 
 
 class RegionServers(Server):
@@ -75,7 +66,7 @@ class RegionServers(Server):
 
     def __init__(self, cfg: Config, strategy: Strategy) -> None:
         super().__init__(cfg, strategy)
-        self.levels = levels(cfg)
+        self.levels = levels(strategy, cfg.outer)
 
     def worker_links(self, fleet: list) -> list:
         return local_links(fleet, self.cfg.network.intra_bw)
