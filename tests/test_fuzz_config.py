@@ -193,7 +193,7 @@ def names_a_key(message: str, keys) -> bool:
     unquoted = message[1:] if message[:1] in "'\"" else message  # repr() picks either quote
     # --set aliases (profile -> fleet.preset) apply to --set only: a table key is
     # named as written
-    for key in {k for given in keys for k in (given, config_load.ALIASES.get(given, given))}:
+    for key in {k for name in keys for k in (name, config_load.ALIASES.get(name, name))}:
         forms = _prefixes(key) | set(key.split("."))
         for p in forms | {repr(f) for f in forms}:
             if any(m.startswith((p + ":", p + "[", p + ".")) for m in (message, unquoted)):

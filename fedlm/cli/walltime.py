@@ -44,7 +44,7 @@ def print_walltime(inp, as_json: bool) -> int:
               f"{seconds(a['inner_comm']):>10}  {seconds(a['outer_comm']):>10}  "
               f"{seconds(a['outer_hidden']):>9}  {seconds(a['total']):>9}  "
               f"{a['compute_utilisation']:>6.1%}")
-    print(f"\nbandwidth between data centres (W1) for a compute utilisation of:")
+    print("\nbandwidth between data centres (W1) for a compute utilisation of:")
     print(f"{'':<{width}}  " + "  ".join(f"{float(u):>11.0%}" for u in walltime.TARGETS))
     for a in rep["algorithms"].values():
         cells = ["unreachable" if not math.isfinite(b) else human(8 * b, "bit/s")

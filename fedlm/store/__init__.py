@@ -43,11 +43,11 @@ from fedlm.store.schema import SCHEMA_VERSION, TABLES, IntervalKind, store_id
 from fedlm.store.writer import RunWriter, mark_ended
 
 __all__ = [
-    "SCHEMA_VERSION", "TABLES", "IntervalKind", "OperationLog", "ProgressPoint", "RunSummary",
+    "SCHEMA_VERSION", "TABLES", "IntervalKind", "OperationLog", "ProgressPoint", "RunSummary", "WorkerChanges",
     "RunWriter",
     "StoreError", "Troubles", "WorkerSummary", "best_loss", "check_writable", "config_of",
     "connect",
-    "connect_readonly", "db_error", "db_timeout", "event_details", "export", "input_pins", "last_seen",
+    "connect_readonly", "db_error", "db_timeout", "event_details", "export", "fleet_changes", "input_pins", "last_seen",
     "list_runs",
     "mark_ended", "metric_curve", "tokens_curve", "operation_log", "progress_points",
     "region_transfers",
