@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fedlm import store  # noqa: E402
 from fedlm.store import readers as store_readers  # noqa: E402
 from fedlm.store.connection import StoreError  # noqa: E402
+from plotting import new_figure, save  # noqa: E402 - experiments/plotting.py, beside this
 
 T95 = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571}  # two-sided t by sample size
 OUT = Path(__file__).resolve().parent / "results" / "fleets"
@@ -258,23 +259,6 @@ def ablation(runs: dict) -> list[str]:
                 f"{max(w.max_staleness for w in work)} | "
                 f"{round(statistics.mean(r['updates'] for r in seeds.values())):,} |")
     return lines + [""]
-
-
-def new_figure(size: tuple[float, float]):
-    """A figure and its axes, drawn off-screen (matplotlib only when a plot is made)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt.subplots(figsize=size)
-
-
-def save(fig, ax, path: Path) -> None:
-    """The legend, then the figure to ``path``, closed."""
-    import matplotlib.pyplot as plt
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
 
 
 def plot_curves(runs: dict, fleet: str, path: Path) -> None:

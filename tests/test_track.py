@@ -331,7 +331,7 @@ def test_track_settings_are_checked(no_work):
 
 
 def test_a_sweep_tracks_each_run_grouped_by_arm_and_profile(monkeypatch, tmp_path):
-    from fedlm.sweep import run as sweep, spec as sweep_spec
+    from fedlm.sweep import children, run as sweep, spec as sweep_spec
 
     spec_path = tmp_path / "s.toml"
     spec_path.write_text(f'db = "{tmp_path / "s.db"}"\nout = "{tmp_path / "s.md"}"\n'
@@ -340,7 +340,7 @@ def test_a_sweep_tracks_each_run_grouped_by_arm_and_profile(monkeypatch, tmp_pat
                          'set = ["strategy=delayed-nesterov"]\n')
     spec = sweep_spec.load_spec(spec_path, quick=False)
     commands = []
-    monkeypatch.setattr(sweep._Children, "run",
+    monkeypatch.setattr(children.Children, "run",
                         lambda self, cmd: commands.append(cmd) or (1, "", "stand-in"))
     sweep.run_sweep(spec, backend="inprocess", track=["tensorboard"], log=lambda *a: None)
     assert len(commands) == 2

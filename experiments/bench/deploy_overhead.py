@@ -71,7 +71,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from importlib.metadata import version
 from pathlib import Path
@@ -81,9 +80,9 @@ sys.path.insert(0, str(ROOT))
 
 from fedlm import config_load  # noqa: E402
 from fedlm.deploy.local import FAST_TASK_POLL, TASK_POLL_ENV, LocalDeployment  # noqa: E402
-from fedlm.deploy.warm_executor import DEFAULT_POLL_S, DONE_MARK as WARM_DONE  # noqa: E402
-from fedlm.deploy.warm_executor import START_MARK as WARM_START  # noqa: E402
+from fedlm.deploy.warm_executor import DEFAULT_POLL_S  # noqa: E402
 from experiments.bench.deploy_echo import echo_round_trips  # noqa: E402
+from experiments.bench.supernode_logs import LogTail, node_events, warm_task_times  # noqa: E402
 
 # ``old``, ``worker-process``, ``new`` and ``warm-filedb``: the SuperLink on a SQLite
 # file, as fedlm deploy local had it until the warm executor
@@ -106,71 +105,6 @@ VARIANTS = {
 PHASES = ["poll_wait", "pull", "launch", "clientapp", "push", "server_notice"]
 # inside "clientapp" with the warm executor: its own timings (seconds)
 EXEC_PHASES = ["exec_pull", "exec_app", "exec_push", "exec_status"]
-
-
-class LogTail(threading.Thread):
-    """Stamps every new line of HOME/*.log with the time it was first seen (10 ms)."""
-
-    def __init__(self, home: Path) -> None:
-        super().__init__(daemon=True)
-        self.home, self.lines, self.done = home, [], threading.Event()
-        self.pos: dict[Path, int] = {}
-
-    def run(self) -> None:
-        while not self.done.is_set():
-            self.scan()
-            time.sleep(0.01)
-        self.scan()
-
-    def scan(self) -> None:
-        for f in self.home.glob("supernode*.log"):
-            with f.open("rb") as fh:
-                fh.seek(self.pos.get(f, 0))
-                data = fh.read()
-            cut = data.rfind(b"\n") + 1  # whole lines only
-            if cut:
-                self.pos[f] = self.pos.get(f, 0) + cut
-                t = time.time()
-                self.lines += [(t, f.stem, line) for line in
-                               data[:cut].decode(errors="replace").splitlines() if line.strip()]
-
-
-MARKS = {"Receiving: train message": "recv", "Received successfully": "recvd",
-         "Start `flwr-clientapp` process": "start", WARM_START: "start",
-         "Sending: train message": "send", "Sent successfully": "sent"}
-
-
-def warm_task_times(lines, node: str) -> list[dict[str, float]]:
-    """The warm executor's own per-task timings (pull, app, push, status) of ``node``'s
-    train tasks, in order (its query task, the first, is left out)."""
-    out = []
-    for _, name, line in lines:
-        if name == node and WARM_DONE in line:
-            nums = line.split(WARM_DONE, 1)[1].split()
-            out.append({f"exec_{k}": float(v) for k, v in zip(nums[1::2], nums[2::2])})
-    return out[1:]
-
-
-def node_events(lines, node: str) -> list[dict[str, float]]:
-    """Per train message of ``node``, the times of its marks, in order."""
-    jobs, cur = [], None
-    for t, name, line in lines:
-        if name != node:
-            continue
-        for text, mark in MARKS.items():
-            if text not in line:
-                continue
-            if mark == "recv":
-                cur = {"recv": t}
-                jobs.append(cur)
-            elif cur is not None and mark not in cur:
-                cur[mark] = t
-    # the warm executor can claim the task while the SuperNode still stores the
-    # message's objects (before "Received successfully"): launch is then 0
-    for ev in jobs:
-        if "start" in ev and "recvd" in ev and ev["start"] < ev["recvd"]:
-            ev["start"] = ev["recvd"]
-    return jobs
 
 
 def group_cpu_seconds(pgid: int) -> float:

@@ -39,9 +39,7 @@ means with 95% intervals and differences paired by seed (``fedlm.sweep.uncertain
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -49,9 +47,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fedlm import interrupts, store
+from fedlm import store
 from fedlm.errors import ConfigError
 from fedlm.sweep import claims, tuning
+from fedlm.sweep.children import Children
 from fedlm.sweep.spec import cells_of, overrides, run_name, tuning_cells
 
 
@@ -121,55 +120,6 @@ def check_gpu_room(spec: dict, jobs: int) -> None:
         return  # auto on a host without CUDA: the runs train on the CPU
     free, _ = torch.cuda.mem_get_info()
     memory.check_gpu_jobs(cfgs, jobs, free)
-
-
-class _Children:
-    """The ``fedlm run`` processes a sweep has started; ``stop`` ends them (SIGTERM:
-    each marks its run interrupted; SIGKILL after ``grace`` seconds) and starts
-    no more."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._procs: set[subprocess.Popen] = set()
-        self.stopping = threading.Event()
-        # A sweep killed outright (SIGKILL, OOM) runs no ``stop``: its runs would go on
-        # training, and a rerun would train their cells again beside them. SIGKILL, not
-        # SIGTERM, so that they are gone at once however long a step takes; each reads
-        # as crashed (its writer is gone) and the rerun trains its cell anew. Linux only:
-        # elsewhere (None) they outlive the sweep.
-        self._dies_with = interrupts.dies_with(os.getpid(), signal.SIGKILL)
-
-    def run(self, cmd: list[str]) -> tuple[int, str, str] | None:
-        """(exit status, stdout, stderr), or None if the sweep is stopping."""
-        with self._lock:
-            if self.stopping.is_set():
-                return None
-            # this thread waits for the child (communicate, below), so it outlives it,
-            # as the parent-death signal needs (it follows the thread that forked)
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    text=True, preexec_fn=self._dies_with)
-            self._procs.add(proc)
-        try:
-            out, err = proc.communicate()
-        finally:
-            with self._lock:
-                self._procs.discard(proc)
-        return proc.returncode, out, err
-
-    def stop(self, grace: float = 30.0) -> None:
-        with self._lock:
-            self.stopping.set()
-            procs = list(self._procs)
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        for proc in procs:
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 def _reason(stderr: str, status: int) -> str:
@@ -253,7 +203,7 @@ class _Sweep:
         self.track, self.log = track, log
         self.db = spec["db"]
         self.stage(cells_of(spec), "")
-        self.children = _Children()
+        self.children = Children()
         self.failures: list[Failure] = []
         self.trained: set[str]  # trained by this sweep, in this stage
         self.elsewhere: dict[str, object]  # cells another sweep trains: name -> cell
