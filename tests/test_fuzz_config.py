@@ -6,7 +6,7 @@ is raised with a one-line message that names the offending key; never any
 other exception. On the command line the same input ends with exit status 2
 and one line on stderr, never a traceback, and nothing starts training.
 
-The keys come from the dataclasses in fedlm/config.py (``dataclasses.fields``)
+The keys come from the dataclasses in fedlm/config/__init__.py (``dataclasses.fields``)
 and from the built-in strategies' constructors, so new sections and settings
 are fuzzed without touching this file.
 """

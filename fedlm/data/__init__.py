@@ -32,7 +32,7 @@ import numpy as np
 from fedlm import files
 from fedlm.config import DataConfig
 from fedlm.data import tokenizer as tok_lib
-from fedlm.data.shards import partition  # noqa: F401 - fedlm.data.partition, as before
+from fedlm.data.partitions import partition  # noqa: F401 - fedlm.data.partition, as before
 from fedlm.errors import ConfigError
 
 VOCAB_SIZE = tok_lib.BYTE_VOCAB  # byte-level tokenizer: one token per UTF-8 byte

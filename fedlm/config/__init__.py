@@ -1,12 +1,12 @@
 """The run configuration's schema: what a run is made of, with every default.
 
 Frozen dataclasses, one per TOML section, each default with a one-line comment (the
-values their string settings choose from: ``fedlm.config_choices``); and the few
+values their string settings choose from: ``fedlm.config.choices``); and the few
 quantities derived from a config alone. Reading a TOML file and ``--set`` overrides, type checks,
 and validation against the model presets, fleet regions and strategy registry
 live one layer up, in ``fedlm.config_load``: code past it may trust a ``Config``.
 
-Standard library only (and ``fedlm.errors``, ``fedlm.config_choices``), so that any module may import it.
+Standard library only (and ``fedlm.errors``, ``fedlm.config.choices``), so that any module may import it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedlm.config_choices import (  # noqa: F401 - read as config.X, as before
+from fedlm.config.choices import (  # noqa: F401 - read as config.X, as before
     COMPRESSIONS, TOPOLOGIES, SCHEDULES, SHARD_CHOICES, PRECISIONS, GRACE_RULES,
     DEVICES, CLOCKS, STATE_STORES, PARTITIONS, TRACKERS, WANDB_MODES, BATCH_MODES,
     FAULT_KINDS)

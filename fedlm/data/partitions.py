@@ -1,21 +1,19 @@
 """Splitting the corpus's training sequences across workers (``data.partition``): iid,
 whole documents per worker (by-play, balanced), or genre-skewed through flwr-datasets'
-DirichletPartitioner. Deterministic in the seed."""
+DirichletPartitioner. Deterministic in the seed. ``corpus`` is a ``fedlm.data.Corpus``
+(not imported: the package imports this module)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
 from fedlm.config import DataConfig
 from fedlm.errors import ConfigError
 
-if TYPE_CHECKING:
-    from fedlm.data import Corpus
 
-
-def partition(corpus: Corpus, cfg: DataConfig, num_workers: int, seed: int) -> list[np.ndarray]:
+def partition(corpus: Any, cfg: DataConfig, num_workers: int, seed: int) -> list[np.ndarray]:
     """Indices into ``corpus.train`` for each worker; deterministic in ``seed``."""
     n = len(corpus.train)
     if cfg.partition == "iid":
@@ -33,7 +31,7 @@ def partition(corpus: Corpus, cfg: DataConfig, num_workers: int, seed: int) -> l
     return [np.sort(np.asarray(s, dtype=np.int64)) for s in shards]
 
 
-def _by_document(corpus: Corpus, num_workers: int) -> list[np.ndarray]:
+def _by_document(corpus: Any, num_workers: int) -> list[np.ndarray]:
     """Whole documents per worker, largest first to the lightest worker (balanced)."""
     n_docs = len(corpus.titles)
     if n_docs < num_workers:
@@ -49,7 +47,7 @@ def _by_document(corpus: Corpus, num_workers: int) -> list[np.ndarray]:
     return [np.flatnonzero(owner[corpus.train_doc] == w) for w in range(num_workers)]
 
 
-def _dirichlet(corpus: Corpus, alpha: float, num_workers: int, seed: int) -> list[np.ndarray]:
+def _dirichlet(corpus: Any, alpha: float, num_workers: int, seed: int) -> list[np.ndarray]:
     """Genre-skewed shards through flwr-datasets' DirichletPartitioner."""
     import datasets  # here, not at the top: slow, and a config check imports this module
     from flwr_datasets.partitioner import DirichletPartitioner
