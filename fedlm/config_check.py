@@ -8,6 +8,7 @@ regions, the strategy registry, the kinds of server), none of which imports torc
 
 from __future__ import annotations
 
+import inspect
 import math
 import re
 from typing import Any, get_type_hints
@@ -111,14 +112,28 @@ def _require_choice(path: str, value: Any, choices: tuple[str, ...]) -> None:
              f"must be {', '.join(choices[:-1])} or {choices[-1]}")
 
 
+def _setting_types(cls: type) -> dict[str, Any]:
+    """The annotations of ``cls``'s settings, its parents' included where a constructor
+    hands the rest on (``**kwargs``: DiLoCo's sampling settings are FedAvg's)."""
+    hints: dict[str, Any] = {}
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        try:
+            hints = {**get_type_hints(klass.__init__), **hints}
+        except Exception:  # a plugin whose annotations do not resolve: the constructor checks
+            pass
+        if not any(p.kind is p.VAR_KEYWORD
+                   for p in inspect.signature(klass.__init__).parameters.values()):
+            break
+    return hints
+
+
 def _check_outer_types(cls: type, outer: dict[str, Any]) -> None:
     """``outer.*`` values against the strategy constructor's annotations (scalars only),
     so that a wrong type is refused naming its key rather than by a TypeError inside
     the constructor, and NaN/inf/huge ints the same way as everywhere else."""
-    try:
-        hints = get_type_hints(cls.__init__)
-    except Exception:  # a plugin whose annotations do not resolve: the constructor checks
-        return
+    hints = _setting_types(cls)
     for key, value in outer.items():
         if not key.isprintable():
             raise ConfigError(f"outer.{shown_key(key)}: not a setting of {cls.__name__}")

@@ -101,3 +101,10 @@ def test_a_plugin_setting_named_as_a_moved_key_is_refused(tmp_path, monkeypatch)
                                           r"outer.mix as stream.mix"):
         config_load.load(None, ["strategy=mix_plugin:Mixer"])
     assert config_load.load(None, ["outer.mix=0.25"]).stream.mix == 0.25  # the old name reads
+
+
+@pytest.mark.parametrize("strategy", ["fedavg", "diloco", "diloco-fill", "diloco-dylu"])
+def test_a_setting_handed_on_to_the_parent_is_type_checked_by_name(strategy):
+    # DiLoCo takes FedAvg's sampling settings through **sampling: their types are FedAvg's
+    with pytest.raises(ConfigError, match=r"^outer\.overcommit: expected float, got \[\]"):
+        config_load.load(None, [f"strategy={strategy}", "outer.overcommit=[]"])
