@@ -302,6 +302,8 @@ def _check_reliability(cfg: Config) -> None:
              "must be >= 0")
     _require(r.checkpoint_keep >= 2, "reliability.checkpoint_keep", r.checkpoint_keep,
              "must be >= 2 (a corrupt newest one falls back to the one before)")
+    _require(r.hook_timeout >= 0, "reliability.hook_timeout", r.hook_timeout,
+             "must be >= 0 (seconds; 0: no bound)")
 
 
 def _check_sim(cfg: Config) -> None:

@@ -53,6 +53,7 @@ class Stop:
     def __init__(self) -> None:
         self._event = threading.Event()
         self.asker: int | None = None  # ident of the thread that last asked
+        self.forced = False  # the stop was overdue and raised (``stop_on_signals``)
 
     def is_set(self) -> bool:
         self.asker = threading.get_ident()
@@ -74,8 +75,9 @@ def stop_on_signals(on_first: Callable[[], None] = lambda: None,
     ``overdue`` in the engine's thread, whatever it is doing (a plug-in that spins or
     sleeps, a loop that never reaches its next step): in the main thread through the
     signal handler (which also cuts a sleep short), in another thread at its next
-    line of Python (``PyThreadState_SetAsyncExc``; a call blocked inside C finishes
-    first)."""
+    line of Python (``PyThreadState_SetAsyncExc``); and where that thread is blocked
+    inside C (a plug-in's sleep), ``grace`` seconds later still in the main thread, so
+    that the command ends whatever the engine's thread is doing."""
     stop, lock = Stop(), threading.Lock()
     live = {"active": True, "forced": False}
     main = threading.main_thread().ident
@@ -84,18 +86,29 @@ def stop_on_signals(on_first: Callable[[], None] = lambda: None,
         with lock:  # never after the block: another handler may be back by then
             if not live["active"] or live["forced"]:
                 return
-            live["forced"] = True
+            live["forced"] = stop.forced = True
             target = stop.asker or main
             if target == main:
                 signal.pthread_kill(main, signal.SIGINT)  # on_signal raises, below
             else:
                 _raise_in(target, overdue)
+                last.start()
+
+    def force_main() -> None:
+        # the engine's thread is blocked inside C (a plug-in's sleep): the command ends
+        # from its main thread instead (the run then reads as crashed)
+        with lock:
+            if live["active"]:
+                live["main"] = True
+                signal.pthread_kill(main, signal.SIGINT)
 
     timer = threading.Timer(grace, force)
-    timer.daemon = True
+    last = threading.Timer(grace, force_main)
+    timer.daemon = last.daemon = True
 
     def on_signal(signum, frame) -> None:
-        if live["forced"] and threading.get_ident() == main and (stop.asker or main) == main:
+        if live["forced"] and threading.get_ident() == main and (
+                (stop.asker or main) == main or live.get("main")):
             raise overdue()
         if stop._event.is_set():  # a second signal: now
             threading.Thread(target=force, daemon=True).start()
@@ -111,6 +124,20 @@ def stop_on_signals(on_first: Callable[[], None] = lambda: None,
             with lock:
                 live["active"] = False
             timer.cancel()
+            last.cancel()
+
+
+def exit_if_stuck(status: int) -> None:
+    """After a forced stop: a thread of the run still blocked inside C (a plug-in's
+    sleep) would hold the interpreter at exit for ever; end the process now instead."""
+    stuck = [t for t in threading.enumerate()
+             if t is not threading.main_thread() and not t.daemon and t.is_alive()]
+    if stuck:
+        print(f"fedlm: {stuck[0].name} is still blocked (plug-in code?): exiting without "
+              f"waiting for it", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
 
 
 def _raise_in(thread_id: int, exc_type: type[BaseException]) -> None:

@@ -57,7 +57,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     # Ctrl-C / SIGTERM: ask the engine to stop; the run ends at its next step (with
     # Flower, the ServerApp returns and Ray is shut down: no actor outlives the command).
     # One that has not stopped STOP_GRACE_S later is made to: Interrupted is raised in
-    # the engine's thread, whatever it is doing.
+    # the engine's thread, whatever it is doing (and, if that thread is blocked inside C,
+    # in the main thread: the process then ends without waiting for it).
     with interrupts.stop_on_signals(view.say_stopping, overdue=Interrupted) as stopping:
         train = simulation.run_flower if flower else runner.run_inprocess
         try:
@@ -70,6 +71,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         finally:  # the trackers get the last points and how the run ended, however it did
             if follower is not None:
                 follower.end()
+            if stopping.forced:  # the engine's thread may be stuck in a plug-in's C call
+                interrupts.exit_if_stuck(1)
     view.close()
     if view.run_id is None:
         print("fedlm: error: the simulation ended before the run started", file=sys.stderr)

@@ -228,6 +228,7 @@ class ReliabilityConfig:
     checkpoint_every: int = 10  # write a checkpoint every K global versions (0: off)
     checkpoint_keep: int = 3  # checkpoints kept per run (older ones are deleted)
     keep_weights: bool = True  # keep a finished run's final weights (for init.from = RUN_ID)
+    hook_timeout: float = 600.0  # wall-clock s a call into the strategy may take (0: no bound)
 
 
 @dataclass(frozen=True)

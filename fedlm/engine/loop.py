@@ -69,8 +69,10 @@ class Engine(Offering):
                  shard_sizes: list[int] | None = None) -> None:
         kind = server if server is not None else servers.build(cfg, strategy)  # built once
         strategy = kind.strategy
+        self.hook_watch = servers.HookWatch(cfg.reliability.hook_timeout)
         self.server = servers.ServerCalls(kind, on_version=self._new_version,
-                                          on_messages=lambda m: self.transfers.send(m, self.now))
+                                          on_messages=lambda m: self.transfers.send(m, self.now),
+                                          watch=self.hook_watch)
         # the links a worker's jobs take: to its server (which may sit in its region)
         servers_fleet, fleet = fleet, self.server.links(fleet)
         self.cfg, self.fleet, self.policy, self.strategy = cfg, fleet, local_steps, strategy
@@ -139,7 +141,8 @@ class Engine(Offering):
         see ``done``; updates then held in a buffer are not applied); return the
         final params. ``resume``: a ``state_dict()`` to continue from."""
         try:
-            return self._run(params, resume)
+            with self.hook_watch.armed():
+                return self._run(params, resume)
         except Interrupted:  # the inbox saw the stop signal while it waited
             raise Interrupted(f"interrupted at version {self.version}") from None
 

@@ -10,7 +10,8 @@ plug-in's own). Where it names none, ``default_kind`` picks it when the config l
 the strategy's suggestion (a class attribute ``default_server``, as
 ``default_local_steps`` suggests a local-steps policy), else ``streamed`` where the
 ``[stream]`` section asks for streaming, else ``one``. ``server_class`` is the one
-place a kind is looked up.
+place a kind is looked up. Each call into a kind is bounded in wall-clock time
+(``watch.HookWatch``, ``reliability.hook_timeout``).
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ from fedlm.config import Config
 from fedlm.errors import ConfigError
 from fedlm.servers.calls import ServerCalls, Version
 from fedlm.servers.protocol import JobClock, Message, Sent, Server
+from fedlm.servers.watch import HookTimeout, HookWatch
 from fedlm.strategies.base import Strategy
 
-__all__ = ["KINDS", "JobClock", "Message", "Sent", "Server", "ServerCalls", "Version", "build",
+__all__ = ["KINDS", "HookTimeout", "HookWatch", "JobClock", "Message", "Sent", "Server", "ServerCalls", "Version", "build",
            "default_kind", "kind_name", "server_class", "summary"]
 
 KINDS = {"one": "fedlm.servers.protocol:Server",

@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from fedlm.job import JobSpec
 from fedlm.servers.protocol import Message, Sent, Server
+from fedlm.servers.watch import HookWatch, Watched
 from fedlm.strategies.base import DROPPED, Update
 
 
@@ -42,8 +43,10 @@ class ServerCalls:
     """A server kind, driven the one way the engine and replay both drive it."""
 
     def __init__(self, server: Server, *, on_version: Callable[[Version], None],
-                 on_messages: Callable[[list[Message]], None] = lambda messages: None) -> None:
-        self._server = server
+                 on_messages: Callable[[list[Message]], None] = lambda messages: None,
+                 watch: HookWatch | None = None) -> None:
+        # every call into the kind (and so its strategy) bounded in wall-clock time
+        self._server = Watched(server, watch) if watch is not None and watch.limit > 0 else server
         self._on_version, self._on_messages = on_version, on_messages
         self._seq = 0  # updates handed to the strategy so far
         self._held: list[int] = []  # their seqs not yet in a version

@@ -1,0 +1,146 @@
+"""A bound in wall-clock time on each call into a server kind and its strategy: plug-in
+code that sleeps, spins or waits on a lock for ever would otherwise hold the run for
+ever, and the progress watch, which counts jobs, would never fire.
+
+``HookWatch(limit)`` runs each call of ``ServerCalls`` (``run``, through ``Watched``:
+the engine owns the watch and arms it while it runs, ``armed``); a watcher thread,
+started with the first call and gone after a few idle seconds, raises ``HookTimeout``
+in the calling thread once a call has taken ``limit`` seconds
+(``reliability.hook_timeout``; 0: unbounded). In the main thread (the in-process
+backend) it is raised through SIGALRM, so that it cuts a sleep or a blocking wait
+short; in another thread (Flower's ServerApp) at its next line of Python
+(``PyThreadState_SetAsyncExc``: a call blocked inside C finishes first). A call made
+inside another is bounded by the outer one. The run then ends failed, with one line
+naming the hook.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import inspect
+import signal
+import threading
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+IDLE_EXIT_S = 5.0  # the watcher thread ends after this long without a call in progress
+POLL_S = 0.5  # how often the watcher looks while a call is in progress
+
+
+class HookTimeout(Exception):
+    """A call into a server kind or its strategy ran past ``reliability.hook_timeout``."""
+
+    message = "a call into the strategy did not return in time"
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else self.message
+
+
+class HookWatch:
+    """Bounds each call made through ``run`` to ``limit`` seconds."""
+
+    def __init__(self, limit: float) -> None:
+        self.limit = float(limit)
+        self._call: tuple[int, str, float, int] | None = None  # token, what, deadline, thread
+        self._token = 0
+        self._lock = threading.Lock()
+        self._watching = False
+        self._pending: HookTimeout | None = None
+        self._previous: Any = None
+        self._main = threading.main_thread().ident
+
+    def run(self, what: str, fn: Callable, *args, **kwargs):
+        """``fn(*args, **kwargs)``, bounded (``what`` names it in the error)."""
+        if self.limit <= 0 or self._call is not None:  # unbounded, or inside a bounded call
+            return fn(*args, **kwargs)
+        self._token += 1
+        self._call = (self._token, what, time.monotonic() + self.limit, threading.get_ident())
+        if not self._watching:
+            self._start_watcher()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self._call = None
+
+    @contextmanager
+    def armed(self) -> Iterator[None]:
+        """Inside the block, a call of the main thread that runs past the bound is cut
+        short by SIGALRM (its handler installed for the block; elsewhere, and outside
+        it, the exception is raised at the call's next line of Python)."""
+        if self.limit <= 0 or threading.get_ident() != self._main:
+            yield
+            return
+        self._previous = signal.signal(signal.SIGALRM, self._on_alarm)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGALRM, self._previous)
+            self._previous = None
+
+    def _start_watcher(self) -> None:
+        with self._lock:
+            if not self._watching:
+                self._watching = True
+                threading.Thread(target=self._watch, name="fedlm-hook-watch",
+                                 daemon=True).start()
+
+    def _watch(self) -> None:
+        idle_since = time.monotonic()
+        while True:
+            call, now = self._call, time.monotonic()
+            if call is None:
+                if now - idle_since > IDLE_EXIT_S:
+                    with self._lock:
+                        if self._call is None:
+                            self._watching = False
+                            return
+                time.sleep(POLL_S)
+                continue
+            idle_since = now
+            if now < call[2]:
+                time.sleep(min(POLL_S, call[2] - now))
+            else:
+                self._fire(call)
+                while self._call is call:  # until the call is gone (raised, or returned)
+                    time.sleep(0.05)
+
+    def _fire(self, call: tuple[int, str, float, int]) -> None:
+        _, what, _, thread = call
+        text = (f"{what} did not return within {self.limit:g} s (reliability.hook_timeout; "
+                f"plug-in code that blocks?)")
+        if thread == self._main and self._previous is not None:
+            self._pending = HookTimeout(text)
+            signal.pthread_kill(thread, signal.SIGALRM)  # _on_alarm raises it there
+        else:
+            exc_type = type("HookTimeout", (HookTimeout,), {"message": text})
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread),
+                                                       ctypes.py_object(exc_type))
+
+    def _on_alarm(self, signum, frame) -> None:
+        exc, self._pending = self._pending, None
+        if exc is not None and self._call is not None:
+            raise exc
+
+
+class Watched:
+    """``server`` with each of its methods run through ``watch`` (its other attributes
+    read as they are)."""
+
+    def __init__(self, server: Any, watch: HookWatch) -> None:
+        self._target, self._watch = server, watch
+
+    def __getattr__(self, name: str):
+        value = getattr(self._target, name)
+        if not inspect.ismethod(value):
+            return value  # a field: read afresh every time
+        strategy = getattr(self._target, "strategy", None)
+        what = (f"{type(self._target).__name__}.{name}"
+                + (f" (strategy {type(strategy).__name__})" if strategy is not None else ""))
+        run = self._watch.run
+
+        def bounded(*args, **kwargs):
+            return run(what, value, *args, **kwargs)
+
+        setattr(self, name, bounded)  # a method: wrapped once, found directly after
+        return bounded
