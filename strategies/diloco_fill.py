@@ -1,4 +1,4 @@
-"""Synchronous DiLoCo whose rounds leave no worker idle: the strongest sync baseline.
+"""Synchronous DiLoCo whose rounds leave no worker idle: the sync reference of the fleets studies.
 
 Sync DiLoCo with fixed H makes every fast worker wait at the barrier for the slowest
 (the straggler effect); ``diloco-dylu`` removes the wait by giving the slow workers
