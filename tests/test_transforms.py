@@ -118,7 +118,8 @@ def test_halos_levels_are_delayed_nesterov_chains():
     theta = tree(0)
     for level, dn in ((build_strategy("halos", cfg.outer),
                        DelayedNesterov(lr=0.3, momentum=0.8, buffer_size=3)),
-                      (build_strategy("halos", levels(cfg).global_outer),
+                      (build_strategy("halos", levels(build_strategy("halos", cfg.outer),
+                                                    cfg.outer).global_outer),
                        DelayedNesterov(lr=0.5, momentum=0.4, buffer_size=2))):
         level.start(theta, num_workers=5)
         dn.start(theta, num_workers=5)

@@ -82,7 +82,7 @@ from fedlm import config_load  # noqa: E402
 from fedlm.deploy.local import FAST_TASK_POLL, TASK_POLL_ENV, LocalDeployment  # noqa: E402
 from fedlm.deploy.warm_executor import DEFAULT_POLL_S  # noqa: E402
 from experiments.bench.deploy_echo import echo_round_trips  # noqa: E402
-from experiments.bench.supernode_logs import LogTail, node_events, warm_task_times  # noqa: E402
+from experiments.supernode_logs import LogTail, node_events, warm_task_times  # noqa: E402
 
 # ``old``, ``worker-process``, ``new`` and ``warm-filedb``: the SuperLink on a SQLite
 # file, as fedlm deploy local had it until the warm executor
