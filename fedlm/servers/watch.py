@@ -46,7 +46,7 @@ class HookWatch:
         self._token = 0
         self._lock = threading.Lock()
         self._watching = False
-        self._pending: HookTimeout | None = None
+        self._pending: tuple[int, HookTimeout] | None = None  # (call token, its error)
         self._previous: Any = None
         self._main = threading.main_thread().ident
 
@@ -106,11 +106,11 @@ class HookWatch:
                     time.sleep(0.05)
 
     def _fire(self, call: tuple[int, str, float, int]) -> None:
-        _, what, _, thread = call
+        token, what, _, thread = call
         text = (f"{what} did not return within {self.limit:g} s (reliability.hook_timeout; "
                 f"plug-in code that blocks?)")
         if thread == self._main and self._previous is not None:
-            self._pending = HookTimeout(text)
+            self._pending = (token, HookTimeout(text))
             signal.pthread_kill(thread, signal.SIGALRM)  # _on_alarm raises it there
         else:
             exc_type = type("HookTimeout", (HookTimeout,), {"message": text})
@@ -118,9 +118,10 @@ class HookWatch:
                                                        ctypes.py_object(exc_type))
 
     def _on_alarm(self, signum, frame) -> None:
-        exc, self._pending = self._pending, None
-        if exc is not None and self._call is not None:
-            raise exc
+        pending, self._pending = self._pending, None
+        call = self._call
+        if pending is not None and call is not None and call[0] == pending[0]:
+            raise pending[1]  # only in the call that ran over, not one begun since
 
 
 class Watched:
