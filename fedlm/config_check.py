@@ -8,7 +8,6 @@ regions, the strategy registry, the kinds of server), none of which imports torc
 
 from __future__ import annotations
 
-import inspect
 import math
 import re
 from typing import Any, get_type_hints
@@ -114,18 +113,13 @@ def _require_choice(path: str, value: Any, choices: tuple[str, ...]) -> None:
 
 def _setting_types(cls: type) -> dict[str, Any]:
     """The annotations of ``cls``'s settings, its parents' included where a constructor
-    hands the rest on (``**kwargs``: DiLoCo's sampling settings are FedAvg's)."""
+    hands the rest on (``registry.constructors``: DiLoCo's sampling settings are FedAvg's)."""
     hints: dict[str, Any] = {}
-    for klass in cls.__mro__:
-        if "__init__" not in vars(klass):
-            continue
+    for init in registry.constructors(cls):
         try:
-            hints = {**get_type_hints(klass.__init__), **hints}
+            hints = {**get_type_hints(init), **hints}  # a subclass's wins
         except Exception:  # a plugin whose annotations do not resolve: the constructor checks
             pass
-        if not any(p.kind is p.VAR_KEYWORD
-                   for p in inspect.signature(klass.__init__).parameters.values()):
-            break
     return hints
 
 

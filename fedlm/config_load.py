@@ -16,7 +16,6 @@ The schema itself (sections, keys, defaults) is ``fedlm.config``.
 
 from __future__ import annotations
 
-import inspect
 import json
 import tomllib
 from dataclasses import fields, replace
@@ -114,7 +113,7 @@ def _refuse_moved_names(cls: type) -> None:
     """A strategy's constructor may not take a setting whose ``outer.`` name fedlm reads
     as another section's old name (``outer.mix`` is ``stream.mix``): it could never be set,
     and a value given for it would go to the other section without a word."""
-    for name in inspect.signature(cls.__init__).parameters:
+    for name in registry.settings_of(cls):  # its parents' too, where handed on
         if f"outer.{name}" in MOVED:
             raise ConfigError(f"strategy {cls.__name__}: its setting {name!r} cannot be given: "
                               f"fedlm reads outer.{name} as {MOVED[f'outer.{name}']}; "

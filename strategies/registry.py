@@ -90,19 +90,29 @@ def strategy_class(name: str) -> type[Strategy]:
     return cls
 
 
-def settings_of(cls: type) -> dict[str, inspect.Parameter]:
-    """A strategy's ``outer.*`` settings: its constructor's keyword arguments, and where
-    it hands the rest on (``**kwargs``) its parent's, as far up as they are handed."""
-    out: dict[str, inspect.Parameter] = {}
+def constructors(cls: type) -> list:
+    """The constructors that take a strategy's ``outer.*`` settings, its own first: its
+    ``__init__``, and where that hands the rest on (``**kwargs``) its parent's, as far up
+    as they are handed."""
+    out = []
     for klass in cls.__mro__:
         if "__init__" not in vars(klass):
             continue
-        params = inspect.signature(klass.__init__).parameters
+        out.append(klass.__init__)
+        if not any(p.kind is p.VAR_KEYWORD
+                   for p in inspect.signature(klass.__init__).parameters.values()):
+            break
+    return out
+
+
+def settings_of(cls: type) -> dict[str, inspect.Parameter]:
+    """A strategy's ``outer.*`` settings: the keyword arguments of its ``constructors``."""
+    out: dict[str, inspect.Parameter] = {}
+    for init in constructors(cls):
+        params = inspect.signature(init).parameters
         named = {k: p for k, p in params.items() if k != "self" and p.kind not in
                  (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
         out = {**named, **out}  # a subclass's default wins over its parent's
-        if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-            break
     return out
 
 
