@@ -91,7 +91,7 @@ def stop_on_signals(on_first: Callable[[], None] = lambda: None,
             if target == main:
                 signal.pthread_kill(main, signal.SIGINT)  # on_signal raises, below
             else:
-                _raise_in(target, overdue)
+                raise_in(target, overdue)
                 last.start()
 
     def force_main() -> None:
@@ -140,7 +140,7 @@ def exit_if_stuck(status: int) -> None:
         os._exit(status)
 
 
-def _raise_in(thread_id: int, exc_type: type[BaseException]) -> None:
+def raise_in(thread_id: int, exc_type: type[BaseException]) -> None:
     """Raise ``exc_type`` in thread ``thread_id`` at its next line of Python."""
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id),
                                                ctypes.py_object(exc_type))

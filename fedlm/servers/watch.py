@@ -16,13 +16,14 @@ naming the hook.
 
 from __future__ import annotations
 
-import ctypes
 import inspect
 import signal
 import threading
 import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
+
+from fedlm import interrupts
 
 IDLE_EXIT_S = 5.0  # the watcher thread ends after this long without a call in progress
 POLL_S = 0.5  # how often the watcher looks while a call is in progress
@@ -113,9 +114,7 @@ class HookWatch:
             self._pending = (token, HookTimeout(text))
             signal.pthread_kill(thread, signal.SIGALRM)  # _on_alarm raises it there
         else:
-            exc_type = type("HookTimeout", (HookTimeout,), {"message": text})
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread),
-                                                       ctypes.py_object(exc_type))
+            interrupts.raise_in(thread, type("HookTimeout", (HookTimeout,), {"message": text}))
 
     def _on_alarm(self, signum, frame) -> None:
         pending, self._pending = self._pending, None
