@@ -79,14 +79,14 @@ def stop_on_signals(on_first: Callable[[], None] = lambda: None,
     inside C (a plug-in's sleep), ``grace`` seconds later still in the main thread, so
     that the command ends whatever the engine's thread is doing."""
     stop, lock = Stop(), threading.Lock()
-    live = {"active": True, "forced": False}
+    live = {"active": True, "main": False}  # forced: stop.forced
     main = threading.main_thread().ident
 
     def force() -> None:
         with lock:  # never after the block: another handler may be back by then
-            if not live["active"] or live["forced"]:
+            if not live["active"] or stop.forced:
                 return
-            live["forced"] = stop.forced = True
+            stop.forced = True
             target = stop.asker or main
             if target == main:
                 signal.pthread_kill(main, signal.SIGINT)  # on_signal raises, below
@@ -107,8 +107,8 @@ def stop_on_signals(on_first: Callable[[], None] = lambda: None,
     timer.daemon = last.daemon = True
 
     def on_signal(signum, frame) -> None:
-        if live["forced"] and threading.get_ident() == main and (
-                (stop.asker or main) == main or live.get("main")):
+        if stop.forced and threading.get_ident() == main and (
+                (stop.asker or main) == main or live["main"]):
             raise overdue()
         if stop._event.is_set():  # a second signal: now
             threading.Thread(target=force, daemon=True).start()
