@@ -105,10 +105,11 @@ def _print_rounds(db: str, run_id: int, shown: int = 8) -> None:
 
 
 def _print_regions(regions: list[dict]) -> None:
-    """A two-level (halos) run: each region's pushes to the global server and back."""
+    """A run whose servers exchange messages (halos' region servers, a pipelined
+    server's updates): each region's pushes up and models back."""
     if not regions:
         return
-    print("  regions and the global server (halos):")
+    print("  messages to and from the server, per region:")
     print(f"  {'region':>8} {'pushes':>7} {'staleness':>10} {'models back':>12} "
           f"{'sent MB':>9} {'got MB':>8}")
     for r in regions:

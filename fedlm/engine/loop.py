@@ -129,11 +129,16 @@ class Engine(Offering):
 
     def done(self) -> bool:
         """Stop at ``updates`` versions, at the time budget, or once the local-step
-        budget is spent: every step of it handed to the strategy, no job in flight."""
+        budget is spent: every step of it handed to the strategy, no job in flight (nor,
+        for a kind whose messages carry updates, a message: ``drains_messages``)."""
         budget, limit = self.cfg.local_step_budget, self.cfg.time_budget
         return (self.version >= self.versions_wanted
-                or (budget > 0 and self.steps_done >= budget and not self.in_flight)
+                or (budget > 0 and self.steps_done >= budget and not self.in_flight
+                    and not self._draining())
                 or (limit > 0 and self.now >= limit))
+
+    def _draining(self) -> bool:
+        return bool(self.transfers.flying) and self.server.drains_messages()
 
     # -- the loop -------------------------------------------------------------
     def run(self, params, resume: dict | None = None):
@@ -168,7 +173,8 @@ class Engine(Offering):
             self._dispatch_free_workers()
             if self.presence is not None and self.presence.everyone_left(self.in_flight):
                 break
-            if self.stall.stuck(self.in_flight, self.pool.offline, self.events):
+            if self.stall.stuck(self.in_flight, self.pool.offline, self.events,
+                                self.transfers.flying):
                 raise EngineError(f"stalled at version {self.version}: no job in flight "
                                   f"and strategy {self.strategy.name!r} gives none to "
                                   f"the {len(self.pool.free_since)} free workers")

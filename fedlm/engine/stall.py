@@ -57,11 +57,12 @@ class StallWatch:
         self.held = 0
 
     @staticmethod
-    def stuck(in_flight, offline, events) -> bool:
-        """Nothing in flight, and nobody coming back who could change that (a worker gone
-        for good is offline with no return on the virtual clock)."""
+    def stuck(in_flight, offline, events, messages=()) -> bool:
+        """Nothing in flight (no job, no message between servers), and nobody coming back
+        who could change that (a worker gone for good is offline with no return on the
+        virtual clock)."""
         waiting = offline and not (events.lookahead and events.next_time() is None)
-        return not in_flight and not waiting
+        return not in_flight and not messages and not waiting
 
     def why_stalled(self, version: int, strategy: str) -> str | None:
         """None while the run may go on, else the one-line reason it cannot."""

@@ -32,7 +32,10 @@ class ServerTransfers:
         self.flying: dict[int, dict] = {}  # key -> the transfers row so far
 
     def seconds(self, message: Message, now: float) -> float:
-        """Up the source's link (if a region's), then down the destination's."""
+        """Up the source's link (if a region's), then down the destination's; or the
+        seconds its sender gave it (``Message.seconds``)."""
+        if message.seconds is not None:
+            return message.seconds
         factor = daily_factor(now, self.amplitude, self.peak_hour) if self.amplitude else 1.0
         legs = [(self.links[r], "up") for r in [message.source] if r is not None]
         legs += [(self.links[r], "down") for r in [message.destination] if r is not None]

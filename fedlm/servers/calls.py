@@ -1,8 +1,8 @@
-"""The server side as the engine and replay call it: fifteen calls, each event's hooks of
+"""The server side as the engine and replay call it: seventeen calls, each event's hooks of
 the server kind (``fedlm.servers.protocol``) in their one order, written once.
 
     setup        links(fleet), start(params, fleet) -> (down, up), versions_wanted(updates),
-                 versions_per_update()
+                 versions_per_update(), drains_messages()
     the model    evaluated() -> (version, params)
     a job        wants_job(w, v), job_steps(w, v, policy, allow) -> steps or None,
                  dispatch(job, events, index) -> Sent, reference(job)
@@ -63,6 +63,10 @@ class ServerCalls:
 
     def versions_wanted(self, updates: int) -> int:
         return self._server.versions_wanted(updates)
+
+    def drains_messages(self) -> bool:
+        """Whether the run waits for messages in flight before it ends."""
+        return self._server.drains_messages
 
     def versions_per_update(self) -> int:
         """Versions one of the run's ``updates`` (and ``eval.every``) counts."""

@@ -59,6 +59,9 @@ class Message:
     destination: int | None
     nbytes: int  # what travels
     kind: str = ""  # a label for the run log ("push", "model", ...); no one branches on it
+    # its transit in seconds where the sender timed it itself (a worker's upload over the
+    # worker's own link); None: the engine times it over the regions' links
+    seconds: float | None = None
 
 
 class JobClock(Protocol):
@@ -82,6 +85,9 @@ class Server:
     keeps_job_starts = False
     # whether the config's network may give this kind a shared server link
     shared_link = True
+    # whether a run waits for its messages in flight before it ends (a kind whose
+    # messages carry workers' updates); else it ends once no job is in flight
+    drains_messages = False
 
     def __init__(self, cfg: Config, strategy: Strategy) -> None:
         self.cfg, self.strategy = cfg, strategy

@@ -65,9 +65,10 @@ def traffic(path: str | Path, run_id: int) -> dict[str, float]:
 
 
 def region_transfers(path: str | Path, run_id: int) -> list[dict[str, Any]]:
-    """A two-level (halos) run's traffic with its global server, per region in order of
-    the region's first worker: name, pushes, their mean staleness (global versions), the
-    global models that came back, bytes each way. [] for other runs."""
+    """The traffic of a run whose servers exchange messages (halos; a pipelined server),
+    per region in order of the region's first worker: name, pushes, their mean staleness
+    (versions of the model they reach), the models that came back, bytes each way. []
+    for other runs."""
     with closing(connect_readonly(path)) as conn:
         rows = conn.execute("SELECT region, kind, COUNT(*), AVG(staleness), SUM(bytes)"
                             " FROM transfers WHERE run_id=? GROUP BY region, kind",

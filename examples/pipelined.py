@@ -1,0 +1,143 @@
+"""Asynchronous jobs whose transfers run behind the next job's compute, as a fedlm
+server kind (a plug-in): a far worker stops waiting for its link.
+
+On a wide-area fleet an asynchronous worker spends much of each job on its link (DN +
+DyLU on HALoS's network: goodput 29%, experiments/results/fleets_fair.md). Here a
+worker pipelines. The moment a job's compute ends it starts the next job, from the
+model it downloaded while it computed, and uploads the finished update meanwhile:
+
+    job k          [================ compute C_k ================]
+    behind it      upload of Δ_{k−1} (u), then the model for job k+1 (d)
+    exposed        max(0, u + d − C_k): only a link slower than the compute shows
+
+- Job k+1 starts from the global model as it was when job k was dispatched (the
+  prefetch starts with job k: fedlm's choice; a worker that timed its download to end
+  just before it needs the model would start from a newer one).
+- Δ_k reaches the server u seconds after job k's compute ends: a message timed over the
+  worker's own link (``Message.seconds``, nominal bandwidth and latency). The strategy
+  takes it on arrival, so its staleness counts every version made since its job's
+  start model was current, transfers included. The run waits for the last updates to
+  land (``drains_messages``).
+- A worker's first job, and its first after a lost one, downloads the current model
+  before it computes, as without the pipeline (its upload is gone with it).
+
+The price is about one more job of staleness per update; the gain, on a link-bound
+worker, up to 1 / (1 − its transfer share) times the compute. fedlm's own: the
+asynchronous counterpart of the one-step overlap of Kale et al. 2025 (arXiv
+2502.12996, synchronous; ``overlap_dc_example.py``). It serves any asynchronous
+strategy (delayed Nesterov, ``far_workers:FarDN``, ...) on a star fleet: not
+all-reduce topologies, a shared server link or region servers. On the wall clock
+(Flower) the jobs are not timed here; the updates still travel as messages.
+
+    PYTHONPATH=examples fedlm run --set server=pipelined:PipelinedServer \\
+        --set strategy=delayed-nesterov --set local_steps=dylu-rtt \\
+        --set profile=halos --set workers=8
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from fedlm.servers import Message, Sent, Server
+from fedlm.sim.fleet import JobTiming, by_region
+from fedlm.sim.links import hidden_seconds, transfer_seconds
+from fedlm.strategies.base import DROPPED, Update
+
+SOURCE = ("fedlm's own: the asynchronous counterpart of the one-step overlap of Kale et al. "
+          "2025 (arXiv 2502.12996); the prefetch starts with the previous job")
+
+
+class PipelinedServer(Server):
+    """One server whose workers compute the next job while their link moves the last."""
+
+    keeps_job_starts = True  # a job starts from its worker's prefetched model
+    shared_link = False  # each worker's transfers are timed over its own link
+    drains_messages = True  # the messages carry workers' updates
+
+    def start(self, params, fleet: list) -> None:
+        if self.strategy.synchronous:
+            raise ValueError(f"server pipelined: serves asynchronous strategies; "
+                             f"{self.strategy.name!r} is synchronous")
+        super().start(params, fleet)
+        self.links = fleet  # the profiles jobs are timed over (worker_links)
+        self.region_of = {w: r for r, ws in enumerate(by_region(fleet)) for w in ws}
+        self.prefetched: dict[int, tuple[int, Any]] = {}  # worker -> (version, params)
+        self.piped: dict[int, bool] = {}  # worker -> its job in flight started prefetched
+        self.started: dict[int, int] = {}  # worker -> the version its job started from
+        self.uploading: dict[int, float] = {}  # worker -> seconds of the upload it runs
+        self.pending: dict[int, Update] = {}  # key -> an update on its way up
+        self.outbox: list[Message] = []
+        self.next_key = 0
+
+    # -- a job -------------------------------------------------------------------------
+    def start_of(self, worker: int):
+        version, params = self.prefetched.get(worker, (self.version, self.params))
+        self.piped[worker] = worker in self.prefetched
+        self.started[worker] = version
+        return params
+
+    def dispatched(self, worker: int, version: int) -> None:
+        super().dispatched(worker, version)
+        self.prefetched[worker] = (self.version, self.params)  # downloaded behind its compute
+
+    def timing(self, sent: Sent, events, index: int):
+        w = sent.job.worker
+        whole = events.timing(w, sent.job.local_steps, index)
+        if whole is None:  # the wall clock: only the reply says
+            return None
+        first = not self.piped[w]
+        exchange = self.uploading.pop(w, 0.0) + whole.download  # last upload, next model
+        hidden = hidden_seconds(exchange, whole.compute)
+        return JobTiming(whole.download if first else 0.0, whole.compute, 0.0,
+                         exchange=exchange - hidden, before_exchange=whole.compute,
+                         hidden=hidden)
+
+    # -- replies -------------------------------------------------------------------------
+    def staleness(self, worker: int, base_version: int) -> int:
+        return self.version - self.started[worker]
+
+    def accepted(self, worker: int, job) -> None:
+        self.seen[worker] = self.started[worker]
+
+    def take(self, update: Update):
+        """The update starts up the worker's link; the strategy takes it on arrival."""
+        w = update.worker
+        link = self.links[w].region
+        seconds = transfer_seconds(self.up_bytes, link.up_bw, link.latency)
+        self.uploading[w] = seconds
+        key, self.next_key = self.next_key, self.next_key + 1
+        self.pending[key] = replace(update, base_version=self.started.pop(w))
+        self.outbox.append(Message(key, self.region_of[w], None, self.up_bytes, "push",
+                                   seconds))
+        return None
+
+    def lose(self, worker: int, *, job_id: int, reason: str):
+        self.prefetched.pop(worker, None)  # its next job downloads before it computes
+        self.started.pop(worker, None)
+        return super().lose(worker, job_id=job_id, reason=reason)
+
+    # -- messages ----------------------------------------------------------------------
+    def take_messages(self) -> list[Message]:
+        out, self.outbox = self.outbox, []
+        return out
+
+    def deliver(self, key: int) -> tuple[Any | None, int]:
+        update = self.pending.pop(key)
+        staleness = self.version - update.base_version
+        new = self.strategy.on_update(replace(update, staleness=staleness), self.params)
+        return (None if new is DROPPED else new), staleness
+
+    def describe(self) -> str:
+        return "pipelined: transfers behind the next job's compute"
+
+    # -- state -------------------------------------------------------------------------
+    _STATE = ("prefetched", "piped", "started", "uploading", "pending", "outbox", "next_key")
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), **{k: getattr(self, k) for k in self._STATE}}
+
+    def load_state_dict(self, state: dict, checkpoint: dict | None = None) -> None:
+        super().load_state_dict(state, checkpoint)
+        for k in self._STATE:
+            setattr(self, k, state[k])
