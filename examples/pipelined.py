@@ -43,6 +43,7 @@ from fedlm.servers import Message, Sent, Server
 from fedlm.sim.fleet import JobTiming, by_region
 from fedlm.sim.links import hidden_seconds, transfer_seconds
 from fedlm.strategies.base import DROPPED, Update
+from fedlm.strategies.transforms import tree_map
 
 SOURCE = ("fedlm's own: the asynchronous counterpart of the one-step overlap of Kale et al. "
           "2025 (arXiv 2502.12996); the prefetch starts with the previous job")
@@ -52,6 +53,7 @@ class PipelinedServer(Server):
     """One server whose workers compute the next job while their link moves the last."""
 
     keeps_job_starts = True  # a job starts from its worker's prefetched model
+    carry = True  # ... plus its own update still on the wire (False: the model alone)
     shared_link = False  # each worker's transfers are timed over its own link
     drains_messages = True  # the messages carry workers' updates
 
@@ -66,6 +68,7 @@ class PipelinedServer(Server):
         self.piped: dict[int, bool] = {}  # worker -> its job in flight started prefetched
         self.started: dict[int, int] = {}  # worker -> the version its job started from
         self.uploading: dict[int, float] = {}  # worker -> seconds of the upload it runs
+        self.own: dict[int, Any] = {}  # worker -> the outer gradient it is uploading
         self.pending: dict[int, Update] = {}  # key -> an update on its way up
         self.outbox: list[Message] = []
         self.next_key = 0
@@ -75,6 +78,10 @@ class PipelinedServer(Server):
         version, params = self.prefetched.get(worker, (self.version, self.params))
         self.piped[worker] = worker in self.prefetched
         self.started[worker] = version
+        own = self.own.get(worker) if self.carry else None
+        if self.piped[worker] and own is not None:  # where its last job ended, moved as
+            # the global model moved since that job's start: θ_prefetched − Δ_last
+            params = tree_map(lambda p, g: p - g, params, own)
         return params
 
     def dispatched(self, worker: int, version: int) -> None:
@@ -106,6 +113,7 @@ class PipelinedServer(Server):
         link = self.links[w].region
         seconds = transfer_seconds(self.up_bytes, link.up_bw, link.latency)
         self.uploading[w] = seconds
+        self.own[w] = update.outer_grad
         key, self.next_key = self.next_key, self.next_key + 1
         self.pending[key] = replace(update, base_version=self.started.pop(w))
         self.outbox.append(Message(key, self.region_of[w], None, self.up_bytes, "push",
@@ -114,6 +122,7 @@ class PipelinedServer(Server):
 
     def lose(self, worker: int, *, job_id: int, reason: str):
         self.prefetched.pop(worker, None)  # its next job downloads before it computes
+        self.own.pop(worker, None)
         self.started.pop(worker, None)
         return super().lose(worker, job_id=job_id, reason=reason)
 
@@ -132,7 +141,8 @@ class PipelinedServer(Server):
         return "pipelined: transfers behind the next job's compute"
 
     # -- state -------------------------------------------------------------------------
-    _STATE = ("prefetched", "piped", "started", "uploading", "pending", "outbox", "next_key")
+    _STATE = ("prefetched", "piped", "started", "uploading", "own", "pending", "outbox",
+              "next_key")
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), **{k: getattr(self, k) for k in self._STATE}}
@@ -141,3 +151,10 @@ class PipelinedServer(Server):
         super().load_state_dict(state, checkpoint)
         for k in self._STATE:
             setattr(self, k, state[k])
+
+
+class PipelinedNoCarry(PipelinedServer):
+    """The ablation: each job starts from the prefetched model alone, without its
+    worker's own last update (every update then counts its worker's last one again)."""
+
+    carry = False
