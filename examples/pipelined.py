@@ -10,9 +10,13 @@ model it downloaded while it computed, and uploads the finished update meanwhile
     behind it      upload of Δ_{k−1} (u), then the model for job k+1 (d)
     exposed        max(0, u + d − C_k): only a link slower than the compute shows
 
-- Job k+1 starts from the global model as it was when job k was dispatched (the
-  prefetch starts with job k: fedlm's choice; a worker that timed its download to end
-  just before it needs the model would start from a newer one).
+- Job k+1 starts where job k ended, moved as the global model moved meanwhile: the
+  model prefetched when job k was dispatched, less job k's own update Δ_k, which is
+  still on the wire (the "eager" use of a worker's own outer gradient before the
+  global one exists, after Kale et al. 2025). The prefetch starts with job k: fedlm's
+  choice, replayable from the order of operations alone; a worker that timed its
+  download to end just before it needs the model would start from a newer one.
+  ``PipelinedNoCarry`` starts from the prefetched model alone: the ablation.
 - Δ_k reaches the server u seconds after job k's compute ends: a message timed over the
   worker's own link (``Message.seconds``, nominal bandwidth and latency). The strategy
   takes it on arrival, so its staleness counts every version made since its job's

@@ -70,12 +70,22 @@ def test_the_next_job_starts_prefetched_and_hides_the_upload_behind_its_compute(
     (msg,) = server.take_messages()
     assert server.up_bytes == 4 and msg.seconds == pytest.approx(1.5) and msg.kind == "push"
     start, t = _dispatch(server, 0, steps=3)
-    # it starts from the model prefetched when its first job was dispatched (version 0)
-    assert _v(start) == 1.0 and server.started[0] == 0
+    # it starts from the model prefetched when its first job was dispatched (version 0),
+    # less its own update still on the wire: where its last job ended
+    assert _v(start) == pytest.approx(1.0 - 0.25) and server.started[0] == 0
     # behind 3 s of compute: the 1.5 s upload and the 2 s download; 0.5 s exposed
     assert (t.download, t.compute, t.upload) == (0.0, 3.0, 0.0)
     assert t.hidden == pytest.approx(3.0) and t.exchange == pytest.approx(0.5)
     assert t.total == pytest.approx(3.5)
+
+
+def test_without_the_carry_a_job_starts_from_the_prefetched_model_alone():
+    server = _server("server=pipelined:PipelinedNoCarry")
+    _dispatch(server, 0, steps=5)
+    server.accepted(0, None)
+    server.take(_update(0, 0.25))
+    start, _ = _dispatch(server, 0, steps=3)
+    assert _v(start) == 1.0
 
 
 def test_an_update_is_applied_on_arrival_with_the_staleness_it_has_then():
