@@ -60,11 +60,9 @@ class PipelinedServer(Server):
     carry = True  # ... plus its own update still on the wire (False: the model alone)
     shared_link = False  # each worker's transfers are timed over its own link
     drains_messages = True  # the messages carry workers' updates
+    serves_synchronous = False  # a job's update lands on its own (the config refuses sync)
 
     def start(self, params, fleet: list) -> None:
-        if self.strategy.synchronous:
-            raise ValueError(f"server pipelined: serves asynchronous strategies; "
-                             f"{self.strategy.name!r} is synchronous")
         super().start(params, fleet)
         self.links = fleet  # the profiles jobs are timed over (worker_links)
         self.region_of = {w: r for r, ws in enumerate(by_region(fleet)) for w in ws}

@@ -110,12 +110,16 @@ def test_a_lost_job_s_worker_downloads_again_before_it_computes():
     assert _v(start) == pytest.approx(0.7) and t.download == 2.0
 
 
-def test_a_synchronous_strategy_is_refused_in_one_line():
-    from fedlm import servers
+@pytest.mark.parametrize("sets, says", [
+    (["strategy=diloco"], r"^server: runs an asynchronous strategy"),
+    (["strategy=delayed-nesterov", "network.server_up=1e6"], r"^network.server_up: "),
+    (["strategy=fedavg", "network.topology=ring"], r"^network.topology: "),
+])
+def test_a_config_it_cannot_serve_is_refused_in_one_line_before_the_run(sets, says):
+    from fedlm.errors import ConfigError
 
-    cfg = tiny_config("strategy=diloco", PIPELINED)
-    with pytest.raises(ValueError, match="serves asynchronous strategies") as err:
-        servers.build(cfg).start(_p(1.0), [WorkerProfile(0, 1.0, 0.0, Region("r", 0, 1, 1))])
+    with pytest.raises(ConfigError, match=says) as err:
+        tiny_config(PIPELINED, *sets)
     assert "\n" not in str(err.value)
 
 

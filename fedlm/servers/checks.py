@@ -42,16 +42,16 @@ def check_exchange(cfg: Config) -> None:
              f"{cfg.strategy!r}'s server times its own jobs ({kind.__name__}.timing), which a "
              f"shared server link cannot: drop network.server_down, server_up and "
              f"daily_amplitude")
-    if not kind.shared_link:  # servers of its own
+    if not kind.shared_link:  # each worker's link timed on its own
         require(n.topology == "star" and not n.hierarchical, "network.topology", n.topology,
-                 f"{cfg.strategy!r} has its own servers (one per region and a global one): "
-                 f"use the star topology without network.hierarchical")
+                 f"server {name!r} times each worker's own link (region servers, a "
+                 f"pipeline): use the star topology without network.hierarchical")
         require(not (n.server_down or n.server_up), "network.server_up",
-                 n.server_up or n.server_down, f"{cfg.strategy!r}'s workers talk to their "
-                 f"region's server, not a shared one: drop network.server_down and server_up")
-    require(name != "regions" or not cls.synchronous, "server", name,
-             f"runs an asynchronous strategy at every region's server (halos, "
-             f"delayed-nesterov, ...), not {cfg.strategy!r}")
+                 n.server_up or n.server_down, f"server {name!r} times each worker's own "
+                 f"link, not a shared one: drop network.server_down and server_up")
+    require(kind.serves_synchronous or not cls.synchronous, "server", name,
+             f"runs an asynchronous strategy (halos, delayed-nesterov, ...): each update "
+             f"is taken on its own, not in {cfg.strategy!r}'s rounds")
     require(name != "streamed" or stream is not None, "server", name,
              "has streaming rounds to run: set stream.fragments (or stream.overlap)")
     if stream is None:

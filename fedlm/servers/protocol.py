@@ -85,6 +85,9 @@ class Server:
     keeps_job_starts = False
     # whether the config's network may give this kind a shared server link
     shared_link = True
+    # whether a synchronous strategy may run on it (region servers and a pipelined server
+    # step on every arrival: asynchronous strategies only; the config check refuses others)
+    serves_synchronous = True
     # whether a run waits for its messages in flight before it ends (a kind whose
     # messages carry workers' updates); else it ends once no job is in flight
     drains_messages = False

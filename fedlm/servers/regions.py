@@ -63,6 +63,7 @@ def levels(strategy: Strategy, outer: dict[str, Any]) -> Levels:
 class RegionServers(Server):
     keeps_job_starts = True  # a region's model moves on: a job's start is its own
     shared_link = False  # workers talk to their region's server, not a shared one
+    serves_synchronous = False  # each region's server steps on its own workers' arrivals
 
     def __init__(self, cfg: Config, strategy: Strategy) -> None:
         super().__init__(cfg, strategy)
