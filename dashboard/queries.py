@@ -210,8 +210,8 @@ def regions(db: str | Path, run_id: int) -> dict[str, pd.DataFrame] | None:
     ``traffic``   bytes between the region servers and the global server, per kind,
                   in bins of virtual time (by when a transfer left)"""
     moved = reads.transfers(db, run_id)
-    if moved.empty:
-        return None
+    if moved.empty or not (moved["kind"] == "model").any():  # no model came back down:
+        return None  # not two levels (a pipelined server's pushes are its workers' updates)
     prof = reads.worker_profiles(db, run_id).sort_values("worker")
     names = list(dict.fromkeys(prof["region"]))  # regions in order of their first worker
     region_of = dict(zip(prof["worker"], prof["region"]))
