@@ -61,6 +61,8 @@ class PipelinedServer(Server):
     shared_link = False  # each worker's transfers are timed over its own link
     drains_messages = True  # the messages carry workers' updates
     serves_synchronous = False  # a job's update lands on its own (the config refuses sync)
+    state_fields = ("prefetched", "piped", "started", "uploading", "own", "pending", "outbox",
+                    "next_key")
 
     def start(self, params, fleet: list) -> None:
         super().start(params, fleet)
@@ -141,18 +143,6 @@ class PipelinedServer(Server):
 
     def describe(self) -> str:
         return "pipelined: transfers behind the next job's compute"
-
-    # -- state -------------------------------------------------------------------------
-    _STATE = ("prefetched", "piped", "started", "uploading", "own", "pending", "outbox",
-              "next_key")
-
-    def state_dict(self) -> dict:
-        return {**super().state_dict(), **{k: getattr(self, k) for k in self._STATE}}
-
-    def load_state_dict(self, state: dict, checkpoint: dict | None = None) -> None:
-        super().load_state_dict(state, checkpoint)
-        for k in self._STATE:
-            setattr(self, k, state[k])
 
 
 class PipelinedNoCarry(PipelinedServer):

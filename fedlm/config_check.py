@@ -18,7 +18,6 @@ from fedlm.config import (BATCH_MODES, CLOCKS, DEVICES, GRACE_RULES, PARTITIONS,
                           TRACKERS, WANDB_MODES, Config)
 from fedlm.data import shakespeare_play_count, tokenizer
 from fedlm.errors import ConfigError, first_line, require, shown, shown_key
-from fedlm.servers import kind_name
 from fedlm.servers.checks import check_exchange
 from fedlm.sim import codecs, faults, fleet, fleet_check, geo, quantities as Q
 from fedlm.worker import optimizers
@@ -175,8 +174,10 @@ def _check_strategy(cfg: Config) -> None:
                           f"({type(exc).__name__}: {first_line(exc)})") from None
     registry.check_local_steps(cfg.local_steps)
     strategy_cls = registry.strategy_class(cfg.strategy)
+    # a synchronous strategy's rounds on any kind that serves it (streamed rounds refuse
+    # every policy but fixed: fedlm.servers.checks)
     _require(not registry.LOCAL_STEPS[cfg.local_steps].sizes_rounds
-             or (strategy_cls.synchronous and kind_name(cfg) == "one"), "local_steps",
+             or strategy_cls.synchronous, "local_steps",
              cfg.local_steps, f"sizes synchronous rounds; {cfg.strategy!r} has none "
              f"(use dylu with an asynchronous strategy)")
 

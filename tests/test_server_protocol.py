@@ -87,7 +87,7 @@ def test_server_kinds_call_their_strategies_through_the_strategy_base_alone():
     base = {n for n, v in vars(Strategy).items() if callable(v) and not n.startswith("_")}
     kinds = sorted((ROOT / "fedlm" / "servers").glob("*.py"))
     kinds += [ROOT / "examples" / f for f in ("noloco_example.py", "overlap_dc_example.py",
-                                                   "pipelined.py")]
+                                                   "pipelined.py", "semi_sync.py")]
     calls = {p.name: _strategy_calls(p) for p in kinds}
     assert calls["regions.py"] >= {"on_update", "on_job_lost", "on_dispatch", "start"}
     assert {p: c - base for p, c in calls.items() if c - base} == {}

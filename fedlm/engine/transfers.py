@@ -46,8 +46,10 @@ class ServerTransfers:
         """Start ``messages`` now."""
         for m in messages:
             at = now + self.seconds(m, now)
-            # the log's region: the link it crosses to or from the fleet's server
+            # the log's region: the link it crosses to or from the fleet's server (-1:
+            # neither end is a region's, a timer the fleet's server sets itself)
             region = m.source if m.source is not None else m.destination
+            region = -1 if region is None else region
             self.flying[m.key] = {"key": m.key, "kind": m.kind, "region": region,
                                   "bytes": m.nbytes, "t_sent": now, "t_arrived": at}
             self.events.deliver_at(at, m.key)

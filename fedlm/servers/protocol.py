@@ -210,9 +210,13 @@ class Server:
         self.version += 1
 
     # -- state -------------------------------------------------------------------------
+    # a kind's own attributes that a checkpoint keeps as they are (dicts, lists, tensors)
+    state_fields: tuple[str, ...] = ()
+
     def state_dict(self) -> dict:
         return {"params": self.params, "version": self.version,
-                "strategy": self.strategy.state_dict(), "seen": dict(self.seen)}
+                "strategy": self.strategy.state_dict(), "seen": dict(self.seen),
+                **{k: getattr(self, k) for k in self.state_fields}}
 
     def load_state_dict(self, state: dict, checkpoint: dict | None = None) -> None:
         """``state`` from ``state_dict``; ``checkpoint``: the engine's whole checkpoint,
@@ -221,3 +225,5 @@ class Server:
         self.strategy.load_state_dict(state["strategy"])
         seen = state.get("seen", (checkpoint or {}).get("stream", {}).get("seen", {}))
         self.seen = {int(w): int(v) for w, v in seen.items()}
+        for k in self.state_fields:
+            setattr(self, k, state[k])

@@ -187,13 +187,13 @@ class RegionServers(Server):
         return new, staleness
 
     # -- state -----------------------------------------------------------------------
-    _STATE = ("regions", "models", "merged", "region_version", "merged_version",
-              "global_version", "global_seen", "work", "dispatched_at", "pending", "outbox",
-              "next_key")
+    state_fields = ("regions", "models", "merged", "region_version", "merged_version",
+                    "global_version", "global_seen", "work", "dispatched_at", "pending",
+                    "outbox", "next_key")
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "parts": [p.state_dict() for p in self.parts],
-                "global": self.top.state_dict(), **{k: getattr(self, k) for k in self._STATE}}
+                "global": self.top.state_dict()}
 
     def load_state_dict(self, state: dict, checkpoint: dict | None = None) -> None:
         if "parts" not in state:
@@ -202,8 +202,6 @@ class RegionServers(Server):
         for part, st in zip(self.parts, state["parts"]):
             part.load_state_dict(st)
         self.top.load_state_dict(state["global"])
-        for k in self._STATE:
-            setattr(self, k, state[k])
         self.region_of = {w: r for r, ws in enumerate(self.regions) for w in ws}
 
 

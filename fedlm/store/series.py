@@ -78,6 +78,8 @@ def region_transfers(path: str | Path, run_id: int) -> list[dict[str, Any]]:
     names = list(dict.fromkeys(r[0] for r in workers))
     out: dict[int, dict[str, Any]] = {}
     for region, kind, n, staleness, nbytes in rows:
+        if region < 0:  # a timer the server set itself: no link
+            continue
         row = out.setdefault(region, {"region": names[region] if region < len(names)
                                       else str(region), "pushes": 0, "push_staleness": 0.0,
                                       "models": 0, "bytes_up": 0, "bytes_down": 0})

@@ -1,0 +1,162 @@
+"""Semi-synchronous rounds that close at a deadline set from the recent arrivals, as a
+fedlm plug-in (a strategy and its server kind).
+
+A synchronous round waits for its slowest member. Here a round also closes when its
+deadline passes, with the replies it has (at least ``outer.min_replies``; else it
+starts over); its stragglers keep computing, and their work joins the round open when
+they reply (``outer.late = "next"``, the default here) or is dropped (``"drop"``).
+The deadline follows the fleet, as a hivemind proposal (learning-at-home/hivemind
+#676) sets it and Decoupled DiLoCo's adaptive grace does:
+
+    deadline = median(d) + k · MAD(d)        MAD(d) = median(|d − median(d)|)
+
+where d are the durations (dispatch to reply) of the last ``outer.deadline_window``
+replies taken and k = ``outer.deadline_k``; the MAD counts as at least 5% of the
+median (fill's jobs end together: a MAD of 0 would cut every reply after the median).
+The first round, with no history, has no deadline. A round also closes at its quorum, as any drawn round does
+(``outer.fraction``, ``outer.overcommit``): the deadline only cuts a round short.
+
+The deadline is a timer: a message the server sends itself when the round's first job
+is dispatched, timed ``deadline`` seconds (``Message.seconds``), so it is an operation
+of the run log and a run replays and resumes bit for bit. On the wall clock (Flower) a
+job's duration is not known at dispatch: no deadline is set there. fedlm's own
+combination: fill's job sizes (``diloco-fill``), DiLoCo's outer step, drawn rounds
+closed at a quorum or a deadline.
+
+    PYTHONPATH=examples fedlm run --set strategy=semi_sync:SemiSyncFill \\
+        --set outer.deadline_k=2 --set profile=halos --set workers=8
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from fedlm.servers import Message, Sent, Server
+from fedlm.strategies.base import Update
+from fedlm.strategies.diloco_fill import DiLoCoFill
+
+SOURCE = ("fedlm's own: fill's rounds that close at a quorum or at a deadline of median + "
+          "k x MAD of recent reply times (after hivemind #676), stragglers' work into the "
+          "next round")
+
+
+def deadline_of(durations: list[float], k: float) -> float:
+    """median + k · MAD of ``durations``, the MAD at least 5% of the median: fill's jobs
+    end together, and a MAD of 0 would cut every reply later than the median."""
+    mid = statistics.median(durations)
+    mad = statistics.median(abs(d - mid) for d in durations)
+    return mid + k * max(mad, 0.05 * mid)
+
+
+class SemiSyncFill(DiLoCoFill):
+    """DiLoCo on fill's job sizes whose rounds close at a quorum or a deadline."""
+
+    name = "semi-sync-fill"
+    source = SOURCE
+    default_server = "semi_sync:DeadlineServer"
+
+    def __init__(self, *, deadline_k: float = 2.0, deadline_window: int = 16,
+                 late: str = "next", **settings) -> None:
+        if not deadline_k >= 0:
+            raise ValueError(f"outer.deadline_k: must be >= 0, got {deadline_k!r}")
+        if not (isinstance(deadline_window, int) and deadline_window >= 1):
+            raise ValueError(f"outer.deadline_window: must be an int >= 1, got "
+                             f"{deadline_window!r}")
+        super().__init__(late=late, **settings)
+        self.deadline_k, self.deadline_window = float(deadline_k), deadline_window
+        self.draws_rounds = True  # a round's members are known: a late reply is told apart
+
+    def summary(self) -> str:
+        return (f"{super().summary()}; a round also closes at median + {self.deadline_k:g} "
+                f"x MAD of the last {self.deadline_window} reply times")
+
+
+class DeadlineServer(Server):
+    """One server that sets each round a deadline from the recent reply times."""
+
+    state_fields = ("rounds", "armed", "out", "replies", "durations", "timed", "clocked",
+                    "outbox", "timers", "next_key")
+
+    def start(self, params, fleet: list) -> None:
+        if getattr(self.strategy, "deadline_k", None) is None:
+            raise ValueError(f"server semi_sync:DeadlineServer: serves "
+                             f"semi_sync:SemiSyncFill (its deadline settings), not "
+                             f"{self.strategy.name!r}")
+        super().start(params, fleet)
+        self.rounds = 0  # rounds closed (versions made)
+        self.armed = -1  # the round whose timer is set
+        self.out: dict[int, int] = {}  # worker -> job id, this round's jobs not yet in
+        self.replies = 0  # replies taken
+        self.durations: list[float] = []  # of the last replies taken, oldest first
+        self.timed: dict[int, float] = {}  # job id -> its duration, from its timing
+        self.clocked: bool | None = None  # whether jobs are timed (None: not told, replay)
+        self.outbox: list[Message] = []
+        self.timers: dict[int, int] = {}  # key -> the round it closes
+        self.next_key = 0
+
+    def send(self, job, start) -> Sent:
+        self.out[job.worker] = job.job_id
+        return super().send(job, start)
+
+    def timing(self, sent: Sent, events, index: int):
+        timing = super().timing(sent, events, index)
+        self.clocked = timing is not None
+        if timing is not None:
+            self.timed[sent.job.job_id] = timing.total
+        return timing
+
+    def dispatched(self, worker: int, version: int) -> None:
+        super().dispatched(worker, version)
+        if self.armed == self.rounds or not self.replies or self.clocked is False:
+            return  # armed already; no reply time seen yet; the wall clock
+        # the round's first job: its deadline, a timer (replay: the order alone decides
+        # that there is one, its arrival is in the run log)
+        self.armed = self.rounds
+        seconds = (deadline_of(self.durations, self.strategy.deadline_k)
+                   if self.durations else 0.0)
+        key, self.next_key = self.next_key, self.next_key + 1
+        self.timers[key] = self.rounds
+        self.outbox.append(Message(key, None, None, 0, "deadline", seconds))
+
+    def take(self, update: Update):
+        if self.out.get(update.worker) == update.job_id:
+            del self.out[update.worker]
+        self.replies += 1
+        seconds = self.timed.pop(update.job_id, None)
+        if seconds is not None:
+            self.durations = (self.durations + [seconds])[-self.strategy.deadline_window:]
+        return self._closed(super().take(update))
+
+    def lose(self, worker: int, *, job_id: int, reason: str):
+        if self.out.get(worker) == job_id:
+            del self.out[worker]
+        self.timed.pop(job_id, None)
+        return self._closed(super().lose(worker, job_id=job_id, reason=reason))
+
+    def _closed(self, new):
+        if new is not None:  # a version: the round closed
+            self.rounds += 1
+            self.out = {}
+        return new
+
+    def take_messages(self) -> list[Message]:
+        out, self.outbox = self.outbox, []
+        return out
+
+    def deliver(self, key: int) -> tuple[Any | None, int]:
+        """A round's deadline: if it is still open, its jobs not in are cut from it (it
+        closes with the replies it has, or starts over below ``outer.min_replies``)."""
+        if self.timers.pop(key) != self.rounds or not self.out:
+            return None, 0  # it closed at its quorum already
+        new = None
+        for worker, job_id in sorted(self.out.items()):
+            new = self.strategy.on_job_lost(worker, job_id=job_id, reason="deadline",
+                                            params=self.params) or new
+        self.out = {}
+        if new is None:  # too few replies: the round starts over, with a deadline again
+            self.armed = -1
+        return self._closed(new), 0
+
+    def describe(self) -> str:
+        return "rounds closed at a quorum or a deadline from recent reply times"

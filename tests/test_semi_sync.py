@@ -1,0 +1,139 @@
+"""examples/semi_sync.py: rounds that close at a quorum or at a deadline of median + k x
+MAD of the recent reply times, their stragglers' work merged into the next round.
+Pinned by hand: the deadline's numbers; a round cut by its timer closes with the
+replies it has and the straggler's reply joins the next round; a timer of a round
+closed already does nothing. Through the engine: timers fire and a run replays and
+resumes bit for bit."""
+
+from pathlib import Path
+
+import pytest
+
+from fedlm.sim.fleet import JobTiming, Region, WorkerProfile
+from tests.conftest import tiny_config
+from tests.support import scalar as _p, scalar_update as _update, trains_replays_and_resumes
+from tests.support import value as _v
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+SEMI = "strategy=semi_sync:SemiSyncFill"
+
+
+@pytest.fixture(autouse=True)
+def _examples_on_path(monkeypatch):
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+
+
+def test_the_deadline_is_the_median_plus_k_mads_with_a_floor():
+    from semi_sync import deadline_of
+
+    # median 13; |d − 13| = 3, 1, 1, 17: MAD 2; 13 + 2 · 2
+    assert deadline_of([10.0, 12.0, 14.0, 30.0], 2.0) == pytest.approx(17.0)
+    # equal durations: the MAD counts as 5% of the median, else every later reply is cut
+    assert deadline_of([10.0, 10.0, 10.0], 2.0) == pytest.approx(11.0)
+    assert deadline_of([8.0], 0.0) == pytest.approx(8.0)
+
+
+class _Clock:
+    """Worker w's job takes 10 + w seconds."""
+
+    def timing(self, w, steps, index=0):
+        return JobTiming(0.0, 10.0 + w, 0.0)
+
+
+def _server():
+    from fedlm import servers
+
+    cfg = tiny_config(SEMI, "workers=3", "outer.lr=1.0", "outer.momentum=0.0",
+                      "outer.nesterov=false", "outer.deadline_k=0")
+    server = servers.build(cfg)
+    link = Region("near", 0.0, 1e12, 1e12)
+    server.start(_p(1.0), [WorkerProfile(w, 1.0, 0.0, link) for w in range(3)])
+    return server
+
+
+def _round(server, job_ids, workers=(0, 1, 2)):
+    """``workers`` (the free ones) offered and dispatched; returns the round's jobs."""
+    from fedlm.job import JobSpec
+
+    server.offered(list(workers), server.version)
+    jobs = {}
+    for w, job_id in zip(workers, job_ids):
+        assert server.wants_job(w, server.version)
+        job = JobSpec(job_id=job_id, worker=w, base_version=server.version, local_steps=1,
+                      data_seed=0)
+        server.timing(server.send(job, server.start_of(w)), _Clock(), 0)
+        server.dispatched(w, server.version)
+        jobs[w] = job
+    return jobs
+
+
+def _reply(server, job, g):
+    u = _update(job.worker, g)
+    u = type(u)(**{**u.__dict__, "job_id": job.job_id, "base_version": job.base_version})
+    server.accepted(job.worker, job)
+    new = server.take(u)
+    if new is not None:
+        server.new_version(new)
+    return new
+
+
+def test_a_round_cut_by_its_deadline_closes_with_what_it_has_and_the_straggler_joins_the_next():
+    server = _server()
+    first = _round(server, [0, 1, 2])
+    assert server.take_messages() == []  # round 0: no reply time seen, no deadline
+    for w, g in ((0, 0.3), (1, 0.6), (2, 0.9)):
+        new = _reply(server, first[w], g)
+    assert _v(new) == pytest.approx(1.0 - 0.6)  # the mean of the three
+    second = _round(server, [3, 4, 5])
+    (timer,) = server.take_messages()
+    # durations 10, 11, 12: median 11, MAD 1, k = 0: 11 s
+    assert timer.kind == "deadline" and timer.seconds == pytest.approx(11.0)
+    assert _reply(server, second[0], 0.2) is None  # the barrier holds
+    assert _reply(server, second[1], 0.4) is None
+    new, _ = server.deliver(timer.key)  # worker 2 is not in: the round closes without it
+    assert _v(new) == pytest.approx(0.4 - 0.3)
+    server.new_version(new)
+    third = _round(server, [6, 7], workers=(0, 1))  # worker 2 still computes
+    assert _reply(server, second[2], 0.9) is None  # late: carried into the open round
+    assert _reply(server, third[0], 0.3) is None
+    new = _reply(server, third[1], 0.3)
+    # the round's two replies and worker 2's late one, token-weighted alike
+    assert _v(new) == pytest.approx(0.1 - (0.3 + 0.3 + 0.9) / 3)
+
+
+def test_a_timer_of_a_round_that_closed_at_its_quorum_does_nothing():
+    server = _server()
+    first = _round(server, [0, 1, 2])
+    for w in range(3):
+        _reply(server, first[w], 0.3)
+    second = _round(server, [3, 4, 5])
+    (timer,) = server.take_messages()
+    for w in range(3):
+        new = _reply(server, second[w], 0.3)
+    assert new is not None
+    version = server.version
+    assert server.deliver(timer.key) == (None, 0) and server.version == version
+
+
+@pytest.mark.parametrize("setting, says", [("outer.deadline_k=-1", "outer.deadline_k"),
+                                           ("outer.deadline_window=0", "outer.deadline_window")])
+def test_a_bad_setting_is_a_one_line_config_error(setting, says):
+    from fedlm.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=says) as err:
+        tiny_config(SEMI, setting)
+    assert "\n" not in str(err.value)
+
+
+def test_a_semi_synchronous_run_cuts_rounds_replays_and_resumes_bit_for_bit(tmp_path):
+    import sqlite3
+
+    ref = trains_replays_and_resumes(tmp_path, SEMI, "profile=very", "workers=4",
+                                     "fleet.jitter=0.3", "updates=8", "outer.deadline_k=0",
+                                     stop_at=4)
+    with sqlite3.connect(ref) as conn:
+        timers, = conn.execute("SELECT COUNT(*) FROM transfers WHERE kind='deadline'").fetchone()
+        held, = conn.execute("SELECT COUNT(*) FROM jobs j JOIN updates u ON u.job_id = j.job_id "
+                             "AND u.run_id = j.run_id WHERE u.staleness > 0").fetchone()
+    assert timers >= 5  # every round after the first sets one
+    assert held > 0  # some straggler's work landed a round late
