@@ -13,8 +13,13 @@ The deadline follows the fleet, as a hivemind proposal (learning-at-home/hivemin
 where d are the durations (dispatch to reply) of the last ``outer.deadline_window``
 replies taken and k = ``outer.deadline_k``; the MAD counts as at least 5% of the
 median (fill's jobs end together: a MAD of 0 would cut every reply after the median).
-The first round, with no history, has no deadline. A round also closes at its quorum, as any drawn round does
-(``outer.fraction``, ``outer.overcommit``): the deadline only cuts a round short.
+The first round, with no history, has no deadline. A round also closes at its quorum,
+as any drawn round does (``outer.fraction``, ``outer.overcommit``): the deadline only
+cuts a round short. Rounds are drawn (every worker available when a round opens, at
+fraction 1), so a round's members are known and a late reply is told apart: a worker
+that comes back or frees up mid-round waits for the next round, where ``diloco-fill``
+lets it join the round open then. With no deadline reached, the two are the same bit
+for bit on a fleet whose workers are all there at every round's opening.
 
 The deadline is a timer: a message the server sends itself when the round's first job
 is dispatched, timed ``deadline`` seconds (``Message.seconds``), so it is an operation
