@@ -137,3 +137,18 @@ def test_a_semi_synchronous_run_cuts_rounds_replays_and_resumes_bit_for_bit(tmp_
                              "AND u.run_id = j.run_id WHERE u.staleness > 0").fetchone()
     assert timers >= 5  # every round after the first sets one
     assert held > 0  # some straggler's work landed a round late
+
+
+def test_with_no_deadline_reached_it_is_diloco_fill_bit_for_bit(tmp_path):
+    """Every worker there at every round's opening and a deadline never reached: the same
+    rounds, the same final weights as ``diloco-fill``."""
+    from fedlm import store
+    from fedlm.runner import run_inprocess
+
+    hashes = []
+    for name, sets in (("semi", (SEMI, "outer.deadline_k=1000")), ("fill", ("strategy=diloco-fill",))):
+        db = tmp_path / f"{name}.db"
+        run_inprocess(tiny_config(*sets, "profile=very", "workers=3", "updates=3"), str(db))
+        (run,) = store.list_runs(db)
+        hashes.append(run["final_hash"])
+    assert hashes[0] == hashes[1]
