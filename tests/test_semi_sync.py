@@ -146,7 +146,8 @@ def test_with_no_deadline_reached_it_is_diloco_fill_bit_for_bit(tmp_path):
     from fedlm.runner import run_inprocess
 
     hashes = []
-    for name, sets in (("semi", (SEMI, "outer.deadline_k=1000")), ("fill", ("strategy=diloco-fill",))):
+    arms = (("semi", (SEMI, "outer.deadline_k=1000")), ("fill", ("strategy=diloco-fill",)))
+    for name, sets in arms:
         db = tmp_path / f"{name}.db"
         run_inprocess(tiny_config(*sets, "profile=very", "workers=3", "updates=3"), str(db))
         (run,) = store.list_runs(db)
