@@ -34,6 +34,7 @@ closed at a quorum or a deadline.
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any
 
@@ -63,8 +64,8 @@ class SemiSyncFill(DiLoCoFill):
 
     def __init__(self, *, deadline_k: float = 2.0, deadline_window: int = 16,
                  late: str = "next", **settings) -> None:
-        if not deadline_k >= 0:
-            raise ValueError(f"outer.deadline_k: must be >= 0, got {deadline_k!r}")
+        if not (isinstance(deadline_k, (int, float)) and 0 <= deadline_k < math.inf):
+            raise ValueError(f"outer.deadline_k: must be a number >= 0, got {deadline_k!r}")
         if not (isinstance(deadline_window, int) and deadline_window >= 1):
             raise ValueError(f"outer.deadline_window: must be an int >= 1, got "
                              f"{deadline_window!r}")

@@ -116,6 +116,9 @@ def test_a_timer_of_a_round_that_closed_at_its_quorum_does_nothing():
 
 
 @pytest.mark.parametrize("setting, says", [("outer.deadline_k=-1", "outer.deadline_k"),
+                                           ("outer.deadline_k=inf", "outer.deadline_k"),
+                                           ("outer.deadline_k=nan", "outer.deadline_k"),
+                                           ("outer.deadline_window=2.5", "outer.deadline_window"),
                                            ("outer.deadline_window=0", "outer.deadline_window")])
 def test_a_bad_setting_is_a_one_line_config_error(setting, says):
     from fedlm.errors import ConfigError
