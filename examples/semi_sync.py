@@ -2,9 +2,10 @@
 fedlm plug-in (a strategy and its server kind).
 
 A synchronous round waits for its slowest member. Here a round also closes when its
-deadline passes, with the replies it has (at least ``outer.min_replies``; else it
-starts over); its stragglers keep computing, and their work joins the round open when
-they reply (``outer.late = "next"``, the default here) or is dropped (``"drop"``).
+deadline passes, with the replies it has (with fewer than ``outer.min_replies`` it
+waits on for the reply that brings it there); its stragglers keep computing, and their
+work joins the round open when they reply (``outer.late = "next"``, the default here)
+or is dropped (``"drop"``).
 The deadline follows the fleet, as a hivemind proposal (learning-at-home/hivemind
 #676) sets it and Decoupled DiLoCo's adaptive grace does:
 
@@ -81,8 +82,8 @@ class SemiSyncFill(DiLoCoFill):
 class DeadlineServer(Server):
     """One server that sets each round a deadline from the recent reply times."""
 
-    state_fields = ("rounds", "armed", "out", "replies", "durations", "timed", "clocked",
-                    "outbox", "timers", "next_key")
+    state_fields = ("rounds", "armed", "out", "in_round", "overdue", "replies", "durations",
+                    "timed", "clocked", "outbox", "timers", "next_key")
 
     def start(self, params, fleet: list) -> None:
         if getattr(self.strategy, "deadline_k", None) is None:
@@ -93,6 +94,8 @@ class DeadlineServer(Server):
         self.rounds = 0  # rounds closed (versions made)
         self.armed = -1  # the round whose timer is set
         self.out: dict[int, int] = {}  # worker -> job id, this round's jobs not yet in
+        self.in_round = 0  # this round's replies taken
+        self.overdue = False  # its deadline passed before it had outer.min_replies
         self.replies = 0  # replies taken
         self.durations: list[float] = []  # of the last replies taken, oldest first
         self.timed: dict[int, float] = {}  # job id -> its duration, from its timing
@@ -126,13 +129,18 @@ class DeadlineServer(Server):
         self.outbox.append(Message(key, None, None, 0, "deadline", seconds))
 
     def take(self, update: Update):
-        if self.out.get(update.worker) == update.job_id:
+        mine = self.out.get(update.worker) == update.job_id  # a reply of the open round
+        if mine:
             del self.out[update.worker]
+            self.in_round += 1
         self.replies += 1
         seconds = self.timed.pop(update.job_id, None)
         if seconds is not None:
             self.durations = (self.durations + [seconds])[-self.strategy.deadline_window:]
-        return self._closed(super().take(update))
+        new = self._closed(super().take(update))
+        if new is None and mine and self.overdue and self.in_round >= self.strategy.min_replies:
+            new = self._cut()  # its deadline passed: this reply was the one it waited for
+        return new
 
     def lose(self, worker: int, *, job_id: int, reason: str):
         if self.out.get(worker) == job_id:
@@ -143,7 +151,7 @@ class DeadlineServer(Server):
     def _closed(self, new):
         if new is not None:  # a version: the round closed
             self.rounds += 1
-            self.out = {}
+            self.out, self.in_round, self.overdue = {}, 0, False
         return new
 
     def take_messages(self) -> list[Message]:
@@ -151,18 +159,24 @@ class DeadlineServer(Server):
         return out
 
     def deliver(self, key: int) -> tuple[Any | None, int]:
-        """A round's deadline: if it is still open, its jobs not in are cut from it (it
-        closes with the replies it has, or starts over below ``outer.min_replies``)."""
+        """A round's deadline: if it is still open, its jobs not in are cut from it and it
+        closes with the replies it has; with fewer than ``outer.min_replies`` it waits
+        on, and closes at the reply that brings it there."""
         if self.timers.pop(key) != self.rounds or not self.out:
             return None, 0  # it closed at its quorum already
+        if self.in_round < self.strategy.min_replies:
+            self.overdue = True
+            return None, 0
+        return self._cut(), 0
+
+    def _cut(self):
+        """Close the open round now: its jobs not in are lost to it."""
         new = None
         for worker, job_id in sorted(self.out.items()):
             new = self.strategy.on_job_lost(worker, job_id=job_id, reason="deadline",
                                             params=self.params) or new
         self.out = {}
-        if new is None:  # too few replies: the round starts over, with a deadline again
-            self.armed = -1
-        return self._closed(new), 0
+        return self._closed(new)
 
     def describe(self) -> str:
         return "rounds closed at a quorum or a deadline from recent reply times"

@@ -115,6 +115,23 @@ def test_a_timer_of_a_round_that_closed_at_its_quorum_does_nothing():
     assert server.deliver(timer.key) == (None, 0) and server.version == version
 
 
+def test_a_round_with_no_reply_at_its_deadline_waits_for_one_then_closes():
+    """Not a restart: its stragglers still compute, and fill would give a restarted round
+    of the same version no steps while they do (a run of the churn trace stalled so)."""
+    server = _server()
+    first = _round(server, [0, 1, 2])
+    for w in range(3):
+        _reply(server, first[w], 0.3)
+    second = _round(server, [3, 4, 5])
+    (timer,) = server.take_messages()
+    version = server.version
+    assert server.deliver(timer.key) == (None, 0)  # nothing in yet: it waits on
+    assert server.version == version and server.strategy.failed_rounds == 0
+    new = _reply(server, second[1], 0.4)  # the first reply closes it: 0 and 2 are cut
+    assert new is not None and _v(new) == pytest.approx(0.7 - 0.4)
+    assert _reply(server, second[0], 0.1) is None  # late: carried into the next round
+
+
 @pytest.mark.parametrize("setting, says", [("outer.deadline_k=-1", "outer.deadline_k"),
                                            ("outer.deadline_k=inf", "outer.deadline_k"),
                                            ("outer.deadline_k=nan", "outer.deadline_k"),
