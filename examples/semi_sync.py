@@ -85,11 +85,13 @@ class DeadlineServer(Server):
     state_fields = ("rounds", "armed", "out", "in_round", "overdue", "replies", "durations",
                     "timed", "clocked", "outbox", "timers", "next_key")
 
+    @classmethod
+    def check(cls, cfg, strategy) -> None:
+        if not issubclass(strategy, SemiSyncFill):
+            raise ValueError(f"semi_sync:DeadlineServer serves semi_sync:SemiSyncFill (its "
+                             f"deadline settings), not {cfg.strategy!r}")
+
     def start(self, params, fleet: list) -> None:
-        if getattr(self.strategy, "deadline_k", None) is None:
-            raise ValueError(f"server semi_sync:DeadlineServer: serves "
-                             f"semi_sync:SemiSyncFill (its deadline settings), not "
-                             f"{self.strategy.name!r}")
         super().start(params, fleet)
         self.rounds = 0  # rounds closed (versions made)
         self.armed = -1  # the round whose timer is set

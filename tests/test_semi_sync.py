@@ -145,6 +145,14 @@ def test_a_bad_setting_is_a_one_line_config_error(setting, says):
     assert "\n" not in str(err.value)
 
 
+def test_its_server_beside_another_strategy_is_refused_before_a_run_is_stored():
+    from fedlm.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^server: semi_sync:DeadlineServer serves "
+                                          r"semi_sync:SemiSyncFill .*, not 'diloco'$"):
+        tiny_config("server=semi_sync:DeadlineServer", "strategy=diloco")
+
+
 def test_a_semi_synchronous_run_cuts_rounds_replays_and_resumes_bit_for_bit(tmp_path):
     import sqlite3
 

@@ -49,6 +49,10 @@ def check_exchange(cfg: Config) -> None:
         require(not (n.server_down or n.server_up), "network.server_up",
                  n.server_up or n.server_down, f"server {name!r} times each worker's own "
                  f"link, not a shared one: drop network.server_down and server_up")
+    try:
+        kind.check(cfg, cls)
+    except ValueError as exc:
+        raise ConfigError(f"server: {str(exc).splitlines()[0]}") from None
     require(kind.serves_synchronous or not cls.synchronous, "server", name,
              f"runs an asynchronous strategy (halos, delayed-nesterov, ...): each update "
              f"is taken on its own, not in {cfg.strategy!r}'s rounds")

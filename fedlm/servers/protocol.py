@@ -92,6 +92,11 @@ class Server:
     # messages carry workers' updates); else it ends once no job is in flight
     drains_messages = False
 
+    @classmethod
+    def check(cls, cfg: Config, strategy: type[Strategy]) -> None:
+        """Refuse a config this kind cannot serve, before any run is stored: raise
+        ValueError with one line (the config check says it as ``server: ...``)."""
+
     def __init__(self, cfg: Config, strategy: Strategy) -> None:
         self.cfg, self.strategy = cfg, strategy
         self.params: Any = None
