@@ -16,11 +16,10 @@ replies taken and k = ``outer.deadline_k``; the MAD counts as at least 5% of the
 median (fill's jobs end together: a MAD of 0 would cut every reply after the median).
 The first round, with no history, has no deadline. A round also closes at its quorum,
 as any drawn round does (``outer.fraction``, ``outer.overcommit``): the deadline only
-cuts a round short. Rounds are drawn (every worker available when a round opens, at
-fraction 1), so a round's members are known and a late reply is told apart: a worker
-that comes back or frees up mid-round waits for the next round, where ``diloco-fill``
-lets it join the round open then. With no deadline reached, the two are the same bit
-for bit on a fleet whose workers are all there at every round's opening.
+cuts a round short. A worker that comes back or frees up mid-round joins the round
+open then, as in ``diloco-fill`` (fill sizes its job to the time left); a reply to a
+round already closed is late. With no deadline reached the two are the same bit for
+bit.
 
 The deadline is a timer: a message the server sends itself when the round's first job
 is dispatched, timed ``deadline`` seconds (``Message.seconds``), so it is an operation
@@ -72,7 +71,7 @@ class SemiSyncFill(DiLoCoFill):
                              f"{deadline_window!r}")
         super().__init__(late=late, **settings)
         self.deadline_k, self.deadline_window = float(deadline_k), deadline_window
-        self.draws_rounds = True  # a round's members are known: a late reply is told apart
+        self.cuts_rounds = True  # its server cuts rounds: a late reply is told apart
 
     def summary(self) -> str:
         return (f"{super().summary()}; a round also closes at median + {self.deadline_k:g} "

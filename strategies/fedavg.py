@@ -86,6 +86,9 @@ class FedAvg(Strategy):
         self.sampling = Sampling(fraction, min_workers, sample_by, overcommit, late)
         self.carried: list[Update] = []  # late replies for the next round (late = next)
         self.draws_rounds = self.sampling.active
+        # whether a round may close before all its jobs are in (drawn rounds, or a server
+        # that cuts a round at a deadline): a reply is then told apart as late
+        self.cuts_rounds = self.draws_rounds
         self.drawn: set[int] | None = None  # this round's workers (None: not drawn yet)
         self.keep = 0  # replies this round closes at (0: every worker dispatched)
         self.round_version = -1  # the version this round's jobs start from
@@ -129,8 +132,8 @@ class FedAvg(Strategy):
         self.round_version = version
 
     def on_job_lost(self, worker: int, *, job_id: int, reason: str, params):
-        if self.draws_rounds and worker not in self.dispatched:
-            return None  # a job of a round already closed (over-committed)
+        if self.cuts_rounds and worker not in self.dispatched:
+            return None  # a job of a round already closed (over-committed, cut)
         self.dispatched.discard(worker)
         if reason in ("error", "rejected"):
             return None  # the worker may take the round's job again
@@ -144,7 +147,7 @@ class FedAvg(Strategy):
         return None
 
     def on_update(self, update: Update, params):
-        if self.draws_rounds and (update.worker not in self.dispatched
+        if self.cuts_rounds and (update.worker not in self.dispatched
                                   or update.base_version != self.round_version):
             if self.sampling.late == "next":  # into the round open now: held until it closes
                 self.carried.append(update)

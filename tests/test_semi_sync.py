@@ -14,7 +14,8 @@ from tests.conftest import tiny_config
 from tests.support import scalar as _p, scalar_update as _update, trains_replays_and_resumes
 from tests.support import value as _v
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
 SEMI = "strategy=semi_sync:SemiSyncFill"
 
 
@@ -168,16 +169,21 @@ def test_a_semi_synchronous_run_cuts_rounds_replays_and_resumes_bit_for_bit(tmp_
 
 
 def test_with_no_deadline_reached_it_is_diloco_fill_bit_for_bit(tmp_path):
-    """Every worker there at every round's opening and a deadline never reached: the same
-    rounds, the same final weights as ``diloco-fill``."""
+    """A churning trace fleet (workers come back and join a round mid-way) and a deadline
+    never reached: the same rounds, the same final weights as ``diloco-fill``."""
     from fedlm import store
     from fedlm.runner import run_inprocess
 
+    traces = ROOT / "experiments" / "results" / "fleets"
+    churn = ("workers=8", "updates=100000", "local_step_budget=300", "inner.steps=10",
+             f"fleet.device_trace={traces / 'device-11.json'}",
+             f"fleet.availability_trace={traces / 'avail-12.json'}",
+             "fleet.trace_time_scale=0.02")
     hashes = []
     arms = (("semi", (SEMI, "outer.deadline_k=1000")), ("fill", ("strategy=diloco-fill",)))
     for name, sets in arms:
         db = tmp_path / f"{name}.db"
-        run_inprocess(tiny_config(*sets, "profile=very", "workers=3", "updates=3"), str(db))
+        run_inprocess(tiny_config(*sets, *churn), str(db))
         (run,) = store.list_runs(db)
         hashes.append(run["final_hash"])
     assert hashes[0] == hashes[1]
