@@ -102,13 +102,20 @@ def test_a_round_cut_by_its_deadline_closes_with_what_it_has_and_the_straggler_j
     assert _v(new) == pytest.approx(0.1 - (0.3 + 0.3 + 0.9) / 3)
 
 
-def test_a_timer_of_a_round_that_closed_at_its_quorum_does_nothing():
-    server = _server()
+def _second_round_armed(server):
+    """A first round whose three replies are in (each 10-12 s: the history), then the
+    second round dispatched: its jobs and its timer."""
     first = _round(server, [0, 1, 2])
     for w in range(3):
         _reply(server, first[w], 0.3)
     second = _round(server, [3, 4, 5])
     (timer,) = server.take_messages()
+    return second, timer
+
+
+def test_a_timer_of_a_round_that_closed_at_its_quorum_does_nothing():
+    server = _server()
+    second, timer = _second_round_armed(server)
     for w in range(3):
         new = _reply(server, second[w], 0.3)
     assert new is not None
@@ -120,11 +127,7 @@ def test_a_round_with_no_reply_at_its_deadline_waits_for_one_then_closes():
     """Not a restart: its stragglers still compute, and fill would give a restarted round
     of the same version no steps while they do (a run of the churn trace stalled so)."""
     server = _server()
-    first = _round(server, [0, 1, 2])
-    for w in range(3):
-        _reply(server, first[w], 0.3)
-    second = _round(server, [3, 4, 5])
-    (timer,) = server.take_messages()
+    second, timer = _second_round_armed(server)
     version = server.version
     assert server.deliver(timer.key) == (None, 0)  # nothing in yet: it waits on
     assert server.version == version and server.strategy.failed_rounds == 0
