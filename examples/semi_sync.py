@@ -11,7 +11,7 @@ The deadline follows the fleet, as a hivemind proposal (learning-at-home/hivemin
 
     deadline = median(d) + k · MAD(d)        MAD(d) = median(|d − median(d)|)
 
-where d are the durations (dispatch to reply) of the last ``outer.deadline_window``
+where d are the times from their round's opening to the last ``outer.deadline_window``
 replies taken and k = ``outer.deadline_k``; the MAD counts as at least 5% of the
 median (fill's jobs end together: a MAD of 0 would cut every reply after the median).
 The first round, with no history, has no deadline. A round also closes at its quorum,
@@ -82,7 +82,7 @@ class DeadlineServer(Server):
     """One server that sets each round a deadline from the recent reply times."""
 
     state_fields = ("rounds", "armed", "out", "in_round", "overdue", "replies", "durations",
-                    "timed", "clocked", "outbox", "timers", "next_key")
+                    "timed", "opened", "clocked", "outbox", "timers", "next_key")
 
     @classmethod
     def check(cls, cfg, strategy) -> None:
@@ -99,7 +99,8 @@ class DeadlineServer(Server):
         self.overdue = False  # its deadline passed before it had outer.min_replies
         self.replies = 0  # replies taken
         self.durations: list[float] = []  # of the last replies taken, oldest first
-        self.timed: dict[int, float] = {}  # job id -> its duration, from its timing
+        self.timed: dict[int, float] = {}  # job id -> its reply's time since its round opened
+        self.opened: tuple[int, float] = (-1, 0.0)  # the open round, and when it opened
         self.clocked: bool | None = None  # whether jobs are timed (None: not told, replay)
         self.outbox: list[Message] = []
         self.timers: dict[int, int] = {}  # key -> the round it closes
@@ -113,7 +114,11 @@ class DeadlineServer(Server):
         timing = super().timing(sent, events, index)
         self.clocked = timing is not None
         if timing is not None:
-            self.timed[sent.job.job_id] = timing.total
+            if self.opened[0] != self.rounds:  # the round's first job: it opens now
+                self.opened = (self.rounds, events.now)
+            # its reply's time since its round opened (a job handed out mid-round, to a
+            # worker that came back, counts the wait before it too)
+            self.timed[sent.job.job_id] = events.now - self.opened[1] + timing.total
         return timing
 
     def dispatched(self, worker: int, version: int) -> None:

@@ -35,7 +35,9 @@ def test_the_deadline_is_the_median_plus_k_mads_with_a_floor():
 
 
 class _Clock:
-    """Worker w's job takes 10 + w seconds."""
+    """Worker w's job takes 10 + w seconds; every job of a round is handed out at once."""
+
+    now = 0.0
 
     def timing(self, w, steps, index=0):
         return JobTiming(0.0, 10.0 + w, 0.0)
@@ -111,6 +113,24 @@ def _second_round_armed(server):
     second = _round(server, [3, 4, 5])
     (timer,) = server.take_messages()
     return second, timer
+
+
+def test_a_reply_s_time_counts_from_its_round_s_opening():
+    """A worker that joins mid-round (fill gives it the time left): its reply's time is
+    the wait before its job plus the job, not the job alone."""
+    from fedlm.job import JobSpec
+
+    server, clock = _server(), _Clock()
+    clock.now = 20.0
+    server.offered([0, 1], 0)
+    for w in (0, 1):
+        job = JobSpec(job_id=w, worker=w, base_version=0, local_steps=1, data_seed=0)
+        server.timing(server.send(job, server.start_of(w)), clock, 0)
+        server.dispatched(w, 0)
+    clock.now = 25.0
+    job = JobSpec(job_id=2, worker=2, base_version=0, local_steps=1, data_seed=0)
+    server.timing(server.send(job, server.start_of(2)), clock, 0)
+    assert server.timed == {0: 10.0, 1: 11.0, 2: 5.0 + 12.0}
 
 
 def test_a_timer_of_a_round_that_closed_at_its_quorum_does_nothing():

@@ -68,6 +68,10 @@ class JobClock(Protocol):
     """What a server kind's ``timing`` may ask of the engine's event source (virtual:
     ``fedlm.engine.events.VirtualEvents``; wall: ``WallEvents``, which answers None)."""
 
+    @property
+    def now(self) -> float:
+        """Seconds on the run's clock now (the job's dispatch)."""
+
     def timing(self, w: int, steps: int, index: int = 0) -> Any:
         """A whole job of ``steps`` steps on worker ``w`` (its ``index``-th), timed."""
 
