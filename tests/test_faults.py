@@ -85,7 +85,7 @@ def test_sync_round_closes_with_what_arrived_by_the_deadline(tmp_path):
                       "reliability.checkpoint_every=0")
     db = tmp_path / "s.db"
     engine, _, run_id = run_engine(cfg, db)
-    assert engine.version == 5 and engine.retired == {2}
+    assert engine.version == 5 and engine.pool.retired == {2}
     assert _rows(db, "SELECT COUNT(*) FROM events WHERE kind='round_closed'")[0][0] == 3
     per_version = _rows(db, "SELECT applied_version, COUNT(*) FROM updates"
                             " GROUP BY applied_version")

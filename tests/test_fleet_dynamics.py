@@ -103,7 +103,7 @@ def test_a_worker_that_goes_away_loses_its_job_and_comes_back_for_new_work(tmp_p
     engine, _, run_id = run_engine(cfg, tmp_path / "r.db", evaluate=False)
     db = tmp_path / "r.db"
     assert _lost_reasons(db, run_id).get("departed", 0) >= 3  # more than max_failures
-    assert not engine.retired  # a departure is no failure
+    assert not engine.pool.retired  # a departure is no failure
     changes = store.fleet_changes(db, run_id)
     assert sum(c.absences for c in changes) >= 3 and all(c.absent > 0 for c in changes)
     with sqlite3.connect(db) as conn:

@@ -27,3 +27,9 @@ class StepBudget:
         spent and in flight (asynchronous)."""
         held = 0 if self.synchronous else in_flight
         return self.budget > 0 and done + held >= self.budget
+
+    def over(self, done: int, busy: bool) -> bool:
+        """Every step of the budget handed to the strategy and nothing ``busy`` (no job in
+        flight, nor, for a server kind whose messages carry updates, a message: its
+        ``drains_messages``): the run is over."""
+        return self.budget > 0 and done >= self.budget and not busy

@@ -123,22 +123,13 @@ class Engine(Offering):
     def params(self):
         return self.server.evaluated()[1]
 
-    @property
-    def retired(self) -> set[int]:
-        return self.pool.retired
-
     def done(self) -> bool:
         """Stop at ``updates`` versions, at the time budget, or once the local-step
-        budget is spent: every step of it handed to the strategy, no job in flight (nor,
-        for a kind whose messages carry updates, a message: ``drains_messages``)."""
-        budget, limit = self.cfg.local_step_budget, self.cfg.time_budget
+        budget is spent (``StepBudget.over``)."""
+        held = self.transfers.flying and self.server.drains_messages()  # updates on the wire
         return (self.version >= self.versions_wanted
-                or (budget > 0 and self.steps_done >= budget and not self.in_flight
-                    and not self._draining())
-                or (limit > 0 and self.now >= limit))
-
-    def _draining(self) -> bool:
-        return bool(self.transfers.flying) and self.server.drains_messages()
+                or self.budget.over(self.steps_done, bool(self.in_flight or held))
+                or 0 < self.cfg.time_budget <= self.now)
 
     # -- the loop -------------------------------------------------------------
     def run(self, params, resume: dict | None = None):
@@ -173,8 +164,7 @@ class Engine(Offering):
             self._dispatch_free_workers()
             if self.presence is not None and self.presence.everyone_left(self.in_flight):
                 break
-            if self.stall.stuck(self.in_flight, self.pool.offline, self.events,
-                                self.transfers.flying):
+            if self.stall.stuck(self.in_flight, self.pool.offline, self.events, self.transfers.flying):
                 raise EngineError(f"stalled at version {self.version}: no job in flight "
                                   f"and strategy {self.strategy.name!r} gives none to "
                                   f"the {len(self.pool.free_since)} free workers")
@@ -326,9 +316,8 @@ class Engine(Offering):
 
     def _close_timeline(self, why: str = "run finished") -> None:
         """Free workers were idle until now, offline ones offline; jobs in flight cancelled."""
-        self.log.intervals(timeline.closing_rows(self.now, self.version, self.pool,
-                                                 self.presence, self.in_flight, self.events,
-                                                 len(self.fleet)))
+        self.log.intervals(timeline.closing_rows(self.now, self.version, self.pool, self.presence,
+                                                 self.in_flight, self.events, len(self.fleet)))
         self.cancel_in_flight(why)
         self.log.commit()
 
