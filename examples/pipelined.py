@@ -43,7 +43,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from fedlm.servers import Message, Sent, Server
+from fedlm.servers import Sent, Server
 from fedlm.sim.fleet import JobTiming, by_region
 from fedlm.sim.links import hidden_seconds, transfer_seconds
 from fedlm.strategies.base import DROPPED, Update
@@ -61,8 +61,7 @@ class PipelinedServer(Server):
     shared_link = False  # each worker's transfers are timed over its own link
     drains_messages = True  # the messages carry workers' updates
     serves_synchronous = False  # a job's update lands on its own (the config refuses sync)
-    state_fields = ("prefetched", "piped", "started", "uploading", "own", "pending", "outbox",
-                    "next_key")
+    state_fields = ("prefetched", "piped", "started", "uploading", "own", "pending")
 
     def start(self, params, fleet: list) -> None:
         super().start(params, fleet)
@@ -74,8 +73,6 @@ class PipelinedServer(Server):
         self.uploading: dict[int, float] = {}  # worker -> seconds of the upload it runs
         self.own: dict[int, Any] = {}  # worker -> the outer gradient it is uploading
         self.pending: dict[int, Update] = {}  # key -> an update on its way up
-        self.outbox: list[Message] = []
-        self.next_key = 0
 
     # -- a job -------------------------------------------------------------------------
     def start_of(self, worker: int):
@@ -118,10 +115,8 @@ class PipelinedServer(Server):
         seconds = transfer_seconds(self.up_bytes, link.up_bw, link.latency)
         self.uploading[w] = seconds
         self.own[w] = update.outer_grad
-        key, self.next_key = self.next_key, self.next_key + 1
+        key = self.queue(self.region_of[w], None, self.up_bytes, "push", seconds)
         self.pending[key] = replace(update, base_version=self.started.pop(w))
-        self.outbox.append(Message(key, self.region_of[w], None, self.up_bytes, "push",
-                                   seconds))
         return None
 
     def lose(self, worker: int, *, job_id: int, reason: str):
@@ -131,10 +126,6 @@ class PipelinedServer(Server):
         return super().lose(worker, job_id=job_id, reason=reason)
 
     # -- messages ----------------------------------------------------------------------
-    def take_messages(self) -> list[Message]:
-        out, self.outbox = self.outbox, []
-        return out
-
     def deliver(self, key: int) -> tuple[Any | None, int]:
         update = self.pending.pop(key)
         staleness = self.version - update.base_version

@@ -38,7 +38,7 @@ import math
 import statistics
 from typing import Any
 
-from fedlm.servers import Message, Sent, Server
+from fedlm.servers import Sent, Server
 from fedlm.strategies.base import Update
 from fedlm.strategies.diloco_fill import DiLoCoFill
 
@@ -82,7 +82,7 @@ class DeadlineServer(Server):
     """One server that sets each round a deadline from the recent reply times."""
 
     state_fields = ("rounds", "armed", "out", "in_round", "overdue", "replies", "durations",
-                    "timed", "opened", "clocked", "outbox", "timers", "next_key")
+                    "timed", "opened", "clocked", "timers")
 
     @classmethod
     def check(cls, cfg, strategy) -> None:
@@ -102,9 +102,7 @@ class DeadlineServer(Server):
         self.timed: dict[int, float] = {}  # job id -> its reply's time since its round opened
         self.opened: tuple[int, float] = (-1, 0.0)  # the open round, and when it opened
         self.clocked: bool | None = None  # whether jobs are timed (None: not told, replay)
-        self.outbox: list[Message] = []
         self.timers: dict[int, int] = {}  # key -> the round it closes
-        self.next_key = 0
 
     def send(self, job, start) -> Sent:
         self.out[job.worker] = job.job_id
@@ -130,9 +128,7 @@ class DeadlineServer(Server):
         self.armed = self.rounds
         seconds = (deadline_of(self.durations, self.strategy.deadline_k)
                    if self.durations else 0.0)
-        key, self.next_key = self.next_key, self.next_key + 1
-        self.timers[key] = self.rounds
-        self.outbox.append(Message(key, None, None, 0, "deadline", seconds))
+        self.timers[self.queue(None, None, 0, "deadline", seconds)] = self.rounds
 
     def take(self, update: Update):
         mine = self.out.get(update.worker) == update.job_id  # a reply of the open round
@@ -159,10 +155,6 @@ class DeadlineServer(Server):
             self.rounds += 1
             self.out, self.in_round, self.overdue = {}, 0, False
         return new
-
-    def take_messages(self) -> list[Message]:
-        out, self.outbox = self.outbox, []
-        return out
 
     def deliver(self, key: int) -> tuple[Any | None, int]:
         """A round's deadline: if it is still open, its jobs not in are cut from it and it

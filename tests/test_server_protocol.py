@@ -214,3 +214,39 @@ def test_servers_build_is_the_one_place_a_strategy_is_made_from_a_config():
         if calls:
             made[str(path.relative_to(ROOT))] = len(calls)
     assert made == {"fedlm/servers/__init__.py": 1, "fedlm/servers/protocol.py": 1}
+
+
+def test_the_base_server_keys_queues_and_checkpoints_messages_for_every_kind():
+    """``Server.queue`` numbers messages, ``take_messages`` hands each over once, and a
+    checkpoint keeps the queue and the counter (a resumed run's keys go on, none reused);
+    a checkpoint without them (a kind that sent none, an older fedlm) starts both empty."""
+    from collections import OrderedDict
+
+    import torch
+
+    from fedlm.sim import fleet
+    from fedlm.strategies import registry
+
+    cfg = tiny_config("workers=2", "strategy=diloco")
+    params = OrderedDict(w=torch.zeros(2))
+
+    def fresh():
+        s = servers.build(cfg, registry.build_strategy(cfg.strategy, cfg.outer))
+        s.start(params, fleet.node_profiles(cfg))
+        return s
+    a = fresh()
+    assert a.take_messages() == []
+    assert [a.queue(0, None, 10, "push"), a.queue(None, 1, 20, "model", 1.5)] == [0, 1]
+    taken = a.take_messages()
+    assert [(m.key, m.source, m.destination, m.nbytes, m.kind, m.seconds) for m in taken] \
+        == [(0, 0, None, 10, "push", None), (1, None, 1, 20, "model", 1.5)]
+    assert a.take_messages() == []
+    a.queue(1, None, 30, "push")
+    b = fresh()
+    b.load_state_dict(a.state_dict())
+    assert [m.key for m in b.take_messages()] == [2] and b.queue(None, None, 0, "t") == 3
+    old = a.state_dict()
+    del old["outbox"], old["next_key"]
+    c = fresh()
+    c.load_state_dict(old)
+    assert c.take_messages() == [] and c.queue(None, None, 0, "t") == 0

@@ -57,7 +57,7 @@ class StallWatch:
         self.held = 0
 
     @staticmethod
-    def stuck(in_flight, offline, events, messages=()) -> bool:
+    def stuck(in_flight, offline, events, messages) -> bool:
         """Nothing in flight (no job, no message between servers), and nobody coming back
         who could change that (a worker gone for good is offline with no return on the
         virtual clock)."""

@@ -8,7 +8,8 @@
                 start_of(w), send(job, start) -> Sent, timing(sent, events, index),
                 dispatched(w, v), reference(job)
     its reply   staleness(w, base_version), accepted(w, job), take(update), lose(w, ...)
-    messages    take_messages() -> [Message], deliver(key) -> (params or None, staleness)
+    messages    queue(source, destination, nbytes, kind, seconds) -> key, take_messages(),
+                deliver(key) -> (params or None, staleness)
     versions    new_version(params)
     state       state_dict(), load_state_dict(state, checkpoint)
 
@@ -106,6 +107,8 @@ class Server:
         self.params: Any = None
         self.version = 0
         self.seen: dict[int, int] = {}  # worker -> base version of its last accepted job
+        self.outbox: list[Message] = []  # messages queued since the engine last took them
+        self.next_key = 0  # the key the next one gets
 
     # -- setup -----------------------------------------------------------------------
     def worker_links(self, fleet: list) -> list:
@@ -205,9 +208,17 @@ class Server:
                                          params=self.params)
 
     # -- messages between servers ----------------------------------------------------------
+    def queue(self, source: int | None, destination: int | None, nbytes: int, kind: str,
+              seconds: float | None = None) -> int:
+        """Queue a message (``Message``'s fields); its key, which ``deliver`` gets back."""
+        key, self.next_key = self.next_key, self.next_key + 1
+        self.outbox.append(Message(key, source, destination, nbytes, kind, seconds))
+        return key
+
     def take_messages(self) -> list[Message]:
         """Messages queued since the last call; each comes back through ``deliver``."""
-        return []
+        out, self.outbox = self.outbox, []
+        return out
 
     def deliver(self, key: int) -> tuple[Any | None, int]:
         """Message ``key`` arrived: (new evaluated params or None, its staleness)."""
@@ -225,6 +236,7 @@ class Server:
     def state_dict(self) -> dict:
         return {"params": self.params, "version": self.version,
                 "strategy": self.strategy.state_dict(), "seen": dict(self.seen),
+                "outbox": list(self.outbox), "next_key": self.next_key,
                 **{k: getattr(self, k) for k in self.state_fields}}
 
     def load_state_dict(self, state: dict, checkpoint: dict | None = None) -> None:
@@ -234,5 +246,7 @@ class Server:
         self.strategy.load_state_dict(state["strategy"])
         seen = state.get("seen", (checkpoint or {}).get("stream", {}).get("seen", {}))
         self.seen = {int(w): int(v) for w, v in seen.items()}
+        # a checkpoint of a kind that sends no messages, or of an older fedlm, has none
+        self.outbox, self.next_key = list(state.get("outbox", [])), state.get("next_key", 0)
         for k in self.state_fields:
             setattr(self, k, state[k])

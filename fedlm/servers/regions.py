@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from fedlm.config import Config
-from fedlm.servers.protocol import Message, Server
+from fedlm.servers.protocol import Server
 from fedlm.sim.fleet import REGIONS, Region, WorkerProfile, by_region
 from fedlm.strategies.base import Strategy, Update
 from fedlm.strategies.transforms import tree_map
@@ -93,8 +93,6 @@ class RegionServers(Server):
         self.work = [(0, 0)] * n  # tokens, inner steps of each region's updates since its push
         self.dispatched_at: dict[int, int] = {}  # worker -> its region's version then
         self.pending: dict[int, dict] = {}  # messages on their way, by key (see _send)
-        self.outbox: list[Message] = []
-        self.next_key = 0
 
     # -- the region servers ----------------------------------------------------------
     def wants_job(self, worker: int, version: int) -> bool:
@@ -143,20 +141,15 @@ class RegionServers(Server):
               region_version: int | None = None) -> None:
         """Queue a message; a push carries its region's version and work, a global
         model the version of the push it answers (for the staleness on arrival)."""
-        key, self.next_key = self.next_key, self.next_key + 1
         r = source if source is not None else destination
         tokens, steps = self.work[r] if source is not None else (0, 0)
+        nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+        key = self.queue(source, destination, nbytes, kind)
         self.pending[key] = {"source": source, "destination": destination, "tensors": tensors,
                              "region_version": (self.region_version[r] if region_version is None
                                                 else region_version),
                              "global_version": self.global_version, "tokens": tokens,
                              "steps": steps}
-        nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
-        self.outbox.append(Message(key, source, destination, nbytes, kind))
-
-    def take_messages(self) -> list[Message]:
-        out, self.outbox = self.outbox, []
-        return out
 
     def deliver(self, key: int) -> tuple[Any | None, int]:
         """Message ``key`` arrived: a push at the global server (maybe a new global
@@ -188,8 +181,7 @@ class RegionServers(Server):
 
     # -- state -----------------------------------------------------------------------
     state_fields = ("regions", "models", "merged", "region_version", "merged_version",
-                    "global_version", "global_seen", "work", "dispatched_at", "pending",
-                    "outbox", "next_key")
+                    "global_version", "global_seen", "work", "dispatched_at", "pending")
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "parts": [p.state_dict() for p in self.parts],
