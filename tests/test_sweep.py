@@ -259,6 +259,41 @@ def test_report_only_runs_nothing_and_says_what_is_missing(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+
+def test_arms_runs_a_part_of_a_spec_with_its_references_and_says_so(tmp_path):
+    """``--arms``: the arms whose label contains the text, each still compared with the
+    arm the whole spec compares it with (the spec's reference, or a group's own), under
+    the run names the whole spec reuses; a text no label contains: one line."""
+    from fedlm.errors import ConfigError
+    from fedlm.sweep.spec import only_arms, reference_of
+
+    spec = {"profiles": ["very"], "arm": [
+        {"label": "ref", "reference": True}, {"label": "b: sync", "set": []},
+        {"label": "b: fast", "against": "b: sync"}, {"label": "d: fast", "set": []}]}
+    part = only_arms(spec, ["B: FAST"])
+    assert [a["label"] for a in part["arm"]] == ["ref", "b: sync", "b: fast"]
+    assert [reference_of(part, a) for a in part["arm"]] == ["ref", "b: sync", "b: sync"]
+    assert [a["label"] for a in only_arms(spec, ["d:", "nothing"])["arm"]] == ["ref", "d: fast"]
+    assert spec["arm"][1] == {"label": "b: sync", "set": []}  # the spec is not changed
+    with pytest.raises(ConfigError, match=r"^--arms: no arm's label contains 'x' \(the arms: "
+                                          r"ref; b: sync; b: fast; d: fast\)$"):
+        only_arms(spec, ["x"])
+    # the command: the part's cells only, reusing the whole spec's finished runs by name
+    spec = _report_spec(tmp_path, [0])
+    _store_runs(spec, [0])
+    path = _write_spec(tmp_path, spec)
+    cmd = [sys.executable, "-m", "fedlm", "sweep", str(path), "--backend", "inprocess",
+           "--report-only", "--arms", "slow"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = (tmp_path / "r.md").read_text()
+    assert "Arms limited to those whose label contains 'slow' (`--arms`)" in text
+    assert "| slow | 9.000 (n=1: no interval) | – |" in text and "| fast |" not in text
+    proc = subprocess.run([*cmd[:-1], "nope"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "--arms: no arm's label contains 'nope'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 # -- end to end: a tiny sweep over seeds ---------------------------------------
 
 TINY = ["model=tiny", "workers=2", "updates=100", "local_step_budget=16", "inner.steps=4",

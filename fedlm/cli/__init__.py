@@ -11,6 +11,7 @@
     fedlm dashboard [--db PATH] [--port N]                      the live Streamlit dashboard
     fedlm sweep SPEC.toml [--quick] [--jobs N] [--seeds N]      arms x profiles x seeds, one report
                           [--report-only]                       ... of the runs already finished
+                          [--arms TEXT]                         ... of some arms (a long study in parts)
     fedlm deploy local --workers N [CONFIG] [--set ...]         SuperLink + SuperNodes on loopback
     fedlm plan --params 1e9 --workers 8 [--plot DIR]            cost model: sync vs async, no run
     fedlm plan --topology ring|tree --fragments P --scan --walltime   topologies, streaming, sweeps

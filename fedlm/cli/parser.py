@@ -150,6 +150,10 @@ def _add_sweep_parser(sub) -> None:
                        "report with tables and plots")
     p.add_argument("spec", help="sweep spec, e.g. experiments/configs/paper.toml")
     p.add_argument("--quick", action="store_true", help="the spec's reduced [quick] version")
+    p.add_argument("--arms", action="append", default=None, metavar="TEXT",
+                   help="only the arms whose label contains TEXT (any case; repeatable), "
+                        "with the arms they are compared with; the whole spec later reuses "
+                        "their runs")
     p.add_argument("--backend", choices=("flower", "inprocess"), default="flower")
     p.add_argument("--rerun", action="store_true", help="ignore finished runs of the same name")
     p.add_argument("--jobs", type=_positive_int, default=1, metavar="N",

@@ -1,7 +1,7 @@
 """``fedlm sweep``: run a sweep spec's arms x profiles x seeds, then print its report and
 what failed. The spec is read and checked by ``fedlm.sweep.spec.load_spec``, the runs
 are ``fedlm.sweep.run``'s, the report ``fedlm.sweep.report``'s; this module applies --db,
---out and --seeds and chooses the exit status (1 if a cell failed or diverged, 130 if the
+--out, --seeds and --arms and chooses the exit status (1 if a cell failed or diverged, 130 if the
 sweep was stopped; --report-only runs nothing and exits 0 with the report of what finished).
 """
 
@@ -20,6 +20,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     sweep.check_jobs(args.jobs, args.backend)  # before the spec is read or a run starts
     spec = sweep_spec.load_spec(args.spec, args.quick, seeds=args.seeds)
+    if args.arms:
+        spec = sweep_spec.only_arms(spec, args.arms)
     if args.db:
         spec["db"] = args.db
     if args.out:

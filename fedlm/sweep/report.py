@@ -271,6 +271,10 @@ class _Report:
                     "run** (report written with `--report-only`; they are listed at the "
                     "end): a cell shows `not run` where none of its seeds ran, `(n=k)` "
                     "where k did.", ""]
+        if spec.get("arms_only"):
+            out += [f"Arms limited to those whose label contains "
+                    f"{' or '.join(repr(t) for t in spec['arms_only'])} (`--arms`), with the "
+                    f"arms they are compared with.", ""]
         out += self.starts_warning()
         if self.seeded:
             seeds = sorted({c.seed for c in cells_of(spec)})

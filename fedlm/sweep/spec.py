@@ -183,6 +183,26 @@ def load_spec(path: str | Path, quick: bool, seeds: int | None = None) -> dict:
     return spec
 
 
+def only_arms(spec: dict, texts: list[str], where: str = "--arms") -> dict:
+    """``spec`` with the arms whose label contains one of ``texts`` (any case), and each
+    one's reference, kept: a long study run a part at a time. Run names come from the
+    labels, so the full spec later reuses these runs, and each kept arm is compared with
+    the arm it is compared with in the full spec."""
+    wanted = [t.casefold() for t in texts]
+    kept = [a for a in spec["arm"] if any(t in a["label"].casefold() for t in wanted)]
+    if not kept:
+        labels = "; ".join(a["label"] for a in spec["arm"])
+        raise ConfigError(f"{where}: no arm's label contains {' or '.join(map(repr, texts))} "
+                          f"(the arms: {labels})")
+    refs = {reference_of(spec, a) for a in kept}
+    arms = []
+    for arm in spec["arm"]:
+        if arm in kept or arm["label"] in refs or arm.get("reference"):
+            arms.append(arm if arm.get("reference")
+                        else {**arm, "against": reference_of(spec, arm)})
+    return {**spec, "arm": arms, "arms_only": list(texts)}
+
+
 MAX_SEEDS = 1024  # --seeds' bound (fedlm/cli/parser.py), for a spec's lists too
 
 
