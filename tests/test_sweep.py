@@ -274,6 +274,9 @@ def test_arms_runs_a_part_of_a_spec_with_its_references_and_says_so(tmp_path):
     assert [a["label"] for a in part["arm"]] == ["ref", "b: sync", "b: fast"]
     assert [reference_of(part, a) for a in part["arm"]] == ["ref", "b: sync", "b: sync"]
     assert [a["label"] for a in only_arms(spec, ["d:", "nothing"])["arm"]] == ["ref", "d: fast"]
+    alone = only_arms(spec, ["b: sync"])  # a group's reference kept without its group
+    assert [reference_of(alone, a) for a in alone["arm"]] == ["ref", "b: sync"]
+    assert "against" not in part["arm"][1]  # said only where the part would differ
     assert spec["arm"][1] == {"label": "b: sync", "set": []}  # the spec is not changed
     with pytest.raises(ConfigError, match=r"^--arms: no arm's label contains 'x' \(the arms: "
                                           r"ref; b: sync; b: fast; d: fast\)$"):

@@ -195,12 +195,11 @@ def only_arms(spec: dict, texts: list[str], where: str = "--arms") -> dict:
         raise ConfigError(f"{where}: no arm's label contains {' or '.join(map(repr, texts))} "
                           f"(the arms: {labels})")
     refs = {reference_of(spec, a) for a in kept}
-    arms = []
-    for arm in spec["arm"]:
-        if arm in kept or arm["label"] in refs or arm.get("reference"):
-            arms.append(arm if arm.get("reference")
-                        else {**arm, "against": reference_of(spec, arm)})
-    return {**spec, "arm": arms, "arms_only": list(texts)}
+    arms = [a for a in spec["arm"] if a in kept or a["label"] in refs or a.get("reference")]
+    part = {**spec, "arm": arms, "arms_only": list(texts)}
+    part["arm"] = [a if reference_of(part, a) == reference_of(spec, a)
+                   else {**a, "against": reference_of(spec, a)} for a in arms]
+    return part
 
 
 MAX_SEEDS = 1024  # --seeds' bound (fedlm/cli/parser.py), for a spec's lists too
