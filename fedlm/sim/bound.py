@@ -17,8 +17,18 @@ once T passes its X_w), so T is found exactly: workers sorted by X_w, the segmen
 the sum reaches S, solved for T. Worked by hand: two workers at 1 step/s with no
 transfers train 100 steps in 50 s; give the second a 10 s round trip and it is 55 s
 (T + (T − 10) = 100). A method's virtual time over this bound says how far from what its
-fleet allows it stayed (1: nothing to gain). It is a lower bound for a fleet that
-changes too (slow-downs and absences only take capacity away), just a looser one.
+fleet allows it stayed (1: nothing to gain).
+
+A fleet that changes over time. A worker computes and transfers only while it is there
+(not absent, not offline), so by time T it can contribute at most
+``max(0, v_w · (P_w(T) − X_w))`` steps, where ``P_w(T)`` is its present time in [0, T]:
+the round trip is still paid once (a worker may keep its model across an absence), and
+the compute happens only while present. Slow-downs only take capacity away, so they are
+left out (a lower bound still, a looser one). The sum is still continuous, piecewise
+linear and increasing: each worker adds v_w to its slope from the moment its present
+time passes X_w, except while it is away; a sweep over those moments finds T exactly.
+Worked by hand: two workers at 1 step/s, no transfers, the second away over [10, 30):
+100 steps take 60 s (T + (T − 20) = 100), not 50.
 
 Goodput: the share of the workers' present time (compute, exposed communication and
 idle: the idle fraction's denominator, ``store.schema.idle_fraction``) spent computing
@@ -30,13 +40,19 @@ from __future__ import annotations
 import math
 
 
-def least_time(step_times: list[float], round_trips: list[float], steps: float) -> float:
+def least_time(step_times: list[float], round_trips: list[float], steps: float,
+               away: list[list[tuple[float, float]]] | None = None) -> float:
     """The least virtual time in which workers of ``step_times`` (s/step) and one
-    unavoidable round trip each (``round_trips``, s) train ``steps`` inner steps."""
+    unavoidable round trip each (``round_trips``, s) train ``steps`` inner steps;
+    ``away``: per worker, the spans (start, end) of virtual time it was not there."""
     if steps <= 0:
         return 0.0
     if len(step_times) != len(round_trips) or not step_times:
         raise ValueError("least_time: one step time and one round trip per worker")
+    if away is not None and any(away):
+        if len(away) != len(step_times):
+            raise ValueError("least_time: one list of spans away per worker")
+        return _least_time_away(step_times, round_trips, steps, away)
     workers = sorted(zip(round_trips, (1.0 / t for t in step_times)))
     rate = reach = 0.0  # steps a second of the workers joined so far; Σ v_w·X_w over them
     for k, (x, v) in enumerate(workers):
@@ -46,6 +62,51 @@ def least_time(step_times: list[float], round_trips: list[float], steps: float) 
         if t <= nxt:  # before the next worker could join: this segment
             return t
     raise AssertionError("unreachable: the last segment runs to infinity")
+
+
+def _least_time_away(step_times: list[float], round_trips: list[float], steps: float,
+                     away: list[list[tuple[float, float]]]) -> float:
+    """``least_time`` where workers are away over spans: a sweep over the moments a
+    worker's rate starts or stops counting (see the module's docstring)."""
+    changes: list[tuple[float, float]] = []  # (time, change of the steps a second)
+    for step_time, trip, spans in zip(step_times, round_trips, away):
+        changes += _rate_changes(1.0 / step_time, trip, _merged(spans))
+    changes.sort()
+    t = rate = done = 0.0
+    for when, change in changes:
+        if rate > 0 and done + rate * (when - t) >= steps:
+            break
+        done, t, rate = done + rate * (when - t), when, rate + change
+    return t + (steps - done) / rate
+
+
+def _merged(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """``spans`` sorted, overlapping ones joined, empty ones dropped."""
+    out: list[list[float]] = []
+    for start, end in sorted((max(0.0, a), b) for a, b in spans if b > a):
+        if out and start <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], end)
+        else:
+            out.append([start, end])
+    return [(a, b) for a, b in out]
+
+
+def _rate_changes(v: float, trip: float, spans: list[tuple[float, float]]
+                  ) -> list[tuple[float, float]]:
+    """When a worker at ``v`` steps a second with round trip ``trip``, away over the
+    merged ``spans``, starts (+v) and stops (−v) adding steps: from the moment its
+    present time reaches ``trip``, while it is there."""
+    changes, present, t = [], 0.0, 0.0
+    counting = False
+    for start, end in [*spans, (math.inf, math.inf)]:
+        if not counting and present + (start - t) >= trip:  # it passes its round trip here
+            changes.append((t + (trip - present), v))
+            counting = True
+        present += start - t
+        if counting and start < math.inf:
+            changes += [(start, -v), (end, v)]
+        t = end
+    return changes
 
 
 def goodput(useful_compute: float, present: float) -> float:

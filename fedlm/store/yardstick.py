@@ -6,7 +6,8 @@ bytes its jobs moved (``jobs``), the steps that reached the server, the interval
 A worker's unavoidable round trip is one download and one upload of its first job's
 bytes over its own link (latency + bytes / bandwidth each way, as the simulator times a
 star's transfers). For an all-reduce or region servers the bound keeps that star's
-round trip: still a lower bound on what a worker must move, if a loose one.
+round trip: still a lower bound on what a worker must move, if a loose one. A worker
+away (absent or offline: the ``intervals`` say when) adds nothing meanwhile.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from pathlib import Path
 from fedlm.sim.bound import goodput, least_time
 from fedlm.sim.links import transfer_seconds
 from fedlm.store.connection import connect_readonly
-from fedlm.store.schema import PRESENT_KINDS
+from fedlm.store.schema import PRESENT_KINDS, IntervalKind
+
+AWAY_KINDS = (IntervalKind.ABSENT.value, IntervalKind.OFFLINE.value)  # not there: no work
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,11 @@ def yardstick(path: str | Path, run_id: int) -> Yardstick:
         present, = conn.execute(f"SELECT COALESCE(SUM(t_end - t_start), 0) FROM intervals "
                                 f"WHERE run_id=? AND kind IN ({marks})",
                                 (run_id, *PRESENT_KINDS)).fetchone()
+        away = {w: [] for w, *_ in workers}  # worker -> spans it was not there
+        for w, start, end in conn.execute("SELECT worker, t_start, t_end FROM intervals WHERE "
+                                          "run_id=? AND kind IN (?, ?)",
+                                          (run_id, *AWAY_KINDS)):
+            away.setdefault(w, []).append((start, end))
         useful, = conn.execute("SELECT COALESCE(SUM(i.t_end - i.t_start), 0) FROM intervals i "
                                "JOIN updates u ON u.run_id = i.run_id AND u.job_id = i.job_id "
                                "WHERE i.run_id=? AND i.kind='compute' AND u.applied_version "
@@ -59,5 +67,6 @@ def yardstick(path: str | Path, run_id: int) -> Yardstick:
     trips = [transfer_seconds(moved.get(w, typical)[0] or 0, down, lat)
              + transfer_seconds(moved.get(w, typical)[1] or 0, up, lat)
              for w, _, lat, down, up in workers]
-    bound = least_time([t for _, t, *_ in workers], trips, steps)
+    bound = least_time([t for _, t, *_ in workers], trips, steps,
+                       [away[w] for w, *_ in workers])
     return Yardstick(steps, bound, end, goodput(useful, present))

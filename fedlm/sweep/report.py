@@ -315,9 +315,9 @@ class _Report:
                lambda a, g: self.reach(a, g, as_ratio=True)),
             *t("Virtual time over the fleet's bound (the least time its workers need for "
                "the run's steps), and goodput", self.bound,
-               note="bound: every worker computing all the time but for one round trip "
-                    "(fedlm/sim/bound.py); goodput: useful compute over present worker time "
-                    "(mean over seeds)"),
+               note="bound: every worker computing all the time it is there but for one "
+                    "round trip (fedlm/sim/bound.py); goodput: useful compute over present "
+                    "worker time (mean over seeds)"),
             *t("Idle fraction (all workers)", self.idle),
             *t("Updates applied / local steps", self.counts,
                note="lowest–highest over seeds" if seeded else ""),
