@@ -30,6 +30,7 @@ def test_the_least_time_worked_by_hand(step_times, trips, steps, want):
     ([1.0, 1.0], [0.0, 10.0], [[(3.0, 3.0)], []], 100, 55.0),  # an empty span: no change
     ([1.0], [3.0], [[(1.0, 2.0), (5.0, 100.0)]], 10, 109.0),  # 4 s there by 100: 1 step
     ([1.0], [0.0], [[(20.0, 40.0), (10.0, 30.0)]], 40, 70.0),  # overlapping spans: one
+    ([1.0], [0.0], [[(-9.0, -1.0), (-5.0, 10.0)]], 40, 50.0),  # before 0: from 0 on
     ([1.0, 1.0], [0.0, 0.0], [[(0.0, 1e9)], []], 100, 100.0),  # one never there
 ])
 def test_the_least_time_of_a_fleet_whose_workers_are_away_worked_by_hand(

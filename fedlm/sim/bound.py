@@ -81,9 +81,10 @@ def _least_time_away(step_times: list[float], round_trips: list[float], steps: f
 
 
 def _merged(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """``spans`` sorted, overlapping ones joined, empty ones dropped."""
+    """``spans`` from time 0 on, sorted, overlapping ones joined, empty ones dropped."""
     out: list[list[float]] = []
-    for start, end in sorted((max(0.0, a), b) for a, b in spans if b > a):
+    clipped = ((max(0.0, a), b) for a, b in spans)
+    for start, end in sorted((a, b) for a, b in clipped if b > a):
         if out and start <= out[-1][1]:
             out[-1][1] = max(out[-1][1], end)
         else:
