@@ -291,6 +291,8 @@ def test_arms_runs_a_part_of_a_spec_with_its_references_and_says_so(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     text = (tmp_path / "r.md").read_text()
     assert "Arms limited to those whose label contains 'slow' (`--arms`)" in text
+    assert "fedlm: --arms: 2 of 3 arms (with the arms they are compared with): ref; slow" \
+        in proc.stderr  # said before anything runs: a text that names more than meant shows
     assert "| slow | 9.000 (n=1: no interval) | – |" in text and "| fast |" not in text
     proc = subprocess.run([*cmd[:-1], "nope"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "--arms: no arm's label contains 'nope'" in proc.stderr

@@ -21,7 +21,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     sweep.check_jobs(args.jobs, args.backend)  # before the spec is read or a run starts
     spec = sweep_spec.load_spec(args.spec, args.quick, seeds=args.seeds)
     if args.arms:
+        total = len(spec["arm"])
         spec = sweep_spec.only_arms(spec, args.arms)
+        print(f"fedlm: --arms: {len(spec['arm'])} of {total} arms (with the arms they are "
+              f"compared with): {'; '.join(a['label'] for a in spec['arm'])}", file=sys.stderr)
     if args.db:
         spec["db"] = args.db
     if args.out:
