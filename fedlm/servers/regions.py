@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from fedlm.config import Config
+from fedlm.params import num_bytes
 from fedlm.servers.protocol import Server
 from fedlm.sim.fleet import REGIONS, Region, WorkerProfile, by_region
 from fedlm.strategies.base import Strategy, Update
@@ -143,8 +144,7 @@ class RegionServers(Server):
         model the version of the push it answers (for the staleness on arrival)."""
         r = source if source is not None else destination
         tokens, steps = self.work[r] if source is not None else (0, 0)
-        nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
-        key = self.queue(source, destination, nbytes, kind)
+        key = self.queue(source, destination, num_bytes(tensors), kind)
         self.pending[key] = {"source": source, "destination": destination, "tensors": tensors,
                              "region_version": (self.region_version[r] if region_version is None
                                                 else region_version),

@@ -53,8 +53,9 @@ def yardstick(path: str | Path, run_id: int) -> Yardstick:
                                 f"WHERE run_id=? AND kind IN ({marks})",
                                 (run_id, *PRESENT_KINDS)).fetchone()
         away = {w: [] for w, *_ in workers}  # worker -> spans it was not there
-        for w, start, end in conn.execute("SELECT worker, t_start, t_end FROM intervals WHERE "
-                                          "run_id=? AND kind IN (?, ?)",
+        for w, start, end in conn.execute(f"SELECT worker, t_start, t_end FROM intervals "
+                                          f"WHERE run_id=? AND kind IN "
+                                          f"({','.join('?' * len(AWAY_KINDS))})",
                                           (run_id, *AWAY_KINDS)):
             away.setdefault(w, []).append((start, end))
         useful, = conn.execute("SELECT COALESCE(SUM(i.t_end - i.t_start), 0) FROM intervals i "
