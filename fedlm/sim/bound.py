@@ -12,9 +12,9 @@ trip, so the least time to train ``S`` steps is the smallest T with
 
     Σ_w max(0, v_w · (T − X_w)) ≥ S.
 
-The left side is continuous, piecewise linear and increasing in T (each worker joins
-once T passes its X_w), so T is found exactly: workers sorted by X_w, the segment where
-the sum reaches S, solved for T. Worked by hand: two workers at 1 step/s with no
+The left side is continuous, piecewise linear and increasing in T (each worker adds v_w
+to its slope once T passes its X_w), so T is found exactly by a sweep over those
+moments: the segment where the sum reaches S, solved for T. Worked by hand: two workers at 1 step/s with no
 transfers train 100 steps in 50 s; give the second a 10 s round trip and it is 55 s
 (T + (T − 10) = 100). A method's virtual time over this bound says how far from what its
 fleet allows it stayed (1: nothing to gain).
@@ -26,7 +26,7 @@ the round trip is still paid once (a worker may keep its model across an absence
 the compute happens only while present. Slow-downs only take capacity away, so they are
 left out (a lower bound still, a looser one). The sum is still continuous, piecewise
 linear and increasing: each worker adds v_w to its slope from the moment its present
-time passes X_w, except while it is away; a sweep over those moments finds T exactly.
+time passes X_w, except while it is away; the same sweep finds T exactly.
 Worked by hand: two workers at 1 step/s, no transfers, the second away over [10, 30):
 100 steps take 60 s (T + (T − 20) = 100), not 50.
 
@@ -49,25 +49,9 @@ def least_time(step_times: list[float], round_trips: list[float], steps: float,
         return 0.0
     if len(step_times) != len(round_trips) or not step_times:
         raise ValueError("least_time: one step time and one round trip per worker")
-    if away is not None and any(away):
-        if len(away) != len(step_times):
-            raise ValueError("least_time: one list of spans away per worker")
-        return _least_time_away(step_times, round_trips, steps, away)
-    workers = sorted(zip(round_trips, (1.0 / t for t in step_times)))
-    rate = reach = 0.0  # steps a second of the workers joined so far; Σ v_w·X_w over them
-    for k, (x, v) in enumerate(workers):
-        rate, reach = rate + v, reach + v * x
-        t = (steps + reach) / rate  # where the sum reaches S with these workers alone
-        nxt = workers[k + 1][0] if k + 1 < len(workers) else math.inf
-        if t <= nxt:  # before the next worker could join: this segment
-            return t
-    raise AssertionError("unreachable: the last segment runs to infinity")
-
-
-def _least_time_away(step_times: list[float], round_trips: list[float], steps: float,
-                     away: list[list[tuple[float, float]]]) -> float:
-    """``least_time`` where workers are away over spans: a sweep over the moments a
-    worker's rate starts or stops counting (see the module's docstring)."""
+    away = away if away is not None else [[] for _ in step_times]
+    if len(away) != len(step_times):
+        raise ValueError("least_time: one list of spans away per worker")
     changes: list[tuple[float, float]] = []  # (time, change of the steps a second)
     for step_time, trip, spans in zip(step_times, round_trips, away):
         changes += _rate_changes(1.0 / step_time, trip, _merged(spans))
@@ -75,9 +59,9 @@ def _least_time_away(step_times: list[float], round_trips: list[float], steps: f
     t = rate = done = 0.0
     for when, change in changes:
         if rate > 0 and done + rate * (when - t) >= steps:
-            break
+            break  # the sum reaches the steps before this change: on this segment
         done, t, rate = done + rate * (when - t), when, rate + change
-    return t + (steps - done) / rate
+    return t + (steps - done) / rate  # after the last change every worker counts
 
 
 def _merged(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
