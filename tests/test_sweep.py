@@ -281,6 +281,8 @@ def test_arms_runs_a_part_of_a_spec_with_its_references_and_says_so(tmp_path):
     with pytest.raises(ConfigError, match=r"^--arms: no arm's label contains 'x' \(the arms: "
                                           r"ref; b: sync; b: fast; d: fast\)$"):
         only_arms(spec, ["x"])
+    with pytest.raises(ConfigError, match=r"^--arms: an empty text names every arm"):
+        only_arms(spec, ["b:", " "])
     # the command: the part's cells only, reusing the whole spec's finished runs by name
     spec = _report_spec(tmp_path, [0])
     _store_runs(spec, [0])

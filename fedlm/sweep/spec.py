@@ -188,6 +188,9 @@ def only_arms(spec: dict, texts: list[str], where: str = "--arms") -> dict:
     one's reference, kept: a long study run a part at a time. Run names come from the
     labels, so the full spec later reuses these runs, and each kept arm is compared with
     the arm it is compared with in the full spec."""
+    if any(not t.strip() for t in texts):
+        raise ConfigError(f"{where}: an empty text names every arm: leave {where} out to run "
+                          f"them all")
     wanted = [t.casefold() for t in texts]
     kept = [a for a in spec["arm"] if any(t in a["label"].casefold() for t in wanted)]
     if not kept:
