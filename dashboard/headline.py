@@ -57,3 +57,8 @@ def headline_row(h: dict) -> None:
                         f"round trip)")
     cols[1].metric("goodput", f"{100 * h['goodput']:.1f}%",
                    help="compute of jobs whose updates arrived, over present worker time")
+    cols[2].metric("compute never applied", f"{100 * h['unapplied']:.1f}%",
+                   help="of present worker time: jobs lost when a worker left or failed, "
+                        "dropped as late or stale, or still running at the end")
+    cols[3].metric("communication", f"{100 * h['communication']:.1f}%",
+                   help="of present worker time: transfers and exchanges a worker waited for")

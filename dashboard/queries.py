@@ -99,11 +99,13 @@ def headline(db: str | Path, run_id: int) -> dict:
 
 
 def _yardstick(db: str | Path, run_id: int, run) -> dict:
-    """The run's time over its fleet's least time for its steps, and its goodput
-    (fedlm.sim.bound); no ratio on the wall clock or before a step arrived."""
+    """The run's time over its fleet's least time for its steps, its goodput and where
+    the rest of present worker time went (fedlm.store.yardstick); no ratio on the wall
+    clock or before a step arrived."""
     y = yardstick(db, run_id)
     ratio = y.ratio if run["clock"] == "virtual" else None
-    return {"bound": y.bound, "bound_ratio": ratio, "goodput": y.goodput}
+    return {"bound": y.bound, "bound_ratio": ratio, "goodput": y.goodput,
+            "unapplied": y.unapplied, "communication": y.communication}
 
 
 def worker_totals(db: str | Path, run_id: int) -> pd.DataFrame:

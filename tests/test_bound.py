@@ -104,3 +104,13 @@ def test_no_run_beats_its_fleets_bound_and_its_goodput_is_a_share(tmp_path, sets
     compute = sum(w.compute for w in s.workers)
     present = sum(w.compute + w.communication + w.idle for w in s.workers)
     assert y.goodput <= compute / present + 1e-9  # lost work is not good
+    # present time is useful or unapplied compute, communication or idle: nothing else
+    assert y.goodput + y.unapplied == pytest.approx(compute / present)
+    assert y.communication == pytest.approx(sum(w.communication for w in s.workers) / present)
+    assert y.idle == pytest.approx(sum(w.idle for w in s.workers) / present)
+    assert y.unapplied >= -1e-12
+    if "faults.offline=0.2" in sets:  # the jobs of workers gone offline never land
+        assert y.unapplied > 0.01
+    if sets == ("strategy=diloco", "profile=very"):  # every round's jobs are applied
+        assert y.unapplied == pytest.approx(0.0, abs=1e-12)
+    assert y.goodput + y.unapplied + y.communication + y.idle == pytest.approx(1.0)

@@ -16,6 +16,7 @@ import pytest
 
 from fedlm import cli, store
 from fedlm.runner import run_inprocess
+from fedlm.store.yardstick import yardstick
 from tests._cli import assert_refused, no_work_fixture, run_cli  # noqa: F401 (fixture)
 from tests.conftest import tiny_config
 
@@ -186,6 +187,9 @@ def test_show_lists_faults_lost_jobs_and_retired_workers(tmp_path, capsys):
     # loss is recorded as 'retired'
     assert lines[1:4] == ["    faults injected: crash 3", "    jobs lost: 3 (error 2, retired 1)",
                           "    worker 1 retired: 3 failures in a row"]
+    y = yardstick(db, 1)  # the crashed jobs' compute counts as never applied
+    assert y.unapplied > 0 and (f"present worker time: useful compute {100 * y.goodput:.1f}%, "
+                                f"compute never applied {100 * y.unapplied:.1f}%") in out
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT COUNT(*) FROM jobs WHERE worker=1 AND status='lost'"
                             ).fetchone() == (3,)

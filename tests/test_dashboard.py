@@ -50,6 +50,8 @@ def test_finished_runs_show_numbers_charts_and_comparison(monkeypatch, tmp_path)
     y = yardstick(db, 2)  # against its fleet's least time: the same numbers as fedlm show
     assert metric(at, "time over the fleet's bound") == f"{y.ratio:.2f}x" and y.ratio >= 1
     assert metric(at, "goodput") == f"{100 * y.goodput:.1f}%"
+    assert metric(at, "compute never applied") == f"{100 * y.unapplied:.1f}%"
+    assert metric(at, "communication") == f"{100 * y.communication:.1f}%"
     charts = at.get("vega_lite_chart")
     assert len(charts) >= 6  # 3 perplexity tabs, timeline, 3 worker charts, staleness
     assert set(at.multiselect[0].value) == {1, 2}  # both runs on the perplexity charts

@@ -130,9 +130,9 @@ def test_a_seeds_count_below_one_is_refused(no_work, n):
 
 # -- the report over seeds, on runs with known numbers (no training) -----------
 
-def _stored_run(db, name, seed, curve, virtual_time, start="s0"):
+def _stored_run(db, name, seed, curve, virtual_time, start="s0", spans=()):
     """A finished run whose evaluations are ``curve``: (virtual time, perplexity), from
-    the weights ``start`` (their hash)."""
+    the weights ``start`` (their hash); its worker's ``spans``: (kind, start, end)."""
     w = RunWriter(db, name=name, strategy="diloco", local_steps="fixed", profile="very",
                   model="tiny", workers=1, seed=seed or 0, clock="virtual",
                   config_json=tiny_config().to_json())
@@ -140,6 +140,7 @@ def _stored_run(db, name, seed, curve, virtual_time, start="s0"):
     w.add_workers([{"worker": 0, "node_id": None, "step_time": 1.0, "jitter": 0.0,
                     "region": "local", "latency": 0.0, "down_bw": 1e9, "up_bw": 1e9,
                     "shard_sequences": 10}])
+    w.add_intervals([(0, kind, a, b, 0, 1) for kind, a, b in spans])
     for k, (vt, ppl) in enumerate(curve):
         w.add_metric(version=k, virtual_time=vt, wall_time=0.0, tokens=k, jobs=k, loss=1.0,
                      perplexity=ppl, bits_per_byte=1.0)
@@ -165,7 +166,8 @@ def _store_runs(spec, seeds) -> None:
         _stored_run(spec["db"], run_name("ref", "very", seed), seed, REF_CURVE, 100)
         vt, final = FAST[seed or 0]
         _stored_run(spec["db"], run_name("fast", "very", seed), seed,
-                    [(0, 100.0), (vt / 2, 30.0), (vt, final)], vt)
+                    [(0, 100.0), (vt / 2, 30.0), (vt, final)], vt,
+                    spans=[("download", 0, 10), ("compute", 10, 30), ("idle", 30, 40)])
         _stored_run(spec["db"], run_name("slow", "very", seed), seed,
                     [(0, 100.0), (80, 9.0 if seed in (0, None) else 12.0)], 80)
 
@@ -188,6 +190,9 @@ def test_the_report_gives_means_intervals_and_paired_differences_over_seeds(tmp_
     assert "| fast | +20.0 ± 24.8% |" in _section(text, "Per-update gap")
     assert "| ref | +0.0 ± 0.0% |" in _section(text, "Per-update gap")
     assert "| fast | 50 ± 25 |" in _section(text, "Virtual time the run needed")
+    # its worker's 40 s: 10 downloading, 20 computing a job never applied, 10 idle
+    spent = _section(text, "Where present worker time went")
+    assert "| fast | 0 / 50 / 25 / 25 |" in spent and "| ref | - |" in spent
     assert "| fast | 0.50 ± 0.25x |" in _section(text, "... as a ratio to ref's")
     # equal time: the sooner end of each pair (fast's 50, 40, 60 s); ref there 20, 40, 20;
     # fast's final against those: -45, -70, -35%

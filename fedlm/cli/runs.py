@@ -76,6 +76,9 @@ def _print_yardstick(db: str, run_id: int, clock: str) -> None:
         return
     print(f"  fleet's bound for its {y.steps:,} steps: {y.bound:.1f} s; this run took "
           f"{y.ratio:.2f}x that; goodput {100 * y.goodput:.1f}% (useful compute / present)")
+    print(f"  present worker time: useful compute {100 * y.goodput:.1f}%, compute never "
+          f"applied {100 * y.unapplied:.1f}%, communication {100 * y.communication:.1f}%, "
+          f"idle {100 * y.idle:.1f}%")
 
 
 def _print_rounds(db: str, run_id: int, shown: int = 8) -> None:

@@ -1,6 +1,6 @@
 """A run against its fleet's yardstick (``fedlm.sim.bound``): the least virtual time its
 fleet needs for the inner steps it trained, its own time as a multiple of that, and its
-goodput. Read from the store alone: each worker's step time and link (``workers``), the
+goodput, with where the rest of the workers' present time went. Read from the store alone: each worker's step time and link (``workers``), the
 bytes its jobs moved (``jobs``), the steps that reached the server, the intervals.
 
 A worker's unavoidable round trip is one download and one upload of its first job's
@@ -19,7 +19,7 @@ from pathlib import Path
 from fedlm.sim.bound import goodput, least_time
 from fedlm.sim.links import transfer_seconds
 from fedlm.store.connection import connect_readonly
-from fedlm.store.schema import PRESENT_KINDS, IntervalKind
+from fedlm.store.schema import EXPOSED_COMM_KINDS, PRESENT_KINDS, IntervalKind
 
 AWAY_KINDS = (IntervalKind.ABSENT.value, IntervalKind.OFFLINE.value)  # not there: no work
 
@@ -30,6 +30,10 @@ class Yardstick:
     bound: float  # the least virtual time its fleet needs for them (s)
     time: float  # the run's own virtual time (s)
     goodput: float  # useful compute over present worker time
+    # the rest of present worker time, as shares of it (with goodput they add up to 1):
+    unapplied: float  # compute whose update was never applied (lost, dropped, cut)
+    communication: float  # transfers and exchanges the worker waited for
+    idle: float  # waiting for work (a barrier, a quorum, an empty slot)
 
     @property
     def ratio(self) -> float | None:
@@ -48,10 +52,8 @@ def yardstick(path: str | Path, run_id: int) -> Yardstick:
                               "run_id=?", (run_id,)).fetchone()
         end, = conn.execute("SELECT COALESCE(virtual_time, 0) FROM runs WHERE id=?",
                             (run_id,)).fetchone()
-        marks = ",".join("?" * len(PRESENT_KINDS))
-        present, = conn.execute(f"SELECT COALESCE(SUM(t_end - t_start), 0) FROM intervals "
-                                f"WHERE run_id=? AND kind IN ({marks})",
-                                (run_id, *PRESENT_KINDS)).fetchone()
+        spent = dict(conn.execute("SELECT kind, SUM(t_end - t_start) FROM intervals WHERE "
+                                  "run_id=? GROUP BY kind", (run_id,)).fetchall())
         away = {w: [] for w, *_ in workers}  # worker -> spans it was not there
         for w, start, end in conn.execute(f"SELECT worker, t_start, t_end FROM intervals "
                                           f"WHERE run_id=? AND kind IN "
@@ -63,11 +65,20 @@ def yardstick(path: str | Path, run_id: int) -> Yardstick:
                                "WHERE i.run_id=? AND i.kind='compute' AND u.applied_version "
                                "IS NOT NULL", (run_id,)).fetchone()
     if not workers:
-        return Yardstick(steps, 0.0, end, goodput(useful, present))
+        return Yardstick(steps, 0.0, end, *_shares(spent, useful))
     typical = next(iter(moved.values()), (0, 0))
     trips = [transfer_seconds(moved.get(w, typical)[0] or 0, down, lat)
              + transfer_seconds(moved.get(w, typical)[1] or 0, up, lat)
              for w, _, lat, down, up in workers]
     bound = least_time([t for _, t, *_ in workers], trips, steps,
                        [away[w] for w, *_ in workers])
-    return Yardstick(steps, bound, end, goodput(useful, present))
+    return Yardstick(steps, bound, end, *_shares(spent, useful))
+
+
+def _shares(spent: dict[str, float], useful: float) -> tuple[float, float, float, float]:
+    """Goodput, unapplied compute, communication and idle: shares of present time."""
+    present = sum(spent.get(k, 0.0) for k in PRESENT_KINDS)
+    share = lambda seconds: goodput(seconds, present)  # noqa: E731
+    return (share(useful), share(spent.get(IntervalKind.COMPUTE.value, 0.0) - useful),
+            share(sum(spent.get(k, 0.0) for k in EXPOSED_COMM_KINDS)),
+            share(spent.get(IntervalKind.IDLE.value, 0.0)))

@@ -241,6 +241,14 @@ class _Report:
         times = shown(estimate(ratios), ".2f", self.seeded, self.n_planned(arm), "x")
         return f"{times}; goodput {shown(estimate(100 * y.goodput for y in ys), '.0f', False)}%"
 
+    def time_spent(self, arm: str, group: Group) -> str:
+        """Where present worker time went: useful / never applied / communication / idle."""
+        ys = [yardstick(self.db, c.run_id) for c in group.values()]
+        parts = ("goodput", "unapplied", "communication", "idle")
+        if not any(getattr(y, p) for y in ys for p in parts):  # no worker time stored
+            return "-"
+        return " / ".join(f"{sum(getattr(y, p) for y in ys) / len(ys) * 100:.0f}" for p in parts)
+
     def idle(self, arm: str, group: Group) -> str:
         return shown(self.of(group, lambda c: 100 * c.summary.idle_fraction), ".1f",
                      self.seeded, self.n_planned(arm), "%")
@@ -318,6 +326,10 @@ class _Report:
                note="bound: every worker computing all the time it is there but for one "
                     "round trip (fedlm/sim/bound.py); goodput: useful compute over present "
                     "worker time (mean over seeds)"),
+            *t("Where present worker time went (%): useful compute / compute never applied "
+               "/ communication / idle", self.time_spent,
+               note="mean over seeds; never applied: lost when a worker left or failed, "
+                    "dropped as late or stale, or still running at the end"),
             *t("Idle fraction (all workers)", self.idle),
             *t("Updates applied / local steps", self.counts,
                note="lowest–highest over seeds" if seeded else ""),
