@@ -183,19 +183,19 @@ def load_spec(path: str | Path, quick: bool, seeds: int | None = None) -> dict:
     return spec
 
 
-def only_arms(spec: dict, texts: list[str], where: str = "--arms") -> dict:
+def only_arms(spec: dict, texts: list[str]) -> dict:
     """``spec`` with the arms whose label contains one of ``texts`` (any case), and each
     one's reference, kept: a long study run a part at a time. Run names come from the
     labels, so the full spec later reuses these runs, and each kept arm is compared with
     the arm it is compared with in the full spec."""
     if any(not t.strip() for t in texts):
-        raise ConfigError(f"{where}: an empty text names every arm: leave {where} out to run "
-                          f"them all")
+        raise ConfigError("--arms: an empty text names every arm: leave --arms out to run "
+                          "them all")
     wanted = [t.casefold() for t in texts]
     kept = [a for a in spec["arm"] if any(t in a["label"].casefold() for t in wanted)]
     if not kept:
         labels = "; ".join(a["label"] for a in spec["arm"])
-        raise ConfigError(f"{where}: no arm's label contains {' or '.join(map(repr, texts))} "
+        raise ConfigError(f"--arms: no arm's label contains {' or '.join(map(repr, texts))} "
                           f"(the arms: {labels})")
     refs = {reference_of(spec, a) for a in kept}
     arms = [a for a in spec["arm"] if a in kept or a["label"] in refs or a.get("reference")]
