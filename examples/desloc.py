@@ -158,11 +158,14 @@ class DesLoc(Strategy):
         return next((k for glob, k in self.patterns if fnmatch.fnmatchcase(name, glob)),
                     self.period)
 
-    def start(self, params, *, num_workers: int) -> None:
+    def check_params(self, names: list[str]) -> None:
         for glob, _ in self.patterns:  # a typo would silently be plain `period`
-            if not any(fnmatch.fnmatchcase(n, glob) for n in params):
+            if not any(fnmatch.fnmatchcase(n, glob) for n in names):
                 raise ValueError(f"outer.group_periods: {glob!r} matches no parameter "
-                                 f"(names: {', '.join(params)})")
+                                 f"(names: {', '.join(names)})")
+
+    def start(self, params, *, num_workers: int) -> None:
+        self.check_params(list(params))  # the config check did too, on the preset's names
         self.periods = {n: self.period_of(n) for n in params}
         self.num_workers = num_workers
         self.rounds = 0  # rounds closed

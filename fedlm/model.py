@@ -139,6 +139,14 @@ def blank(preset: str, block_size: int, device: str = "cpu", vocab_size: int = 2
     return model
 
 
+def parameter_names(preset: str) -> list[str]:
+    """The names of a preset's trainable parameters (a snapshot's keys), from its
+    structure alone: built on the meta device, no weights (the names depend on neither
+    the block size nor the vocabulary)."""
+    with torch.device("meta"):
+        return [n for n, _ in GPT(model_config(preset, block_size=8)).named_parameters()]
+
+
 def num_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 

@@ -169,11 +169,17 @@ def test_a_bad_setting_is_a_one_line_config_error(setting, says):
     assert "\n" not in str(err.value)
 
 
-def test_a_pattern_that_matches_no_parameter_is_refused_at_start():
+def test_a_pattern_that_matches_no_parameter_is_refused_before_any_run():
     from desloc import DesLoc
 
+    # when the config loads, against the preset's parameter names: nothing is stored
+    with pytest.raises(ConfigError, match="outer.group_periods: 'emb.*' matches no "
+                                          "parameter .names: tok_emb.weight, ") as err:
+        tiny_config("strategy=desloc:DesLoc", "outer.group_periods=emb.*=3")
+    assert "\n" not in str(err.value)
+    tiny_config("strategy=desloc:DesLoc", "outer.group_periods=*emb.*=3")  # it matches
     with pytest.raises(ValueError, match="outer.group_periods: 'emb.*' matches no"):
-        DesLoc(group_periods="emb.*=3").start(_ab(1.0, 1.0), num_workers=2)
+        DesLoc(group_periods="emb.*=3").start(_ab(1.0, 1.0), num_workers=2)  # and at start
 
 
 def test_a_desloc_run_trains_replays_and_resumes_bit_for_bit(tmp_path):
