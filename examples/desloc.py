@@ -61,6 +61,8 @@ import fnmatch
 import math
 from typing import Any
 
+from fedlm.errors import ConfigError
+from fedlm.presets import PRESETS
 from fedlm.servers import Server
 from fedlm.strategies import transforms as T
 from fedlm.strategies.base import Strategy, Update
@@ -97,12 +99,31 @@ def parse_group_periods(text: str) -> list[tuple[str, int]]:
     return out
 
 
+def check_patterns(patterns: list[tuple[str, int]], names: list[str]) -> None:
+    """Refuse a pattern that matches no parameter: a typo would silently be plain
+    ``period``."""
+    for glob, _ in patterns:
+        if not any(fnmatch.fnmatchcase(n, glob) for n in names):
+            raise ConfigError(f"outer.group_periods: {glob!r} matches no parameter "
+                              f"(names: {', '.join(names)})")
+
+
 class DesyncServer(Server):
     """One model per worker: each job starts from its worker's own model x_i; the
     strategy is handed the list and returns it updated; evaluated: mean_i x_i over the
     workers not retired."""
 
     keeps_job_starts = True  # a job starts from its worker's x_i, not the version
+
+    @classmethod
+    def check(cls, cfg, strategy) -> None:
+        """outer.group_periods' patterns against the preset's parameter names, when the
+        config loads: before any run is stored or any worker started."""
+        patterns = parse_group_periods(cfg.outer.get("group_periods", ""))
+        if patterns and cfg.model in PRESETS:  # an unknown preset: the model's own check
+            from fedlm.model import parameter_names  # torch: only when there is a pattern
+
+            check_patterns(patterns, parameter_names(cfg.model))
 
     def start_strategy(self, params, fleet: list) -> None:
         self.local = [params] * len(fleet)  # tensors are never changed in place
@@ -158,14 +179,8 @@ class DesLoc(Strategy):
         return next((k for glob, k in self.patterns if fnmatch.fnmatchcase(name, glob)),
                     self.period)
 
-    def check_params(self, names: list[str]) -> None:
-        for glob, _ in self.patterns:  # a typo would silently be plain `period`
-            if not any(fnmatch.fnmatchcase(n, glob) for n in names):
-                raise ValueError(f"outer.group_periods: {glob!r} matches no parameter "
-                                 f"(names: {', '.join(names)})")
-
     def start(self, params, *, num_workers: int) -> None:
-        self.check_params(list(params))  # the config check did too, on the preset's names
+        check_patterns(self.patterns, list(params))  # DesyncServer.check did, on the preset
         self.periods = {n: self.period_of(n) for n in params}
         self.num_workers = num_workers
         self.rounds = 0  # rounds closed

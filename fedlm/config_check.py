@@ -174,29 +174,12 @@ def _check_strategy(cfg: Config) -> None:
                           f"({type(exc).__name__}: {first_line(exc)})") from None
     registry.check_local_steps(cfg.local_steps)
     strategy_cls = registry.strategy_class(cfg.strategy)
-    _check_params(cfg, strategy_cls)
     # a synchronous strategy's rounds on any kind that serves it (streamed rounds refuse
     # every policy but fixed: fedlm.servers.checks)
     _require(not registry.LOCAL_STEPS[cfg.local_steps].sizes_rounds
              or strategy_cls.synchronous, "local_steps",
              cfg.local_steps, f"sizes synchronous rounds; {cfg.strategy!r} has none "
              f"(use dylu with an asynchronous strategy)")
-
-
-def _check_params(cfg: Config, strategy_cls: type) -> None:
-    """A strategy whose settings name the model's parameters (``check_params``) checks
-    them against the preset's names here, before any run is stored."""
-    from fedlm.strategies.base import Strategy
-
-    if strategy_cls.check_params is Strategy.check_params or cfg.model not in presets.PRESETS:
-        return  # nothing to check (the model's own check reports an unknown preset)
-    from fedlm.model import parameter_names  # torch: only for a strategy that checks
-
-    try:
-        registry.build_strategy(cfg.strategy, cfg.outer).check_params(
-            parameter_names(cfg.model))
-    except ValueError as exc:
-        raise ConfigError(first_line(exc)) from None
 
 
 def _check_inner(cfg: Config) -> None:

@@ -123,11 +123,6 @@ class Strategy(ABC):
         free, present worker, not only those freed since (a full scan)."""
         return False
 
-    def check_params(self, names: list[str]) -> None:
-        """Refuse settings that name parameters the model lacks: raise ValueError with
-        one line. Called by the config check with the model's parameter names (those of
-        ``start``'s params), before any run is stored; the default checks nothing."""
-
     @abstractmethod
     def start(self, params, *, num_workers: int) -> None:
         """Called once before the first job with the initial global model."""

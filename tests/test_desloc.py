@@ -172,8 +172,9 @@ def test_a_bad_setting_is_a_one_line_config_error(setting, says):
 def test_a_pattern_that_matches_no_parameter_is_refused_before_any_run():
     from desloc import DesLoc
 
-    # when the config loads, against the preset's parameter names: nothing is stored
-    with pytest.raises(ConfigError, match="outer.group_periods: 'emb.*' matches no "
+    # when the config loads (its server kind's check), against the preset's parameter
+    # names: nothing is stored, no worker started; the error names the setting itself
+    with pytest.raises(ConfigError, match="^outer.group_periods: 'emb.*' matches no "
                                           "parameter .names: tok_emb.weight, ") as err:
         tiny_config("strategy=desloc:DesLoc", "outer.group_periods=emb.*=3")
     assert "\n" not in str(err.value)

@@ -51,6 +51,8 @@ def check_exchange(cfg: Config) -> None:
                  f"link, not a shared one: drop network.server_down and server_up")
     try:
         kind.check(cfg, cls)
+    except ConfigError:
+        raise  # it names its own field (a plug-in's outer.* setting, say)
     except ValueError as exc:
         raise ConfigError(f"server: {str(exc).splitlines()[0]}") from None
     require(kind.serves_synchronous or not cls.synchronous, "server", name,
