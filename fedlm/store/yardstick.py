@@ -1,7 +1,8 @@
 """A run against its fleet's yardstick (``fedlm.sim.bound``): the least virtual time its
-fleet needs for the inner steps it trained, its own time as a multiple of that, and its
-goodput, with where the rest of the workers' present time went. Read from the store alone: each worker's step time and link (``workers``), the
-bytes its jobs moved (``jobs``), the steps that reached the server, the intervals.
+fleet needs for the inner steps it trained, its own time as a multiple of that, its
+goodput and where the rest of the workers' present time went. Read from the store alone:
+each worker's step time and link (``workers``), the bytes its jobs moved (``jobs``), the
+steps that reached the server, the intervals.
 
 A worker's unavoidable round trip is one download and one upload of its first job's
 bytes over its own link (latency + bytes / bandwidth each way, as the simulator times a
