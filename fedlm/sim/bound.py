@@ -14,10 +14,10 @@ trip, so the least time to train ``S`` steps is the smallest T with
 
 The left side is continuous, piecewise linear and increasing in T (each worker adds v_w
 to its slope once T passes its X_w), so T is found exactly by a sweep over those
-moments: the segment where the sum reaches S, solved for T. Worked by hand: two workers at 1 step/s with no
-transfers train 100 steps in 50 s; give the second a 10 s round trip and it is 55 s
-(T + (T − 10) = 100). A method's virtual time over this bound says how far from what its
-fleet allows it stayed (1: nothing to gain).
+moments: the segment where the sum reaches S, solved for T. Worked by hand: two workers
+at 1 step/s with no transfers train 100 steps in 50 s; give the second a 10 s round trip
+and it is 55 s (T + (T − 10) = 100). A method's virtual time over this bound says how
+far from what its fleet allows it stayed (1: nothing to gain).
 
 A fleet that changes over time. A worker computes and transfers only while it is there
 (not absent, not offline), so by time T it can contribute at most

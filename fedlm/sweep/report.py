@@ -111,6 +111,7 @@ class _Report:
         self.seeded = _seeded(spec)
         self.curves = {c.run_id: _curve(self.db, c.run_id) for c in cells}
         self.work = {c.run_id: store.tokens_curve(self.db, c.run_id) for c in cells}
+        self.yardsticks = {c.run_id: yardstick(self.db, c.run_id) for c in cells}
         self.starts = fairness.differing_starts(cells)
         self.deadline = spec.get("deadline")  # the equal-time point, else each pair's sooner end
         self.whose = "its reference's" if self.own_refs else f"{self.ref}'s"
@@ -234,7 +235,7 @@ class _Report:
 
     def bound(self, arm: str, group: Group) -> str:
         """The run's virtual time over its fleet's least time for its steps, and goodput."""
-        ys = [yardstick(self.db, c.run_id) for _, c in sorted(group.items(), key=by_seed)]
+        ys = [self.yardsticks[c.run_id] for _, c in sorted(group.items(), key=by_seed)]
         ratios = [y.ratio for y in ys if y.ratio is not None]
         if not ratios:
             return "-"
@@ -243,7 +244,7 @@ class _Report:
 
     def time_spent(self, arm: str, group: Group) -> str:
         """Where present worker time went: useful / never applied / communication / idle."""
-        ys = [yardstick(self.db, c.run_id) for c in group.values()]
+        ys = [self.yardsticks[c.run_id] for c in group.values()]
         parts = ("goodput", "unapplied", "communication", "idle")
         if not any(getattr(y, p) for y in ys for p in parts):  # no worker time stored
             return "-"
