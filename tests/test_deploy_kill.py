@@ -108,7 +108,7 @@ def test_killed_supernode_is_retired_and_the_run_replays(tmp_path):
                 break
             time.sleep(0.05)
         seq_at_kill = (_query(db, "SELECT max(seq) FROM updates") or [(-1,)])[0][0]
-        job_at_kill = (_query(db, "SELECT max(job_id) FROM jobs") or [(-1,)])[0][0]
+        killed_wall = time.time()  # the store's `wall_arrival` is on this clock
         dep.kill_node(f"supernode{VICTIM}", signal.SIGKILL)
         killed_at = time.monotonic()
         try:
@@ -130,12 +130,17 @@ def test_killed_supernode_is_retired_and_the_run_replays(tmp_path):
     assert len(failed) >= 3, where
     assert all("flower error" in d or "no reply" in d for d in failed), where
     assert [w for k, w, _ in events if k == "worker_retired"] == [VICTIM], where
-    # the others kept training after the kill; the victim's only updates after it
-    # are of jobs sent before it (a reply whose upload ended just before the kill)
-    after = conn.execute("SELECT worker, job_id FROM updates WHERE seq > ?",
-                         (seq_at_kill,)).fetchall()
-    assert {w for w, _ in after} - {VICTIM} == set(range(WORKERS)) - {VICTIM}, where
-    assert all(j <= job_at_kill for w, j in after if w == VICTIM), where
+    # the others kept training after the kill
+    after = conn.execute("SELECT worker FROM updates WHERE seq > ?", (seq_at_kill,)).fetchall()
+    assert {w for w, in after} - {VICTIM} == set(range(WORKERS)) - {VICTIM}, where
+    # the dead node gave nothing new: async SGD gives a worker one job at a time, so at
+    # most the reply whose upload ended just before the kill reaches the server after
+    # it. (Not judged by the store's rows at the kill: the writer buffers rows for up
+    # to FLUSH_EVERY, longer while no reply comes in, so a job already sent to the
+    # victim, and its reply, can be missing from them.)
+    late = conn.execute("SELECT job_id FROM updates WHERE worker=? AND wall_arrival>=?",
+                        (VICTIM, killed_wall)).fetchall()
+    assert len(late) <= 1, (late, where)
     conn.close()
 
     replay = subprocess.run([sys.executable, "-m", "fedlm", "replay", "1", "--db", str(db)],
