@@ -35,7 +35,8 @@ class FileRefused(ValueError):
     """Not a file fedlm reads: the message is one line naming the path and why."""
 
 
-def _kind(mode: int) -> str:
+def kind(mode: int) -> str:
+    """What a file that is not a regular one is, in words ("a FIFO")."""
     for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
                        (stat.S_ISSOCK, "a socket")):
@@ -49,16 +50,26 @@ def shown_size(n: int) -> str:
     return f"{n / GiB:.1f} GiB" if n >= GiB else f"{n / MiB:.1f} MiB"
 
 
-def check(path: str | Path, what: str) -> int:
-    """The size of ``path`` if it is a regular file within the cap of ``what`` (a key of
-    ``CAPS``); else ``FileRefused``. Links are followed (a link to a regular file is one)."""
+def regular(path: str | Path, what: str) -> os.stat_result:
+    """``os.stat(path)`` if ``path`` is a regular file; else ``FileRefused`` naming what it
+    is. For files fedlm hands to another reader (SQLite opens the run database itself):
+    a FIFO or a device would block that open, or feed it for ever. Links are followed (a
+    link to a regular file is one)."""
     where = shown_key(str(path))
     try:
         st = os.stat(path)
     except OSError as exc:
         raise FileRefused(f"{where}: cannot read the {what} ({exc.strerror or exc})") from None
     if not stat.S_ISREG(st.st_mode):
-        raise FileRefused(f"{where}: the {what} is {_kind(st.st_mode)}, not a regular file")
+        raise FileRefused(f"{where}: the {what} is {kind(st.st_mode)}, not a regular file")
+    return st
+
+
+def check(path: str | Path, what: str) -> int:
+    """The size of ``path`` if it is a regular file within the cap of ``what`` (a key of
+    ``CAPS``); else ``FileRefused``. Links are followed (a link to a regular file is one)."""
+    where = shown_key(str(path))
+    st = regular(path, what)
     if st.st_size > CAPS[what]:
         raise FileRefused(f"{where}: the {what} is {shown_size(st.st_size)}, more than the "
                           f"{shown_size(CAPS[what])} fedlm reads")

@@ -15,11 +15,13 @@ import errno
 import os
 import random
 import sqlite3
+import stat
 import time
 from contextlib import closing
 from pathlib import Path
 from typing import Callable, TypeVar
 
+from fedlm import files
 from fedlm.store import schema
 
 T = TypeVar("T")
@@ -89,10 +91,30 @@ def writer_connection(path: Path) -> sqlite3.Connection:
                            check_same_thread=False)
 
 
+# The files SQLite opens beside a run database (its write-ahead log, its shared-memory
+# index, a rollback journal): each, where it exists, must be a regular file too.
+SIDE_FILES = ("-wal", "-shm", "-journal")
+
+
+def require_regular(path: str | Path) -> None:
+    """``StoreError`` in one line unless the run database ``path``, where it exists, and
+    each of its side files that exists are regular files. SQLite opens them itself, and a
+    FIFO there blocks its open or its reads for ever, deaf to Ctrl-C; a device feeds it."""
+    for name, what in ((str(path), "a run database"),
+                       *((f"{path}{side}", f"a run database's {side[1:]} file")
+                         for side in SIDE_FILES)):
+        if not os.path.exists(name):
+            continue
+        mode = os.stat(name).st_mode
+        if not stat.S_ISREG(mode):
+            raise StoreError(f"db: {_where(name)} is {files.kind(mode)}, not {what}")
+
+
 def connect(path: str | Path) -> sqlite3.Connection:
     """A writer connection; creates the file and schema, or migrates an older
     schema, if needed. Many processes may do this at once."""
     path = Path(path)
+    require_regular(path)
     for folder in path.parents:  # the nearest that exists must be a folder
         if folder.exists():
             if not folder.is_dir():
@@ -177,8 +199,7 @@ def connect_readonly(path: str | Path) -> sqlite3.Connection:
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"no run database at {path}")
-    if p.is_dir():
-        raise StoreError(f"db: {_where(path)} is a directory, not a run database")
+    require_regular(p)
     for attempt in (1, 2):
         conn = sqlite3.connect(_reader_uri(p), uri=True, timeout=db_timeout(),
                                check_same_thread=False)
@@ -223,8 +244,7 @@ def check_writable(db: str) -> None:
     not SQLite, a directory or locked past FEDLM_DB_TIMEOUT fails in one line (an
     older version is migrated, as by the run). ``fedlm run`` and ``fedlm sweep``
     call it before any library loads or worker starts."""
-    if Path(db).is_dir():
-        raise StoreError(f"db: {db} is a directory, not a run database")
+    require_regular(db)
     if Path(db).is_file() and Path(db).stat().st_size > 0:  # not another program's SQLite
         try:
             with closing(sqlite3.connect(f"{Path(db).resolve().as_uri()}?mode=ro", uri=True,
