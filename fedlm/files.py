@@ -16,6 +16,7 @@ import stat
 from pathlib import Path
 
 from fedlm.errors import shown_key
+from fedlm.sim.room import for_one_read
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -29,6 +30,9 @@ CAPS = {  # bytes fedlm reads of each kind of file, at most
     "owner record": 1 * MiB,  # who owns a worker-state folder (fedlm.worker.state_folders)
     "worker state": 64 * GiB,  # a job's optimizer state (fedlm.worker.states)
 }
+# Files read whole into memory: their cap is also the memory this process can read
+# them into now (``fedlm.sim.room.for_one_read``), not a size no machine here has.
+READ_WHOLE = ("checkpoint", "worker state")
 
 
 class FileRefused(ValueError):
@@ -73,6 +77,12 @@ def check(path: str | Path, what: str) -> int:
     if st.st_size > CAPS[what]:
         raise FileRefused(f"{where}: the {what} is {shown_size(st.st_size)}, more than the "
                           f"{shown_size(CAPS[what])} fedlm reads")
+    if what in READ_WHOLE:
+        room = for_one_read()
+        if st.st_size > room:
+            raise FileRefused(f"{where}: the {what} is {shown_size(st.st_size)}, more than "
+                              f"the {shown_size(room)} of memory this process can read it "
+                              f"into now")
     return st.st_size
 
 

@@ -131,6 +131,21 @@ def test_files_that_are_not_plain_bounded_files_are_refused_at_once(tmp_path, ki
     assert why[kind] in done[0] and "\n" not in done[0]
 
 
+def test_a_file_read_whole_is_bounded_by_the_memory_there_is(tmp_path, monkeypatch):
+    """init.from, checkpoints and worker states are read whole: one larger than the memory
+    this process can read it into now is refused in one line, whatever the 64 GiB cap."""
+    path = tmp_path / "weights.pt"
+    path.write_bytes(b"\0" * 4096)
+    monkeypatch.setattr(files, "for_one_read", lambda: 1024)
+    for what in ("checkpoint", "worker state"):
+        with pytest.raises(files.FileRefused, match=f"the {what} is 0.0 MiB, more than the "
+                                                    f"0.0 MiB of memory this process can read"):
+            files.check(path, what)
+    assert files.check(path, "trace") == 4096  # a small file of its own cap (512 MiB)
+    with pytest.raises(ConfigError, match="of memory this process can read it into now"):
+        run_inprocess(tiny_config(f"init.from={path}"), str(tmp_path / "r.db"))
+
+
 def test_a_config_or_checkpoint_that_is_a_device_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="is a character device, not a regular file"):
         run_inprocess(tiny_config("init.from=/dev/zero"), str(tmp_path / "r.db"))

@@ -136,3 +136,78 @@ def test_the_first_jobs_derived_before_the_run_are_the_ones_the_engine_hands_out
                 "SELECT local_steps FROM jobs WHERE dispatch_op IS NOT NULL ORDER BY job_id "
                 f"LIMIT {cfg.workers}")]
         assert sorted(handed) == sorted(job_sizes.first_jobs(cfg)), sets
+
+
+def test_a_job_a_process_limit_cannot_hold_is_refused_before_the_run_is_stored(tmp_path):
+    """Under `ulimit -v 4000000`, fill's 900,000-step job (6.9 GiB of batches, under the
+    step cap and under half of the machine's free memory) failed with MemoryError and
+    the run ended `finished`. The process's limit counts as the memory there is."""
+    import resource
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (4_000_000 * 1024, 4_000_000 * 1024))
+
+    db = tmp_path / "m.db"
+    proc = subprocess.run(
+        [sys.executable, "-m", "fedlm", "run", "--backend", "inprocess", "--set", "model=tiny",
+         "--set", "strategy=diloco-fill", "--set", "fleet.step_times=[0.0001, 3]",
+         "--db", str(db)], preexec_fn=limit, capture_output=True, text=True, timeout=120,
+        cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "worker 0's first job would run 900,000 inner steps" in proc.stderr
+    assert "a process of this run may use here" in proc.stderr
+    assert not db.exists()
+
+
+def test_the_process_limit_is_part_of_the_room(monkeypatch):
+    import resource
+
+    from fedlm.sim import room
+
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (3 * room.PROCESS_ADDRESS_SPACE,
+                                                              resource.RLIM_INFINITY))
+    assert room.process_room() == 2 * room.PROCESS_ADDRESS_SPACE
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (resource.RLIM_INFINITY,) * 2)
+    assert room.process_room() == room.UNKNOWN
+
+
+def test_a_run_whose_job_runs_out_of_memory_fails_in_one_line(tmp_path, monkeypatch):
+    """A job that fails for memory anyway (the estimate is a lower bound) ends the run
+    `failed` with what to change: the same sizes would fail again, and a run that drops
+    them (49% of compute never applied) is not one that finished."""
+    from fedlm import inprocess, store
+    from fedlm.engine import EngineError
+    from fedlm.runner import run_inprocess
+    from tests.conftest import tiny_config
+
+    serve = inprocess.serve_job
+
+    def serve_or_run_out(params, states, job, cfg, **kw):
+        if job.worker == 1 and job.job_id > 1:
+            raise MemoryError("Unable to allocate 6.92 GiB for an array")
+        return serve(params, states, job, cfg, **kw)
+
+    monkeypatch.setattr(inprocess, "serve_job", serve_or_run_out)
+    db = tmp_path / "oom.db"
+    with pytest.raises(EngineError, match=r"worker 1's job \d+ \(3 inner steps\) ran out of "
+                                          r"memory \(MemoryError: Unable to allocate 6.92 GiB"):
+        run_inprocess(tiny_config("updates=4"), str(db))
+    run = store.list_runs(str(db))[0]
+    assert run["status"] == "failed" and "ran out of memory" in run["error"]
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT reason FROM jobs WHERE status='lost'").fetchall() == [("memory",)]
+
+
+@pytest.mark.parametrize("error, oom", [
+    ("MemoryError: Unable to allocate 6.92 GiB", True),
+    ("OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", True),
+    ("RuntimeError: [enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate "
+     "memory: you tried to allocate 7430400000 bytes", True),
+    ("RuntimeError: injected crash", False),
+    ("ValueError: a plug-in's bad value", False),
+])
+def test_which_errors_say_a_job_ran_out_of_memory(error, oom):
+    from fedlm.engine.replies import out_of_memory
+
+    assert out_of_memory(error) is oom

@@ -36,7 +36,7 @@ from fedlm.config import Config
 from fedlm import servers
 from fedlm.sim import dynamics, faults
 from fedlm.sim.fleet import WorkerProfile
-from fedlm.store import IntervalKind, RunWriter
+from fedlm.store import RunWriter
 from fedlm.strategies.base import Strategy
 from fedlm.strategies.local_steps import LocalSteps
 from fedlm.engine import state, timeline
@@ -49,7 +49,7 @@ from fedlm.engine.inbox import Inbox
 from fedlm.engine.jobs import JobMaker
 from fedlm.engine.offering import Offering
 from fedlm.engine.presence import Presence
-from fedlm.engine.replies import outcome
+from fedlm.engine.replies import outcome, ran_out_of_memory
 from fedlm.engine.runlog import RunLog
 from fedlm.engine.stall import StallWatch
 from fedlm.engine.transfers import ServerTransfers
@@ -181,6 +181,7 @@ class Engine(Offering):
         return self.params
 
     def _dispatch(self, w: int, now: float, steps: int) -> None:
+        waited = self.pool.free_kind(w)  # idle, or not drawn in a round it now is drawn in
         index, free_since = self.pool.take(w)
         job = self.jobs.make(w, version=self.version, steps=steps, index=index,
                              prev_job=self.pool.state_job[w], keep_from=self.pool.keep_from(w))
@@ -190,7 +191,7 @@ class Engine(Offering):
         expires = timing is not None and self.events.will_expire(timing, job.fault, limit)
         flight = InFlight(job, now, timing, index, limit, expires, sent.keep,
                           self.presence and self.presence.departure(w, index, now, timing))
-        self.log.intervals([(w, IntervalKind.IDLE, free_since, now, self.version, None)])
+        self.log.intervals([(w, waited, free_since, now, self.version, None)])
         self.in_flight.add(flight)
         self.grace.dispatched(flight)
         if self.checkpoint is not None:  # a checkpoint must be able to re-send it
@@ -261,12 +262,15 @@ class Engine(Offering):
 
     def _lost(self, flight: InFlight, error: str, reason: str) -> None:
         job, w = flight.job, flight.job.worker
-        if reason != "departed" and self.pool.failed(w):
+        if reason != "departed" and self.pool.failed(w) and reason != "memory":
             reason = "retired"
         self.inbox.settle(job.job_id, "lost")
         self.stall.job_lost(reason)
         self.log.lost(job, self.now, error=error, reason=reason,
                       failures=self.pool.failures[w])
+        if reason == "memory":  # the same job sizes would run out again
+            self.log.commit(force=True)
+            raise ran_out_of_memory(job, error)
         if self.pool.everyone_retired():
             raise EngineError(f"every worker failed {self.cfg.reliability.max_failures} jobs "
                               f"in a row; last error: {error}")

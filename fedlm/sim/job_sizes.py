@@ -63,6 +63,7 @@ def check(cfg: Config, available: int) -> int:
                           f"dylu")
     if need > available // 2:
         raise ConfigError(f"{why}, whose batches take {need / 1e9:.1f} GB, more than half "
-                          f"the {available / 1e9:.1f} GB this machine has available: lower "
+                          f"the {available / 1e9:.1f} GB a process of this run may use here (free "
+                          f"memory, less any ulimit or container limit): lower "
                           f"inner.steps or inner.batch_size, or bring the speeds closer")
     return need

@@ -32,6 +32,7 @@ from fedlm.data import tokenizer
 from fedlm.errors import ConfigError
 from fedlm.presets import PRESETS, parameter_count
 from fedlm.sim import fleet, job_sizes
+from fedlm.sim.room import available, process_room  # noqa: F401 (tests patch them here)
 
 MIB = 1 << 20
 STATES_KEPT = 1 << 30  # bytes of worker states the state writer keeps in memory, at most
@@ -81,27 +82,14 @@ def estimate(cfg: Config, backend: str = "flower", job_batches: int = 0) -> Esti
     return Estimate(sum(parts.values()), parts, nodes, in_flight, per_job)
 
 
-def available() -> int:
-    """Bytes of memory this machine can give a new run now: ``MemAvailable`` (Linux),
-    else all of its physical memory."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, AttributeError):
-        return 1 << 62  # unknown: nothing is refused
-
-
 def check_fits(cfg: Config, backend: str = "flower") -> Estimate:
     """``estimate``, or a one-line ``ConfigError`` saying how much the run needs, what
-    takes most of it and what to change, when that is more than ``available()``."""
+    takes most of it and what to change, when that is more than ``available()`` (in one
+    process, ``inprocess``, also more than ``process_room()``)."""
     have = available()
-    job_batches = job_sizes.check(cfg, have)  # a derived job size, checked as typed ones are
+    if backend == "inprocess":
+        have = min(have, process_room())
+    job_batches = job_sizes.check(cfg, min(have, process_room()))  # a derived job size, checked as typed ones are
     need = estimate(cfg, backend, job_batches)
     if need.total <= have:
         return need
