@@ -7,6 +7,7 @@ ServerApp runs in Flower's SuperExec, not in this process)."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -17,19 +18,23 @@ from fedlm.store import check_writable
 
 def cmd_deploy(args: argparse.Namespace) -> int:
     from fedlm import config_load
+    from fedlm.deploy import home as deploy_home
     from fedlm.deploy import local as deploy
 
     overrides = list(args.overrides)
     if args.workers is not None:
         overrides.append(f"workers={args.workers}")
     cfg = config_load.load(args.config, overrides)
+    deploy.check_config(cfg)  # what a deployment would not apply: refused, not ignored
     db = args.db or cfg.db
     from fedlm.track import check_installed, with_trackers
 
     cfg = with_trackers(cfg, args.track)
     check_installed(cfg.track.backends)  # refused now, not after the run,
+    # not resolved: a --home that is a link is refused, not followed (fedlm.deploy.home)
+    home = Path(os.path.abspath(args.home))
+    deploy_home.check(home)  # a folder that is not fedlm's: refused before anything is written
     check_writable(db)  # and before anything is written at --db
-    home = Path(args.home).resolve()
     with interrupts.interrupt_on_signals():  # LocalDeployment.stop runs on the way out
         try:
             status, run_id = deploy.main_local(cfg, overrides, db, home, args.config)

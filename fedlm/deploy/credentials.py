@@ -11,10 +11,9 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import os
-import stat
 from pathlib import Path
 
-from fedlm.errors import ConfigError
+from fedlm.deploy import home as home_lib
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost")  # the names the server certificate is valid for
 
@@ -161,13 +160,8 @@ def store_cli_token(flwr_home: Path, address: str, token: str) -> Path:
 
 
 def private_home(home: Path) -> None:
-    """Make ``home`` a folder only its owner can enter (0700): it holds the deployment's
-    private keys and its Control API token. A folder of another user, or a shared one
-    (sticky, as /tmp), is refused: it is not made private by changing its mode."""
-    home.mkdir(parents=True, exist_ok=True, mode=0o700)
-    st = home.stat()
-    if st.st_uid != os.getuid() or st.st_mode & stat.S_ISVTX:
-        why = "not yours" if st.st_uid != os.getuid() else "a shared folder"
-        raise ConfigError(f"deploy: {home} is {why}; --home needs a folder of your own "
-                          f"(it holds the deployment's keys and token)")
-    home.chmod(0o700)
+    """Make ``home`` a deployment's home only its owner can enter (0700): it holds the
+    deployment's private keys and its Control API token. A folder of another user, a
+    shared one (sticky, as /tmp), or one holding files fedlm did not make is refused,
+    not taken over (``fedlm.deploy.home``: the marker, what is reused or adopted)."""
+    home_lib.prepare(home)

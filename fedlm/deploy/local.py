@@ -16,7 +16,9 @@ SuperNode's EC P-384 key pair in ``HOME/keys``, registered with ``flwr supernode
 register`` before it starts); and only the owner may use the SuperLink (``owner_token``:
 ``python -m fedlm.deploy.superlink`` admits Control API requests only with the token of
 ``HOME/keys/control.token``, which fedlm's ``flwr`` sends from ``HOME/credentials.yaml``,
-and hands ServerApp tasks only to its own signed SuperExec; HOME is 0700). A run uses
+and hands ServerApp tasks only to its own signed SuperExec; HOME is 0700). HOME is fedlm's
+own folder (``fedlm.deploy.home``): made with a marker, or an empty one adopted, never a
+folder holding the user's files; fedlm replaces only the paths it makes there. A run uses
 only the node ids registered here (``node_ids``, the run config's ``nodes``).
 ``tls=False, auth=False``: plain loopback (the owner token stays).
 
@@ -45,12 +47,16 @@ from typing import NamedTuple
 from fedlm import data as data_lib
 from fedlm.sim import fleet as fleet_lib
 from fedlm.deploy import bundle, processes, superlink
+from fedlm.deploy import home as home_lib
 from fedlm.deploy.credentials import (make_certificates, make_node_key, make_secret,
                                       private_home, store_cli_token)
 from fedlm.flower import patches
 from fedlm.config import Config
+from fedlm.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: the Flower app `flwr run` bundles
+# the SQLite files of a SuperLink with link_db_file (removed at start: a fresh state)
+LINK_DB_FILES = ("superlink.db", "superlink.db-wal", "superlink.db-shm", "superlink.db-journal")
 RUN_ID_FILE = "run-id"  # in the home: the id under which the ServerApp stored its run
 CONNECTION = "fedlm-local"  # the connection name written to $FLWR_HOME/config.toml
 
@@ -151,10 +157,11 @@ class LocalDeployment:
         return ["--root-certificates", str(self.certs["ca"])]
 
     def start(self, cfg: Config, timeout: float = 60.0) -> "LocalDeployment":
-        private_home(self.home)
-        # A fresh SuperLink state: no nodes registered by an earlier deployment here.
-        for stale in self.home.glob("superlink.db*"):
-            stale.unlink()
+        private_home(self.home)  # fedlm's folder (fedlm.deploy.home), else refused
+        # A fresh SuperLink state: no nodes registered by an earlier deployment here
+        # (only the files SQLite makes: a superlink.db.backup of the user's stays).
+        for name in LINK_DB_FILES:
+            (self.home / name).unlink(missing_ok=True)
         if self.tls:
             self.certs = make_certificates(self.home / "certs")
         self.port = free_port()
@@ -329,6 +336,15 @@ class LocalDeployment:
         self.stop()
 
 
+def check_config(cfg: Config) -> None:
+    """Settings a deployment would not apply are refused, not ignored (before anything
+    starts or is written)."""
+    if cfg.sim.batched == "on":
+        raise ConfigError("sim.batched: 'on' trains jobs together in one process; `fedlm "
+                          "deploy` runs each job in its SuperNode's ClientApp: use `fedlm run "
+                          "--backend inprocess`, or sim.batched = off")
+
+
 class Deployed(NamedTuple):
     status: int  # flwr run's exit status
     run_id: int | None  # the run the ServerApp stored (None: it stored none)
@@ -341,7 +357,11 @@ def main_local(cfg: Config, overrides: list[str], db: str, home: Path,
     in the same store meanwhile).
 
     TLS and SuperNode authentication are on unless ``tls``/``auth`` say otherwise.
+    A config it would not apply (``check_config``) or a ``home`` that is not fedlm's
+    (``fedlm.deploy.home.check``) is refused before anything starts.
     """
+    check_config(cfg)
+    home_lib.check(home)
     # data that cannot be split over the workers (too few documents of a text: or
     # hf: source for a by-play partition, a worker left empty): refused here, before
     # a process starts or the ServerApp stores the run (no tokenizing bar: one line)
