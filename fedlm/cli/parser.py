@@ -177,8 +177,11 @@ def _add_deploy_parser(sub) -> None:
     p.add_argument("--workers", type=int, default=None, help="SuperNodes (default: config's)")
     _add_config_args(p)
     _add_db_arg(p)
-    p.add_argument("--home", default="runs/deploy", help="FLWR_HOME and logs (default: "
-                   "runs/deploy)")
+    p.add_argument("--home", default="runs/deploy", help="the deployment's own folder "
+                   "(default: runs/deploy): FLWR_HOME, keys, token, logs and app/, replaced "
+                   "at every start. A new path is made and an empty folder adopted (a "
+                   ".fedlm-deploy-home marker is written), a folder fedlm made is reused; "
+                   "any other folder is refused, never touched")
     _add_track_arg(p, "the run's metrics, once it is over,")
 
 
