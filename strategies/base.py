@@ -22,8 +22,9 @@ The engine reaches the strategy through a server (``fedlm.servers``): one server
 for a flat strategy, as above. Other kinds (servers in regions, fragments, peers),
 which the config names (``server``), own the models they serve and hand each
 strategy instance they compose the model it steps; they too call only the methods
-below. A strategy may suggest its kind in a class attribute ``default_server``,
-which a config that names none gets (as ``default_local_steps`` for the policy).
+below. A strategy may name its own kind in a class attribute ``default_server``,
+which a config that names none gets (as ``default_local_steps`` for the policy); it
+then runs only on that kind or one made from it (``fedlm.servers.checks``).
 
 How many local steps a job gets is a separate policy (``fedlm.strategies.local_steps``),
 so any strategy combines with any policy.

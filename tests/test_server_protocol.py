@@ -124,7 +124,8 @@ def test_the_config_names_the_kind_and_its_default_comes_from_the_strategy():
                             (("strategy=halos",), "regions", RegionServers),
                             (("strategy=delayed-nesterov", "server=regions"), "regions",
                              RegionServers),
-                            (("strategy=halos", "server=one"), "one", servers.Server)):
+                            (("strategy=delayed-nesterov", "server=one"), "one",
+                             servers.Server)):
         cfg = tiny_config(*sets)
         assert (cfg.server, servers.server_class(cfg)) == (name, kind)
     # a stored run's config of an older fedlm has no server: it loads with the default
@@ -145,10 +146,31 @@ def test_the_config_names_the_kind_and_its_default_comes_from_the_strategy():
     (["stream.fragments=2", "server=one"], r"^stream.fragments: streaming rounds run on "
                                            r"server = 'streamed', not 'one'"),
     (["server=regions"], r"^server: runs an asynchronous strategy \(halos, delayed-nesterov"),
+    # a strategy whose kind is half the method: its settings would apply nowhere
+    (["strategy=halos", "server=one"], r"^server: strategy 'halos' runs on its own kind of "
+                                       r"server \('regions', its default_server, or one made "
+                                       r"from it\): leave server unset, got 'one'$"),
+    (["strategy=halos", "server=pipelined:PipelinedServer"], r"^server: strategy 'halos' runs "
+                                                              r"on its own kind of server"),
+    (["strategy=semi_sync:SemiSyncFill", "server=one"], r"^server: strategy "
+                                                        r"'semi_sync:SemiSyncFill' runs on its "
+                                                        r"own kind of server"),
+    (["strategy=desloc:DesLoc", "server=one"], r"^server: strategy 'desloc:DesLoc' runs on "
+                                               r"its own kind of server"),
 ])
-def test_a_kind_the_config_cannot_have_is_refused_in_one_line(sets, message):
+def test_a_kind_the_config_cannot_have_is_refused_in_one_line(sets, message, monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "examples"))
     with pytest.raises(ConfigError, match=message):
         tiny_config(*sets)
+
+
+def test_a_kind_made_from_the_strategys_own_serves_it(tmp_path, monkeypatch):
+    (tmp_path / "my_regions.py").write_text(
+        "from fedlm.servers.regions import RegionServers\n"
+        "class Mine(RegionServers):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert tiny_config("strategy=halos", "server=my_regions:Mine", "workers=4").server == \
+        "my_regions:Mine"
 
 
 def test_a_strategy_that_still_names_its_server_the_old_way_is_told_how(tmp_path,

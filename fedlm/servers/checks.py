@@ -4,10 +4,25 @@ Streaming DiLoCo's rounds checked together (``check_exchange``, called by
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from fedlm import presets
 from fedlm.config import Config
 from fedlm.errors import ConfigError, require
 from fedlm.servers import Server, kind_name, server_class
+
+
+def _check_own_kind(cfg: Config, cls, kind: type[Server], name: str) -> None:
+    """A strategy that names its kind of server (``default_server``) runs on that kind,
+    or on one made from it: the kind's hooks are half the method (HALoS's region and
+    global servers, a deadline round, DES-LOC's desynchronised state). On another its
+    own settings would apply nowhere, or it would fail mid-run."""
+    own = cls.default_server
+    if not own or name == own:
+        return
+    require(issubclass(kind, server_class(replace(cfg, server=own))), "server", name,
+             f"strategy {cfg.strategy!r} runs on its own kind of server ({own!r}, its "
+             f"default_server, or one made from it): leave server unset")
 
 
 def check_exchange(cfg: Config) -> None:
@@ -35,6 +50,7 @@ def check_exchange(cfg: Config) -> None:
         require(not shared, "network.topology", n.topology,
                  "has no server: drop network.server_down, server_up and daily_amplitude")
     kind, name = server_class(cfg), kind_name(cfg)
+    _check_own_kind(cfg, cls, kind, name)
     # a shared link times every job by its flows (fedlm.sim.network): a kind that times
     # its own jobs (an overlapped exchange, say) would lose its timing there, silently
     require(not (shared and kind.timing is not Server.timing), "network.server_up",
