@@ -6,7 +6,8 @@
 Reads the run store read-only and re-reads it every two seconds (a Streamlit
 fragment with ``run_every``), redrawing only when the database changed. Shows,
 for the run in focus: headline numbers, a per-worker timeline of download /
-compute / upload / idle (offline spans and lost jobs marked), the straggler
+compute / upload / idle / not drawn (a sampled run's workers left out of a round;
+offline spans and lost jobs marked), workers ordered by number, the straggler
 effect per worker, injected faults and failures, staleness; and for
 any set of runs: validation perplexity (per token) or bits per byte (which compares
 runs of different tokenizers) against virtual time, updates and tokens.
@@ -36,7 +37,10 @@ from fedlm.store import StoreError  # noqa: E402
 
 REFRESH_SECONDS = 2
 KIND_COLORS = {"compute": "#2ca02c", "download": "#1f77b4", "upload": "#9467bd",
-               "exchange": "#8c564b", "link wait": "#17becf", "idle": "#d62728"}
+               "exchange": "#8c564b", "link wait": "#17becf", "idle": "#d62728",
+               # client sampling: free and there, left out of the round open (not idle:
+               # nobody waits for it; docs/sampling.md), a pale colour of its own
+               "not drawn": "#e7cb94"}
 # an exchange that ran behind compute (Streaming DiLoCo's overlap): drawn as a thin
 # bar over the compute it overlapped, left out of the time totals
 HIDDEN = "hidden exchange"
@@ -110,20 +114,31 @@ def run_pickers(runs: pd.DataFrame, groups: list[dict]):
     return focus, compare, labels, chosen
 
 
+def worker_label(w) -> str:
+    return f"worker {int(w)}"
+
+
+def worker_order(workers) -> list[str]:
+    """The workers' labels by number (worker 2 before worker 10), for a chart's ``sort``:
+    a nominal axis would otherwise order them as text."""
+    return [worker_label(w) for w in sorted({int(w) for w in workers})]
+
+
 def timeline_chart(iv: pd.DataFrame) -> alt.Chart:
-    iv = iv.assign(worker=iv["worker"].map(lambda w: f"worker {w}"))
+    order = worker_order(iv["worker"])
+    iv = iv.assign(worker=iv["worker"].map(worker_label))
     over = iv["kind"].isin(OVERLAYS)
-    chart = _timeline_bars(iv[~over], alt.Chart(iv[~over]).mark_bar())
+    chart = _timeline_bars(iv[~over], alt.Chart(iv[~over]).mark_bar(), order)
     if over.any():  # a thin bar over the compute it overlapped, or the slowed spans
-        chart = chart + _timeline_bars(iv[over], alt.Chart(iv[over]).mark_bar(size=7))
+        chart = chart + _timeline_bars(iv[over], alt.Chart(iv[over]).mark_bar(size=7), order)
     return chart.properties(height=alt.Step(32))  # 32 px per worker row
 
 
-def _timeline_bars(iv: pd.DataFrame, chart: alt.Chart) -> alt.Chart:
+def _timeline_bars(iv: pd.DataFrame, chart: alt.Chart, order: list[str]) -> alt.Chart:
     return chart.encode(
         x=alt.X("t_start:Q", title="virtual time (s)"),
         x2="t_end:Q",
-        y=alt.Y("worker:N", title=None),
+        y=alt.Y("worker:N", title=None, sort=order),
         color=alt.Color("kind:N", scale=alt.Scale(domain=list(TIMELINE_COLORS),
                                                   range=list(TIMELINE_COLORS.values())),
                         legend=alt.Legend(orient="top", title=None)),
@@ -135,20 +150,22 @@ def _timeline_bars(iv: pd.DataFrame, chart: alt.Chart) -> alt.Chart:
 
 
 def worker_charts(wt: pd.DataFrame) -> None:
-    wt = wt.assign(label=wt["worker"].map(lambda w: f"worker {w}"))
+    order = worker_order(wt["worker"])
+    wt = wt.assign(label=wt["worker"].map(worker_label))
     left, mid, right = st.columns(3)
     stacked = wt.melt(id_vars=["label"], value_vars=list(KIND_COLORS), var_name="kind",
                       value_name="seconds")
     left.markdown("**Time per worker** (virtual s)")
     left.altair_chart(alt.Chart(stacked).mark_bar().encode(
-        y=alt.Y("label:N", title=None), x=alt.X("seconds:Q", title="virtual seconds"),
+        y=alt.Y("label:N", title=None, sort=order),
+        x=alt.X("seconds:Q", title="virtual seconds"),
         color=alt.Color("kind:N", scale=alt.Scale(domain=list(KIND_COLORS),
                                                   range=list(KIND_COLORS.values())),
                         legend=None),
         tooltip=["label", "kind", alt.Tooltip("seconds:Q", format=".1f")]),
         width="stretch")
     mid.markdown("**Idle fraction per worker**")
-    bars = alt.Chart(wt).encode(y=alt.Y("label:N", title=None),
+    bars = alt.Chart(wt).encode(y=alt.Y("label:N", title=None, sort=order),
                                 x=alt.X("idle_fraction:Q", title="idle fraction",
                                         axis=alt.Axis(format="%"),
                                         scale=alt.Scale(domain=[0, 1])))
@@ -157,7 +174,7 @@ def worker_charts(wt: pd.DataFrame) -> None:
         width="stretch")
     right.markdown("**Updates applied per worker**")
     right.altair_chart(alt.Chart(wt).mark_bar(color=KIND_COLORS["compute"]).encode(
-        y=alt.Y("label:N", title=None),
+        y=alt.Y("label:N", title=None, sort=order),
         x=alt.X("updates:Q", title="updates", axis=alt.Axis(tickMinStep=1, format="d")),
         tooltip=["label", "updates", "step_time", "region"]), width="stretch")
 
@@ -264,9 +281,10 @@ def straggler_section(wt) -> None:
     st.markdown("#### The straggler effect")
     if wt.empty:
         return
+    wt = wt.sort_values("worker")  # by number: worker 2 before worker 10
     worker_charts(wt)
     table = pd.DataFrame({
-        "worker": wt["worker"].map(lambda w: f"worker {w}"),
+        "worker": wt["worker"].map(worker_label),
         "s/step": wt["step_time"].map("{:.2f}".format), "region": wt["region"],
         "updates": wt["updates"], "compute s": wt["compute"].map("{:,.1f}".format),
         "exposed comm s": (wt["download"] + wt["upload"] + wt["exchange"]
@@ -276,6 +294,10 @@ def straggler_section(wt) -> None:
         "sent up": wt["bytes_up"].map(short_bytes),
         "idle s": wt["idle"].map("{:,.1f}".format),
         "idle %": (100 * wt["idle_fraction"]).map("{:.1f}%".format)})
+    if (wt["not drawn"] > 0).any():  # a sampled run: left out of rounds, not idle
+        table["not drawn s"] = wt["not drawn"].map("{:,.1f}".format)
+        st.caption("not drawn: free and there, but left out of the round open (client "
+                   "sampling); neither idle nor present time, so out of idle % and goodput")
     st.table(table.set_index("worker"))
 
 
@@ -296,8 +318,7 @@ def failures_section(fails) -> None:
     if fails.empty:
         st.caption("no injected faults, lost jobs, ignored replies or offline periods")
         return
-    st.table(fails.assign(worker=fails["worker"].map(lambda w: f"worker {w}"))
-             .set_index("worker"))
+    st.table(fails.assign(worker=fails["worker"].map(worker_label)).set_index("worker"))
 
 
 def staleness_section(stl) -> None:

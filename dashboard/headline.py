@@ -43,7 +43,9 @@ def headline_row(h: dict) -> None:
     cols[2].metric("latest bits per byte", _value(h["bits_per_byte"], 3), help=per_byte)
     cols[3].metric("best bits per byte", _value(h["best_bits_per_byte"], 3), help=per_byte)
     cols = st.columns(4)
-    cols[0].metric("idle fraction", f"{100 * h['idle_fraction']:.1f}%")
+    cols[0].metric("idle fraction", f"{100 * h['idle_fraction']:.1f}%",
+                   help="idle over present worker time (not drawn in a sampled round is "
+                        "not present)")
     cols[1].metric("sent up", short_bytes(h["bytes_up"]),
                    help="bytes of the workers' updates on the wire (as encoded)")
     cols[2].metric("sent down", short_bytes(h["bytes_down"]), help="bytes of the model sent out")
@@ -62,3 +64,8 @@ def headline_row(h: dict) -> None:
                         "dropped as late or stale, or still running at the end")
     cols[3].metric("communication", f"{100 * h['communication']:.1f}%",
                    help="of present worker time: transfers and exchanges a worker waited for")
+    if h.get("not_drawn"):  # a sampled run: time left out of rounds is not present time
+        st.caption(f"not drawn: {100 * h['not_drawn']:.1f}% of the workers' time there was "
+                   f"left out of sampled rounds (free, not drawn in the round open); it is "
+                   f"neither idle nor present time, so the idle fraction, goodput and the "
+                   f"shares above leave it out")

@@ -105,11 +105,13 @@ def _yardstick(db: str | Path, run_id: int, run) -> dict:
     y = yardstick(db, run_id)
     ratio = y.ratio if run["clock"] == "virtual" else None
     return {"bound": y.bound, "bound_ratio": ratio, "goodput": y.goodput,
-            "unapplied": y.unapplied, "communication": y.communication}
+            "unapplied": y.unapplied, "communication": y.communication,
+            "not_drawn": y.not_drawn}
 
 
 def worker_totals(db: str | Path, run_id: int) -> pd.DataFrame:
-    """Per worker: seconds per kind of interval, idle fraction, jobs and updates."""
+    """Per worker, by number: seconds per kind of interval, idle fraction (over present
+    time: not drawn is not), jobs and updates."""
     spans = reads.interval_seconds(db, run_id)
     wide = spans.pivot_table(index="worker", columns="kind", values="seconds",
                              fill_value=0.0).reset_index()
@@ -123,12 +125,13 @@ def worker_totals(db: str | Path, run_id: int) -> pd.DataFrame:
     out = prof.merge(wide, on="worker", how="left").merge(counts, on="worker", how="left")
     out = out.fillna({**{k: 0.0 for k in (*COUNTED_KINDS, "hidden exchange")},
                       "updates": 0, "bytes_up": 0})
-    # the hidden exchange overlaps compute, and offline time is no one's work
+    # the hidden exchange overlaps compute, offline time is no one's work, and a worker
+    # not drawn in a sampled round took no part in it
     out["accounted"] = out[list(PRESENT_KINDS)].sum(axis=1)
     out["idle_fraction"] = (out["idle"] / out["accounted"].where(out["accounted"] > 0)
                             ).fillna(0.0)
     out["updates"] = out["updates"].astype(int)
-    return out
+    return out.sort_values("worker", ignore_index=True)
 
 
 def recent_intervals(db: str | Path, run_id: int, window: float,

@@ -293,3 +293,42 @@ def test_a_sampled_run_shows_its_rounds_drawn_kept_and_cut(monkeypatch, tmp_path
     caption = " ".join(c.value for c in at.caption)
     assert f"drawn {sum(r.drawn for r in rs)} of" in caption
     assert f"kept {sum(r.kept for r in rs)}, dropped {sum(r.dropped for r in rs)}" in caption
+
+
+def test_not_drawn_has_its_own_colour_and_workers_go_by_number(monkeypatch, tmp_path):
+    """A sampled run's workers left out of a round are painted apart from idle, on the
+    timeline and in the legend, with a column of their own; every chart and table by
+    worker orders them by number (worker 2 before worker 10), not as text."""
+    db = tmp_path / "nd.db"
+    run_engine(tiny_config("strategy=diloco", "workers=3", "profile=very", "updates=2",
+                           "name=plain"), db)
+    run_engine(tiny_config("strategy=fedavg", "workers=12", "outer.fraction=0.25",
+                           "profile=very", "updates=3", "name=sampled"), db)
+    at = app(monkeypatch, db)  # the newest run (sampled) in focus
+    numeric = [f"worker {w}" for w in range(12)]
+    layers = [layer for s in map(_spec, at.get("vega_lite_chart"))
+              for layer in (s.get("layer") or [s])]
+    by_worker = [layer for layer in layers
+                 if layer.get("encoding", {}).get("y", {}).get("field") in ("worker", "label")]
+    assert len(by_worker) >= 4  # the timeline and the three charts per worker
+    assert all(layer["encoding"]["y"]["sort"] == numeric for layer in by_worker)
+    timeline = next(layer for layer in by_worker if layer["encoding"]["y"]["field"] == "worker")
+    scale = timeline["encoding"]["color"]["scale"]
+    colours = dict(zip(scale["domain"], scale["range"]))
+    others = {k: c for k, c in colours.items() if k != "not drawn"}
+    assert "not drawn" in colours and colours["not drawn"] not in others.values()
+    from fedlm.dashboard import queries
+
+    assert "not drawn" in set(queries.recent_intervals(db, 2, window=1e9)["kind"])
+    (table,) = [t.value for t in at.table if "idle %" in t.value.columns]
+    assert list(table.index) == numeric
+    with sqlite3.connect(db) as conn:
+        left_out = dict(conn.execute("SELECT worker, SUM(t_end - t_start) FROM intervals "
+                                     "WHERE run_id=2 AND kind='not drawn' GROUP BY worker"))
+    assert [float(v.replace(",", "")) for v in table["not drawn s"]] == pytest.approx(
+        [round(left_out.get(w, 0.0), 1) for w in range(12)], abs=0.051)
+    assert any("not drawn" in c.value for c in at.caption)
+    at.selectbox[0].set_value(1).run()  # a run that draws no round: no such column
+    (table,) = [t.value for t in at.table if "idle %" in t.value.columns]
+    assert "not drawn s" not in table.columns
+    assert not any("not drawn" in c.value for c in at.caption)

@@ -51,14 +51,23 @@ def print_summary(db: str, run_id: int) -> int:
     print(f"  {s.updates} updates from {s.jobs} jobs, {s.local_steps:,} local steps, "
           f"{s.tokens:,} tokens; {clock} {s.virtual_time:.1f} s, real time {s.wall_time:.1f} s")
     hidden = any(w.hidden for w in s.workers)  # streaming: comm behind compute too
+    left_out = sum(w.not_drawn for w in s.workers)  # sampled rounds: not drawn, not idle
     print(f"  {'worker':>6} {'s/step':>7} {'region':>6} {'jobs':>5} {'compute':>9} "
-          f"{'comm':>8} {'idle':>9} {'idle %':>7}" + (f" {'hidden comm':>12}" if hidden else ""))
+          f"{'comm':>8} {'idle':>9} {'idle %':>7}" + (f" {'hidden comm':>12}" if hidden else "")
+          + (f" {'not drawn':>10}" if left_out else ""))
     for w in s.workers:
         print(f"  {w.worker:>6} {w.step_time:>7.2f} {w.region:>6} {w.jobs:>5} {w.compute:>9.1f} "
               f"{w.communication:>8.2f} {w.idle:>9.1f} {100 * w.idle_fraction:>6.1f}%"
-              + (f" {w.hidden:>12.2f}" if hidden else ""))
-    print(f"  straggler idle fraction (all workers): {100 * s.idle_fraction:.1f}%")
+              + (f" {w.hidden:>12.2f}" if hidden else "")
+              + (f" {w.not_drawn:>10.1f}" if left_out else ""))
+    print(f"  straggler idle fraction (all workers): {100 * s.idle_fraction:.1f}%"
+          + (" (of present time: not-drawn time left out)" if left_out else ""))
     _print_yardstick(db, run_id, s.clock)
+    if left_out:  # docs/sampling.md: not drawn is neither idle nor present time
+        there = left_out + sum(w.compute + w.communication + w.idle for w in s.workers)
+        print(f"  not drawn: {100 * left_out / there:.1f}% of the workers' time there "
+              f"({left_out:,.1f} s free and left out of the round open: not idle, not in "
+              f"present time)")
     _print_rounds(db, run_id)
     _print_regions(store.region_transfers(db, run_id))
     _print_troubles(store.troubles(db, run_id))

@@ -5,8 +5,10 @@ At each scan the free workers are offered in the pool's order (sampled when
 those available (``Strategy.draws_rounds``: client sampling) or the local-steps policy
 sizes the round from everyone offered (``fill``), the present workers are offered to
 them first, as one list; a draw is logged with the op of the round's first dispatch,
-so that replay offers the same list again. Then each wanted worker gets a job of the
-policy's size, within the local-step budget and the cap.
+so that replay offers the same list again; those of it not drawn are ``not drawn`` on
+the timeline until the round is over (``IntervalKind.NOT_DRAWN``: the pool's
+``left_out`` and ``round_over``; nothing a job is given reads it). Then each wanted
+worker gets a job of the policy's size, within the local-step budget and the cap.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ class Offering:
         candidates = self.pool.candidates(self.version, len(self.in_flight))
         asked = self.strategy.draws_rounds or self.policy.sizes_rounds
         if asked:  # the round is drawn, or sized, from everyone present
+            if self.strategy.awaits_draw and self.pool.not_drawn:  # the last round is over
+                self.log.intervals(self.pool.round_over(
+                    now, self.version, self.presence and self.presence.absent_since))
             candidates = self._offer([w for w in candidates if self._present(w, now)], now)
         for w in candidates:
             # asked at every job: handing out a round to thousands of workers takes
@@ -55,6 +60,11 @@ class Offering:
         if self.strategy.awaits_draw:  # next scan, every free worker: a draw takes them all
             self.pool.blocked = True
         wanted = [w for w in present if self.server.wants_job(w, self.version)]
+        if among is not None:  # those it did not draw are not drawn until the round is over
+            drawn = set(wanted)
+            rows = self.pool.left_out([w for w in among if w not in drawn], now, self.version)
+            if rows:
+                self.log.intervals(rows)
         if self.policy.sizes_rounds:
             self.policy.offered(now=now, version=self.version, workers=wanted,
                                 busy=len(self.in_flight))

@@ -44,9 +44,14 @@ class Presence:
         free_since = self.pool.free_since[w]
         since = max(free_since, span[0])
         if since > free_since:
-            self.log.intervals([(w, IntervalKind.IDLE, free_since, since, version, None)])
+            self.log.intervals([(w, self.pool.free_kind(w), free_since, since, version, None)])
         self._away(w, since, span[1])
         return True
+
+    def absent_since(self, w: int, now: float) -> float | None:
+        """When the absence ``w`` is in at ``now`` began (None: it is there); asks only."""
+        span = self.dynamics.absent(w, now)
+        return None if span is None else span[0]
 
     def departure(self, w: int, index: int, now: float, timing: JobTiming | None
                   ) -> float | None:

@@ -8,7 +8,7 @@ update was accepted: the optimizer state its next job starts from
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -23,6 +23,10 @@ class WorkerPool:
         self.cfg = cfg
         self.num_workers = num_workers
         self.free_since: dict[int, float] = {}  # free worker -> time it became free
+        # free workers left out of the round open (client sampling): their span since
+        # free_since is not drawn, not idle (IntervalKind.NOT_DRAWN); only the timeline's
+        # kinds read it, never what a job is given
+        self.not_drawn: set[int] = set()
         self.offline: dict[int, tuple[float, float]] = {}  # worker -> (since, until)
         # those of them that are absent (a fleet that changes over time), not offline
         # after an injected fault; until = inf: left for good
@@ -81,6 +85,7 @@ class WorkerPool:
         index = self.jobs_of[w]
         self.jobs_of[w] += 1
         since = self.free_since.pop(w)
+        self.not_drawn.discard(w)
         self._taken += 1
         if self._taken > 2 * len(self.free_since) + 64:
             # A dict keeps the slots of removed keys until it grows again, and walking it
@@ -90,6 +95,40 @@ class WorkerPool:
             self.free_since = dict(self.free_since)
             self._taken = 0
         return index, since
+
+    def free_kind(self, w: int) -> IntervalKind:
+        """What free worker ``w`` has been doing since ``free_since[w]``: waiting for
+        work (idle), or left out of the round open (not drawn)."""
+        return IntervalKind.NOT_DRAWN if w in self.not_drawn else IntervalKind.IDLE
+
+    def left_out(self, workers: Iterable[int], now: float, version: int) -> list:
+        """A round was drawn now without the free ``workers``: each is not drawn from
+        now. Returns the rows of the idle time each had before (none where it had none)."""
+        rows = []
+        for w in workers:
+            if w in self.not_drawn or w not in self.free_since:
+                continue  # left out of the round before too: one span on
+            if now > self.free_since[w]:
+                rows.append((w, IntervalKind.IDLE, self.free_since[w], now, version, None))
+            self.free_since[w] = now  # a key already there: the dict's order is kept
+            self.not_drawn.add(w)
+        return rows
+
+    def round_over(self, now: float, version: int,
+                   absent_since: Callable[[int, float], float | None] | None = None) -> list:
+        """The round that left workers out is over (the next is not drawn yet): they are
+        idle from now, as everyone free. Returns the rows of their not-drawn spans, each
+        cut where ``absent_since`` (a fleet that changes) says its worker went away: the
+        scan that follows finds it absent from then (``Presence.gone_away``)."""
+        rows = []
+        for w in sorted(self.not_drawn):
+            away = absent_since(w, now) if absent_since is not None else None
+            end = now if away is None else min(now, max(away, self.free_since[w]))
+            if end > self.free_since[w]:
+                rows.append((w, IntervalKind.NOT_DRAWN, self.free_since[w], end, version, None))
+                self.free_since[w] = end
+        self.not_drawn.clear()
+        return rows
 
     def keep_from(self, w: int) -> int:
         """The oldest state of ``w`` still needed: by its next job or a kept checkpoint."""
@@ -125,6 +164,7 @@ class WorkerPool:
     def away(self, w: int, since: float, until: float) -> None:
         """Free or busy worker ``w`` is absent from ``since`` until ``until``."""
         self.free_since.pop(w, None)
+        self.not_drawn.discard(w)
         self.offline[w] = (since, until)
         self.absent.add(w)
 
@@ -146,8 +186,9 @@ class WorkerPool:
         self.pins = [*self.pins, list(self.state_job)][-keep:]
 
     def closing_rows(self, end: float, version: int) -> list:
-        """At the end: free workers were idle until ``end``, offline ones offline."""
-        rows = [(w, IntervalKind.IDLE, t, end, version, None)
+        """At the end: free workers were idle (or not drawn) until ``end``, offline ones
+        offline."""
+        rows = [(w, self.free_kind(w), t, end, version, None)
                 for w, t in sorted(self.free_since.items())]
         return rows + [(w, IntervalKind.ABSENT if w in self.absent else IntervalKind.OFFLINE,
                         since, end, version, None)
@@ -158,7 +199,7 @@ class WorkerPool:
                 "retired": sorted(self.retired), "failures": list(self.failures),
                 "jobs_of": list(self.jobs_of), "state_job": list(self.state_job),
                 "pins": [list(p) for p in self.pins], "newly_free": list(self.newly_free),
-                "absent": sorted(self.absent),
+                "absent": sorted(self.absent), "not_drawn": sorted(self.not_drawn),
                 "scanned_version": self.scanned_version, "blocked": self.blocked,
                 "sampler": self.sampler.bit_generator.state}
 
@@ -170,4 +211,5 @@ class WorkerPool:
         self.newly_free, self.scanned_version = list(st["newly_free"]), st["scanned_version"]
         self.blocked = st["blocked"]
         self.absent = set(st.get("absent", []))  # a checkpoint from before absences
+        self.not_drawn = set(st.get("not_drawn", []))  # ... or before not drawn: idle
         self.sampler.bit_generator.state = st["sampler"]

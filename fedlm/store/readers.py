@@ -39,6 +39,8 @@ class WorkerSummary:
     idle: float
     idle_fraction: float
     hidden: float = 0.0  # exchange behind compute (Streaming DiLoCo's overlap), not counted
+    # left out of sampled rounds (IntervalKind.NOT_DRAWN): not idle, not present time
+    not_drawn: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,8 @@ class RunSummary:
     @property
     def idle_fraction(self) -> float:
         """Idle over present time, all workers together (``schema.idle_fraction``: a
-        worker's compute, exposed communication and idle time are its time present)."""
+        worker's compute, exposed communication and idle time are its time present; time
+        it was not drawn in a sampled round is not)."""
         present = sum(w.compute + w.communication + w.idle for w in self.workers)
         return sum(w.idle for w in self.workers) / present if present else 0.0
 
@@ -147,7 +150,8 @@ def summarize(path: str | Path, run_id: int) -> RunSummary:
             workers.append(WorkerSummary(
                 w["worker"], w["step_time"], w["region"], jobs, spans.get("compute", 0.0),
                 sum(spans.get(k, 0.0) for k in EXPOSED_COMM_KINDS), idle,
-                idle_fraction(spans), spans.get(IntervalKind.HIDDEN.value, 0.0)))
+                idle_fraction(spans), spans.get(IntervalKind.HIDDEN.value, 0.0),
+                spans.get(IntervalKind.NOT_DRAWN.value, 0.0)))
         tokens, jobs, steps = conn.execute(
             "SELECT COALESCE(SUM(tokens), 0), COUNT(*), COALESCE(SUM(local_steps), 0)"
             " FROM updates WHERE run_id=?", (run_id,)).fetchone()

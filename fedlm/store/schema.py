@@ -163,16 +163,22 @@ class IntervalKind(str, Enum):
     ABSENT = "absent"
     # ... or runs slowed; this overlays its other spans, so time totals leave it out
     SLOWED = "slowed"
+    # client sampling (strategies/sampling.py): free and there when a round was drawn, and
+    # not drawn; from the draw until that round is over (docs/sampling.md). Not idle:
+    # nobody waits for it. Stores written before it have none (such time reads as idle)
+    NOT_DRAWN = "not drawn"
 
 
 # The kinds whose spans never overlap one another: a worker's time adds up over these.
 COUNTED_KINDS = tuple(k.value for k in IntervalKind
                       if k not in (IntervalKind.HIDDEN, IntervalKind.SLOWED))
-# A worker's time while it is there (neither absent nor offline). The idle fraction,
-# everywhere it is shown (fedlm show per worker and overall, the dashboard's headline and
-# per-worker table), is idle time over this time (docs/fleets_over_time.md).
+# A worker's time while it is there and taking part: neither absent nor offline, nor
+# left out of the round open (not drawn). The idle fraction, everywhere it is shown (fedlm
+# show per worker and overall, the dashboard's headline and per-worker table), goodput and
+# the yardstick's shares are of this time (docs/fleets_over_time.md, docs/sampling.md).
 PRESENT_KINDS = tuple(k for k in COUNTED_KINDS
-                      if k not in (IntervalKind.ABSENT.value, IntervalKind.OFFLINE.value))
+                      if k not in (IntervalKind.ABSENT.value, IntervalKind.OFFLINE.value,
+                                   IntervalKind.NOT_DRAWN.value))
 
 
 def idle_fraction(seconds: dict) -> float:

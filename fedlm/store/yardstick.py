@@ -4,6 +4,15 @@ goodput and where the rest of the workers' present time went. Read from the stor
 each worker's step time and link (``workers``), the bytes its jobs moved (``jobs``), the
 steps that reached the server, the intervals.
 
+Present time is the time a worker was there and taking part: compute, exposed
+communication, idle (``schema.PRESENT_KINDS``). A worker left out of a sampled round
+(``not drawn``: free and there when the round was drawn, not drawn in it) waited for
+nobody and nobody for it: that time is not present time, so it is in none of the four
+shares (which still add up to 1); ``not_drawn`` gives it apart, as a share of the time the
+workers were there (present + not drawn). A store written before the kind existed counts
+such time as idle, as it did then. The bound still counts a not-drawn worker as able to
+work: the fleet could have used it, the run chose not to.
+
 A worker's unavoidable round trip is one download and one upload of its first job's
 bytes over its own link (latency + bytes / bandwidth each way, as the simulator times a
 star's transfers). For an all-reduce or region servers the bound keeps that star's
@@ -35,6 +44,8 @@ class Yardstick:
     unapplied: float  # compute whose update was never applied (lost, dropped, cut)
     communication: float  # transfers and exchanges the worker waited for
     idle: float  # waiting for work (a barrier, a quorum, an empty slot)
+    # left out of sampled rounds: a share of the time there (present + not drawn), apart
+    not_drawn: float = 0.0
 
     @property
     def ratio(self) -> float | None:
@@ -76,10 +87,14 @@ def yardstick(path: str | Path, run_id: int) -> Yardstick:
     return Yardstick(steps, bound, end, *_shares(spent, useful))
 
 
-def _shares(spent: dict[str, float], useful: float) -> tuple[float, float, float, float]:
-    """Goodput, unapplied compute, communication and idle: shares of present time."""
+def _shares(spent: dict[str, float], useful: float
+            ) -> tuple[float, float, float, float, float]:
+    """Goodput, unapplied compute, communication and idle: shares of present time; and
+    not drawn, a share of present and not-drawn time together."""
     present = sum(spent.get(k, 0.0) for k in PRESENT_KINDS)
     share = lambda seconds: goodput(seconds, present)  # noqa: E731
+    left_out = spent.get(IntervalKind.NOT_DRAWN.value, 0.0)
     return (share(useful), share(spent.get(IntervalKind.COMPUTE.value, 0.0) - useful),
             share(sum(spent.get(k, 0.0) for k in EXPOSED_COMM_KINDS)),
-            share(spent.get(IntervalKind.IDLE.value, 0.0)))
+            share(spent.get(IntervalKind.IDLE.value, 0.0)),
+            left_out / (present + left_out) if left_out > 0 else 0.0)

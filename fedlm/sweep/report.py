@@ -243,12 +243,17 @@ class _Report:
         return f"{times}; goodput {shown(estimate(100 * y.goodput for y in ys), '.0f', False)}%"
 
     def time_spent(self, arm: str, group: Group) -> str:
-        """Where present worker time went: useful / never applied / communication / idle."""
+        """Where present worker time went: useful / never applied / communication / idle;
+        a sampled arm's not-drawn time after them (a share of the time there, not present:
+        ``fedlm.store.yardstick``)."""
         ys = [self.yardsticks[c.run_id] for c in group.values()]
         parts = ("goodput", "unapplied", "communication", "idle")
         if not any(getattr(y, p) for y in ys for p in parts):  # no worker time stored
             return "-"
-        return " / ".join(f"{sum(getattr(y, p) for y in ys) / len(ys) * 100:.0f}" for p in parts)
+        mean = lambda p: sum(getattr(y, p) for y in ys) / len(ys) * 100  # noqa: E731
+        spent = " / ".join(f"{mean(p):.0f}" for p in parts)
+        return spent + (f"; not drawn {mean('not_drawn'):.0f}" if any(y.not_drawn for y in ys)
+                        else "")
 
     def idle(self, arm: str, group: Group) -> str:
         return shown(self.of(group, lambda c: 100 * c.summary.idle_fraction), ".1f",
@@ -330,7 +335,11 @@ class _Report:
             *t("Where present worker time went (%): useful compute / compute never applied "
                "/ communication / idle", self.time_spent,
                note="mean over seeds; never applied: lost when a worker left or failed, "
-                    "dropped as late or stale, or still running at the end"),
+                    "dropped as late or stale, or still running at the end" + (
+                        "; not drawn: left out of a sampled round, a % of the time the "
+                        "workers were there; not present time, so in neither idle nor "
+                        "goodput" if any(y.not_drawn for y in self.yardsticks.values())
+                        else "")),
             *t("Idle fraction (all workers)", self.idle),
             *t("Updates applied / local steps", self.counts,
                note="lowest–highest over seeds" if seeded else ""),
