@@ -37,7 +37,7 @@ free, often 1); whole models, not fragments (the paper streams fragments); a mer
 workers restart from the merged model, where a decoupled learner would go on from its
 own weights and receive fragments as they come (how it takes them in could not be read);
 fedlm's grace window for the paper's slack-based one. A retired worker no longer counts
-towards q. A quorum above the worker count is refused when the run starts.
+towards q. A quorum above the worker count is refused when the config loads.
 
     PYTHONPATH=examples fedlm run --set strategy=decoupled_diloco:DecoupledMerge \\
         --set model=tiny --set grace=adaptive --set outer.quorum=2
@@ -94,10 +94,14 @@ class DecoupledMerge(Strategy):
         self.merge = merge
         self.optimizer = T.sgd(lr, momentum, nesterov)
 
-    def start(self, params, *, num_workers: int) -> None:
-        if self.quorum > num_workers:  # capped without a word, it would be another method
-            raise ValueError(f"outer.quorum: {self.quorum} is more than the {num_workers} "
+    def on_fleet(self, facts) -> None:
+        # told by the config check too: refused before a run is stored
+        workers = len(facts.step_times)
+        if self.quorum > workers:  # capped without a word, it would be another method
+            raise ValueError(f"outer.quorum: {self.quorum} is more than the {workers} "
                              f"workers")
+
+    def start(self, params, *, num_workers: int) -> None:
         self.num_workers = num_workers
         self.opt_state = self.optimizer.init(params)
         self.pending: list[Update] = []  # waiting for the quorum

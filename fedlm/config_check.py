@@ -138,8 +138,8 @@ def _check_outer_types(cls: type, outer: dict[str, Any]) -> None:
 
 def validate(cfg: Config) -> None:
     """Range and name checks beyond types, section by section (the first one fails)."""
-    for check in (_check_run, _check_strategy, _check_inner, _check_data, _check_eval,
-                  _check_fleet, _check_network, faults.check_config, _check_reliability,
+    for check in (_check_run, _check_inner, _check_data, _check_eval, _check_fleet,
+                  _check_strategy, _check_network, faults.check_config, _check_reliability,
                   _check_sim, _check_track):
         check(cfg)
 
@@ -166,12 +166,13 @@ def _check_strategy(cfg: Config) -> None:
     """The strategy (built-in or plug-in), its settings, the local-steps policy."""
     try:
         _check_outer_types(registry.strategy_class(cfg.strategy), cfg.outer)
-        registry.check_strategy(cfg.strategy, cfg.outer)
+        trial = registry.check_strategy(cfg.strategy, cfg.outer)
     except ConfigError:
         raise
     except Exception as exc:  # a dotted path that is no module (":x", ".:x"), a broken plugin
         raise ConfigError(f"strategy: cannot load {shown(cfg.strategy)} "
                           f"({type(exc).__name__}: {first_line(exc)})") from None
+    _tell_fleet(cfg, trial)
     registry.check_local_steps(cfg.local_steps)
     strategy_cls = registry.strategy_class(cfg.strategy)
     # a synchronous strategy's rounds on any kind that serves it (streamed rounds refuse
@@ -180,6 +181,23 @@ def _check_strategy(cfg: Config) -> None:
              or strategy_cls.synchronous, "local_steps",
              cfg.local_steps, f"sizes synchronous rounds; {cfg.strategy!r} has none "
              f"(use dylu with an asynchronous strategy)")
+
+
+def _tell_fleet(cfg: Config, trial) -> None:
+    """The trial strategy told the run's fleet (``Strategy.on_fleet``), as its server
+    tells it at start: settings that count workers (a quorum, a round's minimum) above
+    the fleet's are refused now, before a run is stored, not once it has started."""
+    from fedlm.strategies.base import FleetFacts
+
+    facts = FleetFacts(cfg.seed, tuple(p.step_time for p in fleet.node_profiles(cfg)),
+                       cfg.inner.steps)
+    try:
+        trial.on_fleet(facts)
+    except ValueError as exc:
+        raise ConfigError(first_line(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - a plug-in's own on_fleet that fails
+        raise ConfigError(f"strategy: {shown(cfg.strategy)}'s on_fleet failed "
+                          f"({type(exc).__name__}: {first_line(exc)})") from None
 
 
 def _check_inner(cfg: Config) -> None:

@@ -102,6 +102,19 @@ class FedAvg(Strategy):
         return T.sgd(self.lr, self.momentum, self.nesterov)
 
     def on_fleet(self, facts: FleetFacts) -> None:
+        workers = len(facts.step_times)  # the config check tells it too, before a run
+        if self.min_replies > workers:  # no round could ever close short of its jobs
+            raise ValueError(f"outer.min_replies: {self.min_replies} is more than the "
+                             f"{workers} workers (a round short of replies would start "
+                             f"over for ever)")
+        if self.sampling.min_workers > workers:  # no round would ever be drawn
+            raise ValueError(f"outer.min_workers: {self.sampling.min_workers} is more than "
+                             f"the {workers} workers (no round would ever be drawn)")
+        if self.sampling.late != "drop" and not self.cuts_rounds:  # none is ever late
+            raise ValueError(f"outer.late: {self.sampling.late!r} is for replies that come "
+                             f"after their round closed, and these rounds close only when "
+                             f"every reply is in: set outer.fraction < 1 or "
+                             f"outer.overcommit > 1")
         self.facts = facts
 
     def start(self, params, *, num_workers: int) -> None:

@@ -116,15 +116,16 @@ def settings_of(cls: type) -> dict[str, inspect.Parameter]:
     return out
 
 
-def check_strategy(name: str, outer: dict[str, Any]) -> None:
-    """Refuse an unknown strategy or an ``outer.*`` key its constructor lacks."""
+def check_strategy(name: str, outer: dict[str, Any]) -> Strategy:
+    """Refuse an unknown strategy or an ``outer.*`` key its constructor lacks; the
+    strategy built (its constructor checks the ranges)."""
     cls = strategy_class(name)
     accepted = settings_of(cls)
     for key in outer:
         if key not in accepted:
             known = ", ".join(accepted) or "none"
             raise ConfigError(f"outer.{key}: not a setting of {name!r} (known: {known})")
-    build_strategy(name, outer)  # range checks live in the constructor
+    return build_strategy(name, outer)  # range checks live in the constructor
 
 
 def build_strategy(name: str, outer: dict[str, Any]) -> Strategy:

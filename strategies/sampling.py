@@ -49,6 +49,10 @@ class Sampling:
             raise ValueError(f"outer.overcommit: must be in [1, 10], got {self.overcommit!r}")
         if self.late not in LATE:
             raise ValueError(f"outer.late: drop or next, got {self.late!r}")
+        if self.min_workers > 1 and not self.active:  # every worker takes part anyway
+            raise ValueError(f"outer.min_workers: counts a drawn round's workers, and "
+                             f"rounds are drawn only with outer.fraction < 1 or "
+                             f"outer.overcommit > 1, got {self.min_workers!r}")
 
     @property
     def active(self) -> bool:

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from fedlm.errors import ConfigError
 from fedlm.strategies.base import Update
+from tests.conftest import tiny_config
 from tests.support import scalar as _p, trains_replays_and_resumes, value as _v
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -88,8 +90,13 @@ def test_a_retired_worker_no_longer_counts_towards_the_quorum():
 def test_a_quorum_above_the_worker_count_is_refused_not_capped():
     from decoupled_diloco import DecoupledMerge
 
+    from fedlm.strategies.base import FleetFacts
+
     with pytest.raises(ValueError, match="outer.quorum: 4 is more than the 3 workers"):
-        DecoupledMerge(quorum=4).start(_p(1.0), num_workers=3)
+        DecoupledMerge(quorum=4).on_fleet(FleetFacts(0, (1.0, 1.0, 1.0)))
+    # and when the config loads, before a run is stored
+    with pytest.raises(ConfigError, match="^outer.quorum: 4 is more than the 3 workers$"):
+        tiny_config("strategy=decoupled_diloco:DecoupledMerge", "outer.quorum=4")
 
 
 def test_a_decoupled_run_trains_replays_and_resumes_bit_for_bit(tmp_path):

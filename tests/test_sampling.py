@@ -48,6 +48,12 @@ def test_a_draw_is_a_function_of_the_seed_and_the_round_and_data_weights_favour_
     ({"min_workers": 0}, "outer.min_workers: must be an int >= 1"),
     ({"sample_by": "speed"}, "outer.sample_by: uniform or data"),
     ({"overcommit": 0.5}, "outer.overcommit: must be in [1, 10]"),
+    # settings that would apply nowhere, or never let a round close (tiny_config: 3 workers)
+    ({"min_workers": 100}, "outer.min_workers: counts a drawn round's workers, and rounds "
+                           "are drawn only with outer.fraction < 1 or outer.overcommit > 1"),
+    ({"fraction": 0.5, "min_workers": 4}, "outer.min_workers: 4 is more than the 3 workers"),
+    ({"min_replies": 4}, "outer.min_replies: 4 is more than the 3 workers"),
+    ({"late": "next"}, "outer.late: 'next' is for replies that come after their round closed"),
 ])
 def test_bad_sampling_settings_are_one_line(bad, message):
     from fedlm.errors import ConfigError
