@@ -92,6 +92,28 @@ def test_weights_gone_non_finite_stop_the_run_and_the_store_takes_it(tmp_path):
         assert [v for (v,) in conn.execute("SELECT version FROM metrics")] == [0]
 
 
+def test_a_model_the_outer_step_broke_between_evaluations_is_divergence_not_failures(
+        tmp_path):
+    """outer.lr=1e30 with eval.every=5: version 1 is not evaluated on schedule, every job
+    sent it comes back NaN, and the run ended "every worker failed 3 jobs in a row"
+    (the workers blamed for the server's step). A NaN update from a model not yet
+    evaluated has that model evaluated now."""
+    cfg = tiny_config(*BLOWS_UP, "outer.lr=1e30", "eval.every=5", "updates=6")
+    with pytest.raises(Diverged, match=r"^validation loss is nan at version 1 \(best 5.55 "
+                                       r"at version 0\): the global model has non-finite "
+                                       r"weights; the outer learning rate is likely too high"):
+        run_engine(cfg, tmp_path / "r.db")
+    with sqlite3.connect(tmp_path / "r.db") as conn:  # one job's NaN was enough
+        assert conn.execute("SELECT COUNT(*) FROM jobs WHERE reason='rejected'").fetchone() \
+            == (1,)
+    # an injected NaN (faults.nan) is the worker's, and evaluates nothing more
+    cfg = tiny_config("faults.nan=0.5", "eval.every=5", "updates=4")
+    run_engine(cfg, tmp_path / "f.db")
+    with sqlite3.connect(tmp_path / "f.db") as conn:
+        assert conn.execute("SELECT COUNT(*) FROM jobs WHERE fault='nan'").fetchone()[0] > 0
+        assert [v for (v,) in conn.execute("SELECT version FROM metrics")] == [0, 4]
+
+
 def test_fedlm_run_says_it_in_one_line_and_exits_3(tmp_path):
     db = tmp_path / "d.db"
     cmd = [sys.executable, "-m", "fedlm", "run", "--backend", "inprocess", "--quiet",

@@ -4,7 +4,7 @@
 The rule is on loss (mean cross-entropy, nats), not on perplexity: perplexity is
 exp(loss), so a factor on it would be a constant added to the loss and mean
 something else at every level of training. The engine asks at every evaluation
-(``Engine._evaluate``) and stops the run with ``Diverged`` and the message this
+(``fedlm.engine.health``) and stops the run with ``Diverged`` and the message this
 module writes: one line, with the version, the best so far and a hint.
 """
 

@@ -17,7 +17,8 @@ strategy and what each job is sent; the ``WorkerPool`` the workers' lifecycle; t
 the replies not yet handed on; ``InFlightJobs`` the jobs in flight; the ``RunLog``
 every store write; the ``JobMaker`` what each new job is; ``Presence`` who is there on
 a fleet that changes over time; ``ServerTransfers`` the timing of messages between
-servers. The loop owns the totals.
+servers. The loop owns the totals; its scan of free workers is ``Offering``'s, its
+evaluations and the stops of a run that diverged or stalled ``Health``'s.
 
 A dispatched job goes to a ``Transport`` (Flower's Grid in ``server_app``; an
 in-process trainer in tests, sweeps and replay) and computes while the loop goes on.
@@ -28,9 +29,8 @@ of the loop (``state_dict``); ``run(..., resume=state)`` re-sends the jobs in fl
 
 from __future__ import annotations
 
-import math
 import time
-from typing import Callable, NoReturn
+from typing import Callable
 
 from fedlm.config import Config
 from fedlm import servers
@@ -44,6 +44,7 @@ from fedlm.engine.budget import StepBudget
 from fedlm.engine.divergence import DivergenceWatch, hint
 from fedlm.engine.events import VirtualEvents, WallEvents
 from fedlm.engine.grace import grace_for, late_jobs, window_events
+from fedlm.engine.health import Health
 from fedlm.engine.in_flight import InFlightJobs
 from fedlm.engine.inbox import Inbox
 from fedlm.engine.jobs import JobMaker
@@ -53,12 +54,12 @@ from fedlm.engine.replies import outcome, ran_out_of_memory
 from fedlm.engine.runlog import RunLog
 from fedlm.engine.stall import StallWatch
 from fedlm.engine.transfers import ServerTransfers
-from fedlm.engine.types import (BackOnline, Delivery, Diverged, EngineError, Event, InFlight,
+from fedlm.engine.types import (BackOnline, Delivery, EngineError, Event, InFlight,
                                 Interrupted, Progress, JobResult, Transport)
 from fedlm.engine.workers import WorkerPool
 
 
-class Engine(Offering):
+class Engine(Offering, Health):
     def __init__(self, cfg: Config, *, server: servers.Server | None = None,
                  strategy: Strategy | None = None, local_steps: LocalSteps,
                  transport: Transport, fleet: list[WorkerProfile], writer: RunWriter | None,
@@ -230,6 +231,7 @@ class Engine(Offering):
         grad, error, reason = outcome(reply, self.server.reference(job), self.cfg.network)
         if error is not None:
             self._lost(flight, error, reason)
+            self._suspect_model(job, reason)
             return flight
         self.pool.accepted(w, job_id)
         self.stall.update_accepted()
@@ -332,38 +334,3 @@ class Engine(Offering):
             self._cancelled = True
             self.log.cancelled(self.in_flight.ids(), why)
 
-    def _evaluate(self) -> None:
-        self.last_eval_version = self.version
-        if self.evaluate is None:
-            return
-        ev = self.evaluate(self.params)
-        self.last_perplexity = ev.perplexity
-        if math.isfinite(ev.perplexity):  # else no point of a curve (NaN: not even a row)
-            self.log.metric(version=self.version, virtual_time=self.now,
-                            wall_time=time.time() - self.wall_start, tokens=self.tokens,
-                            jobs=self.jobs_done, loss=ev.loss, perplexity=ev.perplexity,
-                            bits_per_byte=ev.bits_per_byte)
-        self._report()
-        why = self.divergence.check(self.version, ev.loss)
-        if why is not None:
-            self._diverged(why)
-
-    def _check_progress(self) -> None:
-        """Stop a run that can make no progress (``fedlm.engine.stall``), in one line."""
-        why = self.stall.why_stalled(self.version, self.strategy.name)
-        if why is not None:
-            self.log.stalled(self.now, why)
-            self._close_timeline(why="run stalled")
-            raise EngineError(why)
-
-    def _diverged(self, why: str) -> NoReturn:
-        """Stop here: the rest of the run would only train a broken model."""
-        self.log.diverged(self.now, why)
-        self._close_timeline(why="run diverged")
-        raise Diverged(why, version=self.version)
-
-    def _report(self) -> None:
-        if self.progress:
-            self.progress(Progress(self.version, self.versions_wanted, self.now,
-                                   self.jobs_done, self.tokens, self.last_perplexity,
-                                   self.steps_done, self.cfg.local_step_budget))
