@@ -19,6 +19,7 @@ from fedlm.config import (BATCH_MODES, CLOCKS, DEVICES, GRACE_RULES, PARTITIONS,
 from fedlm.data import shakespeare_play_count, tokenizer
 from fedlm.errors import ConfigError, first_line, require, shown, shown_key
 from fedlm.servers.checks import check_exchange
+from fedlm.servers.watch import MIN_LIMIT
 from fedlm.sim import codecs, faults, fleet, fleet_check, geo, quantities as Q
 from fedlm.worker import optimizers
 from fedlm.strategies import registry
@@ -315,8 +316,10 @@ def _check_reliability(cfg: Config) -> None:
              "must be >= 0")
     _require(r.checkpoint_keep >= 2, "reliability.checkpoint_keep", r.checkpoint_keep,
              "must be >= 2 (a corrupt newest one falls back to the one before)")
-    _require(r.hook_timeout >= 0, "reliability.hook_timeout", r.hook_timeout,
-             "must be >= 0 (seconds; 0: no bound)")
+    _require(r.hook_timeout == 0 or r.hook_timeout >= MIN_LIMIT,
+             "reliability.hook_timeout", r.hook_timeout,
+             f"must be 0 (no bound) or at least {MIN_LIMIT:g} s (fedlm's own hooks "
+             f"take a good part of a second on a large model: a shorter bound cuts them)")
 
 
 def _check_sim(cfg: Config) -> None:

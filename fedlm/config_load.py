@@ -26,6 +26,7 @@ from fedlm import files, servers
 from fedlm.config import MOVED, SECTIONS, SPELLING, Config
 from fedlm.config_check import coerce, validate
 from fedlm.errors import ConfigError, first_line, shown, shown_key
+from fedlm.servers.watch import bounded, plug_in_bound
 from fedlm.strategies import registry
 
 
@@ -89,9 +90,17 @@ def _moved(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def from_dict(raw: dict[str, Any]) -> Config:
-    """Build a ``Config`` from plain data and validate it."""
+    """Build a ``Config`` from plain data and validate it. The plug-in code the config
+    names (its strategy's module and constructor, a server kind's check, a codec, an
+    optimizer factory's module) runs bounded by its ``reliability.hook_timeout``."""
     raw = _moved(raw)
     cfg = _build(Config, raw, "")
+    return bounded(plug_in_bound(cfg), "loading the config's plug-in code (strategy, "
+                   "server kind, codec, inner.optimizer)", _complete, cfg, raw)
+
+
+def _complete(cfg: Config, raw: dict[str, Any]) -> Config:
+    """The settings a config takes from its strategy, then every check."""
     # a strategy may name its own local-steps policy (diloco-dylu: dylu) and refuse some
     policy = registry.local_steps_for(cfg.strategy, cfg.local_steps, given="local_steps" in raw)
     if policy != cfg.local_steps:

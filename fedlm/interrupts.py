@@ -107,6 +107,8 @@ def stop_on_signals(on_first: Callable[[], None] = lambda: None,
     timer.daemon = last.daemon = True
 
     def on_signal(signum, frame) -> None:
+        if _ENDING and threading.get_ident() == main:  # end_main: the run's own end
+            raise _ENDING[0]
         if stop.forced and threading.get_ident() == main and (
                 (stop.asker or main) == main or live["main"]):
             raise overdue()
@@ -127,17 +129,38 @@ def stop_on_signals(on_first: Callable[[], None] = lambda: None,
             last.cancel()
 
 
-def exit_if_stuck(status: int) -> None:
+def exit_if_stuck(status: int, say: bool = True) -> None:
     """After a forced stop: a thread of the run still blocked inside C (a plug-in's
-    sleep) would hold the interpreter at exit for ever; end the process now instead."""
+    sleep) would hold the interpreter at exit for ever; end the process now instead
+    (``say``: print which thread, where no line has said so yet)."""
     stuck = [t for t in threading.enumerate()
              if t is not threading.main_thread() and not t.daemon and t.is_alive()]
     if stuck:
-        print(f"fedlm: {stuck[0].name} is still blocked (plug-in code?): exiting without "
-              f"waiting for it", file=sys.stderr)
+        if say:
+            print(f"fedlm: {stuck[0].name} is still blocked (plug-in code?): exiting "
+                  f"without waiting for it", file=sys.stderr)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status)
+
+
+# What the main thread is to raise, set by ``end_main`` (one at a time; taken back by
+# ``take_ending`` once the command has dealt with it).
+_ENDING: list[BaseException] = []
+
+
+def end_main(exc: BaseException) -> None:
+    """Have the main thread raise ``exc`` now: for a run whose engine thread is blocked
+    inside C (a plug-in's sleep), which no exception of its own can reach. The main
+    thread's SIGINT handler raises it (``stop_on_signals``'), or Python's default one a
+    ``KeyboardInterrupt`` (``take_ending`` then says what it stood for)."""
+    _ENDING[:] = [exc]
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+
+def take_ending() -> BaseException | None:
+    """What ``end_main`` had the main thread raise, if it did; forgotten once taken."""
+    return _ENDING.pop() if _ENDING else None
 
 
 def raise_in(thread_id: int, exc_type: type[BaseException]) -> None:

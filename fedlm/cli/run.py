@@ -59,20 +59,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     # One that has not stopped STOP_GRACE_S later is made to: Interrupted is raised in
     # the engine's thread, whatever it is doing (and, if that thread is blocked inside C,
     # in the main thread: the process then ends without waiting for it).
+    from fedlm.servers import HookTimeout
+
     with interrupts.stop_on_signals(view.say_stopping, overdue=Interrupted) as stopping:
         train = simulation.run_flower if flower else runner.run_inprocess
+        cut = False  # a hook past its bound: the engine's thread may be stuck in C
         try:
             train(cfg, db, progress=view.on_progress, on_start=view.on_start,
                   should_stop=stopping.is_set, resume=args.resume,
                   pretrain_progress=view.on_pretrain)
         except Exception as exc:  # also re-raised from the ServerApp thread
+            cut = isinstance(exc, HookTimeout)
             if view.failed(exc):
                 return 1
         finally:  # the trackers get the last points and how the run ended, however it did
             if follower is not None:
                 follower.end()
-            if stopping.forced:  # the engine's thread may be stuck in a plug-in's C call
-                interrupts.exit_if_stuck(1)
+            if stopping.forced or cut:  # the engine's thread may be stuck in a plug-in's C call
+                interrupts.exit_if_stuck(1, say=not cut)  # a cut hook said it already
     view.close()
     if view.run_id is None:
         print("fedlm: error: the simulation ended before the run started", file=sys.stderr)
@@ -113,7 +117,10 @@ def _announce(cfg: Config, db: str, resume: int | None) -> None:
 
     stop = f"{cfg.updates} updates" + (f" or {cfg.local_step_budget} local steps"
                                        if cfg.local_step_budget > 0 else "")
-    server = servers.build(cfg)
+    from fedlm.servers.watch import bounded, plug_in_bound
+
+    server = bounded(plug_in_bound(cfg), f"strategy {cfg.strategy}'s constructor",
+                     servers.build, cfg)  # a plug-in's code: bounded as its hooks are
     versions = server.versions_wanted(cfg.updates)
     if versions != cfg.updates:  # e.g. streamed: P rounds an update, P - 1 more end it
         stop += f" ({'; '.join([*filter(None, [server.describe()]), f'{versions} versions'])})"

@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 
+from fedlm import interrupts
 from fedlm.sim import fleet
 from fedlm.config import Config
 from fedlm.errors import ConfigError
@@ -100,10 +101,59 @@ def run_flower(cfg: Config, db_path: str, **kwargs) -> None:
     from fedlm.flower.client_app import app as client_app
     from fedlm.flower.server_app import make_server_app
 
-    with leftovers.none_left_behind():
-        run_simulation(server_app=make_server_app(cfg, db_path, **kwargs),
-                       client_app=client_app, num_supernodes=fleet.node_count(cfg),
-                       backend_config=backend_config(cfg))
+    run_ids: list[int] = []
+    on_start = kwargs.get("on_start") or (lambda run_id: None)
+
+    def started(run_id: int) -> None:
+        run_ids.append(run_id)
+        on_start(run_id)
+
+    flwr_log = logging.getLogger("flwr")
+    flwr_log.addFilter(_NOT_OURS)
+    try:
+        with leftovers.none_left_behind():
+            run_simulation(server_app=make_server_app(cfg, db_path, **{**kwargs,
+                                                                        "on_start": started}),
+                           client_app=client_app, num_supernodes=fleet.node_count(cfg),
+                           backend_config=backend_config(cfg))
+    except BaseException as exc:
+        cause = interrupts.take_ending() or ours(exc)
+        if cause is None:
+            raise
+        if run_ids:  # the engine's thread, blocked, will never record how it ended
+            from fedlm import runner, store
+
+            store.end_if_running(db_path, run_ids[-1], status=runner.end_status(cause),
+                                 error=runner.failure_reason(cause))
+        raise cause from None
+    finally:
+        flwr_log.removeFilter(_NOT_OURS)
+
+
+def ours(exc: BaseException | None) -> BaseException | None:
+    """fedlm's own reason a run ended (a stop asked for, a hook past its bound), found in
+    the chain of what Flower raised around it ("An error was encountered"), or None."""
+    from fedlm.engine.types import Interrupted
+    from fedlm.servers.watch import HookTimeout
+
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, (Interrupted, HookTimeout)):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+class _NotOurs(logging.Filter):
+    """Drops what Flower logs about an exception of fedlm's own making (its tracebacks of
+    a stop fedlm forced): the command says how the run ended, in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return ours(sys.exc_info()[1]) is None
+
+
+_NOT_OURS = _NotOurs()
 
 
 def check_ray_head(address: str, timeout: float = RAY_HEAD_TIMEOUT_S) -> str:

@@ -12,7 +12,7 @@ the file read-only. Each run records the process that writes it
     schema.py      the tables, SCHEMA_VERSION, migrations of older versions, IntervalKind
     connection.py  connect (writer), connect_readonly, retries and transactions,
                    FEDLM_DB_TIMEOUT, the one-line StoreError (db_error), check_writable
-    writer.py      RunWriter (buffered rows, ownership heartbeat), mark_ended
+    writer.py      RunWriter (buffered rows, ownership heartbeat), mark_ended, end_if_running
     readers.py     list_runs, summarize, troubles, config_of, tokenizer_of, shown_status,
                    last_seen, run_row, operation_log (replay), metric_curve, best_loss, uploaded_bytes,
                    traffic
@@ -40,14 +40,14 @@ from fedlm.store.readers import (OperationLog, RunSummary, Troubles, WorkerSumma
 from fedlm.store.series import (best_loss, metric_curve, region_transfers, tokens_curve, traffic,
                                 uploaded_bytes)
 from fedlm.store.schema import SCHEMA_VERSION, TABLES, IntervalKind, store_id
-from fedlm.store.writer import RunWriter, mark_ended
+from fedlm.store.writer import RunWriter, end_if_running, mark_ended
 
 __all__ = [
     "SCHEMA_VERSION", "TABLES", "IntervalKind", "OperationLog", "ProgressPoint", "RunSummary", "WorkerChanges",
     "RunWriter",
     "StoreError", "Troubles", "WorkerSummary", "best_loss", "check_writable", "config_of",
     "connect",
-    "connect_readonly", "db_error", "db_timeout", "event_details", "export", "fleet_changes", "input_pins", "last_seen",
+    "connect_readonly", "db_error", "db_timeout", "end_if_running", "event_details", "export", "fleet_changes", "input_pins", "last_seen",
     "list_runs",
     "mark_ended", "metric_curve", "tokens_curve", "operation_log", "progress_points",
     "region_transfers",

@@ -306,3 +306,14 @@ def mark_ended(path: str | Path, run_id: int, *, status: str, virtual_time: floa
         with_retries(lambda: conn.execute(
             "UPDATE runs SET status=?, finished_at=?, virtual_time=?, updates=?, final_hash=NULL,"
             " error=? WHERE id=?", (status, time.time(), virtual_time, updates, error, run_id)))
+
+
+def end_if_running(path: str | Path, run_id: int, *, status: str, error: str) -> bool:
+    """Record that run ``run_id`` ended (``status``, ``error``) if its row still says it is
+    running, through a connection of its own: for a run whose engine thread is blocked
+    and will never record it (``fedlm.flower.simulation``). Whether it did."""
+    with closing(writer_connection(Path(path))) as conn:
+        done = with_retries(lambda: conn.execute(
+            "UPDATE runs SET status=?, finished_at=?, final_hash=NULL, error=? "
+            "WHERE id=? AND status='running'", (status, time.time(), error, run_id)))
+        return done.rowcount == 1

@@ -84,9 +84,14 @@ def probe(cfg) -> None:
         return
     from fedlm import data, model as model_lib
 
+    from fedlm.servers.watch import bounded, plug_in_bound
+
     net = model_lib.blank(cfg.model, cfg.data.seq_len, vocab_size=data.vocab_size(cfg.data))
-    try:
-        build(cfg.inner.optimizer, list(net.named_parameters()), cfg.inner)
+    try:  # bounded as every plug-in's code is: a factory that sleeps ends in one line
+        bounded(plug_in_bound(cfg), f"inner.optimizer {cfg.inner.optimizer}", build,
+                cfg.inner.optimizer, list(net.named_parameters()), cfg.inner)
+    except ConfigError:
+        raise
     except Exception as exc:  # noqa: BLE001 - whatever the factory raises: its one line
         text = " ".join(str(exc).split())[:200] or type(exc).__name__
         raise ConfigError(text if text.startswith("inner.optimizer") else
