@@ -122,3 +122,31 @@ def test_a_codecs_byte_count_is_checked_as_a_typed_quantity(monkeypatch, said):
         codecs.payload_bytes(GRAD, net)
     monkeypatch.setattr(SaysBytes, "said", 12.0)
     assert codecs.payload_bytes(GRAD, net) == 12
+
+
+class SizesFail(SignCodec):
+    def payload_bytes(self, reference, net):
+        raise RuntimeError("no sizes here")
+
+
+@pytest.mark.parametrize("codec, message", [
+    ("SaysBytes", "network.compression: tests.test_codecs:SaysBytes's payload_bytes gave -5; "
+                  "it must be bytes on the wire in"),
+    ("SizesFail", "network.compression: tests.test_codecs:SizesFail's payload_bytes failed on "
+                  "the 'tiny' model: RuntimeError: no sizes here"),
+])
+def test_a_codecs_sizes_are_asked_before_the_run_is_stored(tmp_path, monkeypatch, codec,
+                                                           message):
+    """Its byte counts were refused only once the run had started (a run stored, failed);
+    fedlm run and fedlm deploy ask the codec for the model's bytes before."""
+    from tests._cli import assert_refused, run_cli
+
+    monkeypatch.setattr(SaysBytes, "said", -5)
+    monkeypatch.chdir(tmp_path)
+    for argv in (["run", "--backend", "inprocess"], ["deploy", "local"]):
+        db = tmp_path / f"{argv[0]}.db"
+        rc, out, err = run_cli([*argv, "--set", "model=tiny", "--set",
+                                f"network.compression=tests.test_codecs:{codec}",
+                                "--db", str(db)])
+        assert_refused(rc, out, err, message)
+        assert not db.exists()

@@ -26,6 +26,11 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         overrides.append(f"workers={args.workers}")
     cfg = config_load.load(args.config, overrides)
     deploy.check_config(cfg)  # what a deployment would not apply: refused, not ignored
+    from fedlm.sim import codecs
+    from fedlm.worker import optimizers
+
+    optimizers.probe(cfg)  # plug-in code that fails on the model: now, not mid-run
+    codecs.probe(cfg)
     db = args.db or cfg.db
     from fedlm.track import check_installed, with_trackers
 

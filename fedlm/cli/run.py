@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from fedlm.flower import simulation
-    from fedlm.sim import memory
+    from fedlm.sim import codecs, memory
     from fedlm.track import Follower, with_trackers
     from fedlm.track.backends import check_installed
 
@@ -39,6 +39,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fedlm.worker import optimizers
 
     optimizers.probe(cfg)  # a factory that fails: now, not as every worker's failed jobs
+    codecs.probe(cfg)  # a codec's sizes that cannot be: now, not once the run is stored
     memory.check_fits(cfg, args.backend)  # what cannot fit is refused before it starts
     check_installed(cfg.track.backends)  # a tracker not installed: refused in one line
     check_writable(db)  # before anything is written at --db

@@ -102,3 +102,25 @@ def payload_bytes(reference, net) -> int:
         raise ConfigError(f"network.compression: {net.compression}'s payload_bytes gave "
                           f"{shown(said, 60)}; it must be {Q.PAYLOAD.rule()}")
     return int(said)
+
+
+def probe(cfg) -> None:
+    """Ask a codec of one's own for its bytes of the run's model before the run is stored
+    (bounded as its hooks are), so that a size it cannot give (negative, NaN, a string,
+    petabytes) is refused in one line now, not once the run has started."""
+    if not is_plugin(cfg.network.compression):
+        return
+    from fedlm import data, model as model_lib
+    from fedlm.servers.watch import bounded, plug_in_bound
+
+    net = model_lib.blank(cfg.model, cfg.data.seq_len, vocab_size=data.vocab_size(cfg.data))
+    reference = {name: p.detach() for name, p in net.named_parameters()}
+    try:
+        bounded(plug_in_bound(cfg), f"network.compression {cfg.network.compression}'s "
+                f"payload_bytes", payload_bytes, reference, cfg.network)
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever the codec raises: its one line
+        raise ConfigError(f"network.compression: {cfg.network.compression}'s payload_bytes "
+                          f"failed on the {cfg.model!r} model: {type(exc).__name__}: "
+                          f"{' '.join(str(exc).split())[:200]}") from None
