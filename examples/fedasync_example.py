@@ -22,6 +22,11 @@ class FedAsync(AsyncStrategy):
                  max_staleness: int = 64) -> None:
         if not 0 < alpha <= 1:
             raise ValueError(f"outer.alpha: must be in (0, 1], got {alpha!r}")
+        if not 0 <= a < float("inf"):  # a < 0 makes weights negative, or divides by zero
+            raise ValueError(f"outer.a: must be >= 0, got {a!r}")
+        for key, value in (("b", b), ("max_staleness", max_staleness)):
+            if value < 0:  # max_staleness < 0 would drop every update: a stalled run
+                raise ValueError(f"outer.{key}: must be >= 0 versions, got {value!r}")
         super().__init__(lr=alpha)
         self.alpha, self.a, self.b, self.max_staleness = alpha, a, b, max_staleness
 

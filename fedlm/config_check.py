@@ -135,6 +135,8 @@ def _check_outer_types(cls: type, outer: dict[str, Any]) -> None:
             raise ConfigError(f"outer.{shown_key(key)}: must be given a value, got None")
         if hints.get(key) in (bool, int, float, str):
             coerce(f"outer.{shown_key(key)}", value, hints[key])
+        elif isinstance(value, float) and not math.isfinite(value):  # whatever its type says
+            raise ConfigError(f"outer.{shown_key(key)}: must be a finite number, got {value!r}")
 
 
 def validate(cfg: Config) -> None:

@@ -142,6 +142,8 @@ class HookWatch:
         call = self._call
         if pending is not None and call is not None and call[0] == pending[0]:
             raise pending[1]  # only in the call that ran over, not one begun since
+        if pending is None and callable(self._previous):  # not ours: whose it was (a timer)
+            self._previous(signum, frame)
 
 
 class Watched:
