@@ -30,6 +30,17 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
 
 
+class Spelled(argparse.Action):
+    """Stores a flag that has several spellings and records the one given, in
+    ``args.spelled`` (dest -> "--data-centers"), so that a refusal names the flag the
+    user typed (``fedlm.cli.plan.flag``)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.spelled = {**(getattr(namespace, "spelled", None) or {}),
+                             self.dest: option_string}
+
+
 def _int_arg(low: int, high: int, expected: str):
     """An argparse ``type``: an int in [low, high], else ``must be EXPECTED, got ...``."""
     def parse(text: str) -> int:
@@ -245,8 +256,8 @@ def _add_plan_fleet_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=None, help="workers in all (default: one "
                    "per data centre, or 8 without --data-centres)")
     p.add_argument("--data-centres", "--data-centers", dest="data_centres", type=int,
-                   default=None, help="data centres the workers are spread over, evenly "
-                   "(default: one per worker); per-DC values below cycle over them")
+                   default=None, action=Spelled, help="data centres the workers are spread "
+                   "over, evenly (default: one per worker); per-DC values below cycle over them")
     p.add_argument("--topology", default=None, help="how outer gradients are exchanged: star "
                    "(a parameter server, the default), ring or tree (an all-reduce among the "
                    "nodes, sync only), hierarchical (a star of data-parallel pods)")
@@ -264,7 +275,7 @@ def _add_plan_fleet_args(p: argparse.ArgumentParser) -> None:
                    "chips, for the derived step time (default 1e18: about 1,000 H100s)")
     p.add_argument("--mfu", type=float, default=0.4, help="the share of --dc-flops a step "
                    "gets, for the derived step time (default 0.4)")
-    p.add_argument("--H", "--local-steps", dest="H", type=int, default=100,
+    p.add_argument("--H", "--local-steps", dest="H", type=int, default=100, action=Spelled,
                    help="inner steps per job (default 100)")
 
 

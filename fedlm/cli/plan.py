@@ -152,26 +152,45 @@ def input_from_args(args) -> PlanInput:
         return inp.check_quantities()
     except ConfigError as exc:  # name the flag, not the field
         field_name, _, rest = str(exc).partition(":")
-        raise ConfigError(f"{_FLAGS.get(field_name, field_name)}:{rest}") from None
+        name = flag(args, "H") if field_name == "H" else _FLAGS.get(field_name, field_name)
+        raise ConfigError(f"{name}:{rest}") from None
+
+
+def flag(args: argparse.Namespace, dest: str) -> str:
+    """The flag of ``dest`` as the user spelled it (``--data-centers`` or
+    ``--data-centres``, ``--local-steps`` or ``--H``: ``parser.Spelled``), else its
+    first spelling: what a refusal names."""
+    spelled = getattr(args, "spelled", None) or {}
+    if dest in spelled:
+        return spelled[dest]
+    return next(a.option_strings[0] for a in _plan_actions() if a.dest == dest)
 
 
 def _fleet_size(args) -> tuple[int, int]:
     """(workers, data centres), refused before anything is built per worker (a hundred
     million workers took 28 s to be refused). Without --workers, one worker per data
-    centre (8 of each if neither is given)."""
-    if args.data_centres is not None and args.data_centres < 1:
-        raise ConfigError(f"--data-centres: must be >= 1, got {args.data_centres}")
+    centre (8 of each if neither is given); without --data-centres, one data centre
+    per worker. A refusal names the flag given, not the one derived from it."""
+    given_dcs = args.data_centres is not None
+    if given_dcs and args.data_centres < 1:
+        raise ConfigError(f"{flag(args, 'data_centres')}: must be >= 1, got "
+                          f"{args.data_centres}")
+    if given_dcs and args.data_centres > MAX_DATA_CENTRES:
+        raise ConfigError(f"{flag(args, 'data_centres')}: must be <= {MAX_DATA_CENTRES:,}, "
+                          f"got {args.data_centres}")
     workers = args.workers if args.workers is not None else (args.data_centres or 8)
-    if workers < 1:
+    if workers < 1:  # only --workers can be out of range here
         raise ConfigError(f"--workers: must be >= 1, got {workers}")
-    dcs = args.data_centres if args.data_centres is not None else workers
     if workers > MAX_WORKERS:
         raise ConfigError(f"--workers: must be <= {MAX_WORKERS:,} in all, got {workers}")
-    if dcs > MAX_DATA_CENTRES:
-        raise ConfigError(f"--data-centres: must be <= {MAX_DATA_CENTRES:,}, got {dcs}")
+    if not given_dcs and workers > MAX_DATA_CENTRES:  # a data centre per worker
+        raise ConfigError(f"--workers: {workers:,} workers without --data-centres are a "
+                          f"data centre each, more than the {MAX_DATA_CENTRES:,} fedlm "
+                          f"plans; give --data-centres too")
+    dcs = args.data_centres if given_dcs else workers
     if workers % dcs:
         raise ConfigError(f"--workers: {workers} workers do not spread evenly over {dcs} "
-                          f"data centres")
+                          f"data centres ({flag(args, 'data_centres')} {dcs})")
     return workers, dcs
 
 
@@ -298,7 +317,8 @@ def wall_input(args: argparse.Namespace):
         raise ConfigError(f"--compression: must be one of {', '.join(BYTES_PER_VALUE)}, "
                           f"got {compression!r}")
     tokens = parse_count(args.tokens, "--tokens") if args.tokens else 20 * params
-    replicas = args.replicas if args.replicas is not None else (args.data_centres or 2)
+    replicas = args.replicas if args.replicas is not None else \
+        (args.data_centres if args.data_centres is not None else 2)  # 0 too: refused
     high, low = NETWORKS["high"], NETWORKS["low"]
     inp = WallInput(
         params=params, tokens=tokens, batch=parse_count(args.batch, "--batch"),
@@ -315,10 +335,15 @@ def wall_input(args: argparse.Namespace):
         overlap=args.overlap)
     try:
         return inp.check()
-    except ConfigError as exc:  # name the flag, not the field
+    except ConfigError as exc:  # name the flag given, not the field
         name, _, rest = str(exc).partition(":")
-        flag = _WALL_FLAGS.get(name, "--" + name.replace("_", "-"))
-        raise ConfigError(f"{flag}:{rest}") from None
+        if name == "replicas" and args.replicas is None and args.data_centres is not None:
+            given = flag(args, "data_centres")  # the replicas' count came from it
+        elif name == "H":
+            given = flag(args, "H")
+        else:
+            given = _WALL_FLAGS.get(name, "--" + name.replace("_", "-"))
+        raise ConfigError(f"{given}:{rest}") from None
 
 
 _WALL_FLAGS = {"intra_bw": "--intra-bandwidth", "inter_bw": "--inter-bandwidth",

@@ -31,7 +31,8 @@ def refuse_fleet_flags(args: argparse.Namespace, parser_actions) -> None:
             continue
         if getattr(args, action.dest, action.default) in (action.default, None):
             continue
-        flag = action.option_strings[0]
+        flag = (getattr(args, "spelled", None) or {}).get(action.dest,
+                                                          action.option_strings[0])
         if action.dest in OTHER_ANSWERS:
             raise ConfigError(f"{flag}: not with --config or --set, which plan one run "
                               f"config; drop one of them")

@@ -183,6 +183,9 @@ def cmd_runs(args: argparse.Namespace) -> int:
           f"{'workers':>7} {'updates':>7} {'virtual s':>10} {'tokenizer':>9} {'ppl':>8} "
           f"{'bits/B':>6}  name")
     for r in rows:
+        if r["damaged"]:  # listed, with what is wrong: the others are read as ever
+            print(f"{r['id']:>4} {'damaged':>9}  {r['damaged']}")
+            continue
         ppl = f"{r['last_perplexity']:.2f}" if r["last_perplexity"] else "-"
         bpb = f"{r['last_bits_per_byte']:.3f}" if r["last_bits_per_byte"] else "-"
         vt = f"{r['virtual_time']:.1f}" if r["virtual_time"] is not None else "-"
@@ -197,15 +200,26 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from fedlm.store.damage import damage, refuse_damaged
+
     db = args.db or Config().db
-    store.config_of(db, args.run_id)  # bad db, unknown run: no --out made
+    if store.run_row(db, args.run_id) is None:  # bad db, unknown run: no --out made
+        raise KeyError(f"no run {args.run_id} in {db}")
     if args.track:
+        refuse_damaged(db, args.run_id)  # a tracker gets numbers, or nothing
         from fedlm.track import export
 
         print(export(db, args.run_id, args.track, args.track_dir))
         return 0
+    why = damage(db, args.run_id)
+    if why and args.format != "csv":  # Parquet holds one type per column
+        raise store.StoreError(f"run {args.run_id} in {db} is damaged: {why}; Parquet holds "
+                               f"one type per column: --format csv writes its rows as stored")
     for path in store.export(db, args.run_id, args.out, args.format):
         print(path)
+    if why:
+        print(f"fedlm: note: run {args.run_id} is damaged ({why}); its rows are written as "
+              f"stored", file=sys.stderr)
     return 0
 
 

@@ -29,7 +29,9 @@ def cmd_states(args: argparse.Namespace) -> int:
         if removable:
             print(f"{len(removable)} removable, {size}: `fedlm states --clean` removes them")
         return 0
-    for f in removable:
-        state_folders.remove(f)
-    print(f"removed {len(removable)} folders, {size}; kept {len(folders) - len(removable)}")
+    removed = [f for f in removable if state_folders.remove(f)]
+    others = len(removable) - len(removed)  # a second --clean at the same time took them
+    print(f"removed {len(removed)} folders, {shown_size(sum(f.size for f in removed))}; "
+          f"kept {len(folders) - len(removable)}"
+          + (f"; {others} removed meanwhile by another `fedlm states --clean`" if others else ""))
     return 0

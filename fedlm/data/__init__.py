@@ -31,7 +31,7 @@ import numpy as np
 
 from fedlm import files
 from fedlm.config import DataConfig
-from fedlm.data import tokenizer as tok_lib
+from fedlm.data import cache, tokenizer as tok_lib
 from fedlm.data.partitions import partition  # noqa: F401 - fedlm.data.partition, as before
 from fedlm.errors import ConfigError
 
@@ -237,7 +237,7 @@ def _bpe_json(cfg: DataConfig, rows: list[dict[str, str]], digest: str) -> str:
     h.update(digest.encode())
     path = cache_dir() / f"bpe-{h.hexdigest()[:16]}.json"
     train_texts = (split_text(row["text"], cfg.val_fraction)[0] for row in rows)
-    return tok_lib.cached_bpe(path, train_texts, vocab)
+    return cache.cached_bpe(path, train_texts, vocab)
 
 
 def _tokenize_split(batch, val_fraction: float):
@@ -283,12 +283,12 @@ def load_corpus(cfg: DataConfig) -> Corpus:
     bpe = None if tok_lib.bpe_vocab(cfg.tokenizer) is None else _bpe_json(cfg, rows, digest)
     key = _fingerprint(cfg, digest, bpe)
     packed_path = cache_dir() / f"packed-{key}.npz"
-    if packed_path.exists():
-        z = np.load(packed_path, allow_pickle=False)
-        lengths = z["token_bytes"] if "token_bytes" in z.files \
-            else tok_lib.token_bytes(cfg.tokenizer)  # a byte corpus cached before BPE
-        return Corpus(z["train"], z["val"], z["train_doc"], tuple(z["titles"].tolist()),
-                      tuple(z["genres"].tolist()), lengths)
+    state = cache.state(packed_path)
+    if state == "file":
+        try:
+            return Corpus(*cache.read_packed(packed_path, cfg.seq_len + 1, cfg.tokenizer))
+        except Exception as exc:  # noqa: BLE001 - any damage to a cache file: rebuild it
+            cache.damaged(packed_path, cache.why(exc))
 
     import datasets  # only to tokenize: slow to import, and most processes find the cache
 
@@ -298,9 +298,7 @@ def load_corpus(cfg: DataConfig) -> Corpus:
     else:
         split = _tokenize_split_bpe
         kwargs = {"val_fraction": cfg.val_fraction, "tokenizer_json": bpe}
-    tokens = docs.map(split, batched=True, remove_columns=["text"], fn_kwargs=kwargs,
-                      cache_file_name=str(cache_dir() / f"tokens-{key}.arrow"),
-                      desc="tokenizing")
+    tokens = cache.tokenized(docs, split, kwargs, cache_dir() / f"tokens-{key}.arrow")
     width = cfg.seq_len + 1
     dtype = tok_lib.token_dtype(cfg.tokenizer)
     train, val, train_doc = [], [], []
@@ -316,10 +314,11 @@ def load_corpus(cfg: DataConfig) -> Corpus:
     if len(corpus.val) == 0:
         raise ConfigError(f"data.val_fraction: leaves no validation sequence of length "
                           f"{cfg.seq_len}, got {cfg.val_fraction!r}")
-    files.write_cache(packed_path, lambda tmp: np.savez(
-        tmp, train=corpus.train, val=corpus.val, train_doc=corpus.train_doc,
-        titles=np.array(corpus.titles), genres=np.array(corpus.genres),
-        token_bytes=corpus.token_bytes))
+    if state != "not ours":  # never over a folder someone made there
+        files.write_cache(packed_path, lambda tmp: np.savez(
+            tmp, train=corpus.train, val=corpus.val, train_doc=corpus.train_doc,
+            titles=np.array(corpus.titles), genres=np.array(corpus.genres),
+            token_bytes=corpus.token_bytes))
     return corpus
 
 

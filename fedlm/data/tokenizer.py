@@ -6,7 +6,7 @@ text never shapes the merges, so its perplexity is not flattered. Training is
 deterministic (the same texts and V give the same JSON and the same ids: the
 trainer breaks ties between equally frequent pairs by their ids, which follow
 the sorted alphabet and the merge order, not hash order or threads), and its
-JSON is cached beside the tokenized corpus (``fedlm.data``).
+JSON is cached beside the tokenized corpus (``fedlm.data.cache``).
 
 Per-token perplexity depends on the tokenizer (a token of 3 bytes is harder to
 guess than one byte), so every evaluation also reports bits per byte: total
@@ -22,12 +22,10 @@ from __future__ import annotations
 
 import json
 from functools import lru_cache
-from pathlib import Path
 from typing import Iterable
 
 import numpy as np
 
-from fedlm import files
 from fedlm.errors import ConfigError, shown
 
 BYTE_VOCAB = 256  # the byte tokenizer's ids, and the BPE's initial alphabet
@@ -84,13 +82,23 @@ def train_bpe(texts: Iterable[str], vocab: int) -> str:
     return tok.to_str()
 
 
-def cached_bpe(path: Path, texts: Iterable[str], vocab: int) -> str:
-    """The JSON at ``path``, trained from ``texts`` and written there first if absent
-    (atomically: concurrent processes never read half a file)."""
-    if path.exists():
-        return path.read_text(encoding="utf-8")
-    text = train_bpe(texts, vocab)
-    files.write_cache(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+def checked_bpe(text: str, vocab: int) -> str:
+    """``text`` if it is a byte-level BPE tokenizer's JSON of at most ``vocab`` ids that
+    the ``tokenizers`` library loads; else ValueError saying what is wrong."""
+    try:
+        model = json.loads(text)["model"]
+        ids = model["vocab"]
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        raise ValueError(f"not a tokenizer's JSON ({type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0][:80] if str(exc) else ''})") from None
+    if model.get("type") != "BPE" or not isinstance(ids, dict) or not ids or not all(
+            isinstance(i, int) and 0 <= i < vocab for i in ids.values()):
+        raise ValueError(f"not a BPE of ids below {vocab}")
+    try:
+        _loaded(text)
+    except Exception as exc:  # noqa: BLE001 - the library's own parse error
+        raise ValueError(f"the tokenizers library cannot load it ({str(exc)[:80]})") from None
+    token_bytes(f"bpe:{vocab}", text)  # byte-level, every token (ValueError if not)
     return text
 
 

@@ -6,7 +6,6 @@ A refusal is one ``ConfigError`` line naming the file."""
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import pickle
@@ -27,6 +26,7 @@ class _SharedContainer(pickle.UnpicklingError):
 
 
 MAX_DEPTH = 8  # a trace is a dict of clients' dicts of lists of numbers: depth 3
+MAX_ID = 300  # characters of a client id (FedScale's are small integers)
 
 
 class _PlainUnpickler(pickle._Unpickler):  # the Python one: its memo reads can be checked
@@ -104,13 +104,17 @@ def read_trace(path: str | Path) -> dict[str, Any]:
     except files.FileRefused as exc:
         raise ConfigError(str(exc)) from None
     raw: Any = _NOT_JSON
+    not_json = None  # why JSON could not read it
     if not data.startswith(b"\x80"):  # not a pickle of protocol 2 or later: JSON?
         try:
-            with contextlib.suppress(ValueError, RecursionError):
-                raw = json.loads(data, object_pairs_hook=_once_each)
+            raw = json.loads(data, object_pairs_hook=_once_each)
         except _Twice as exc:  # JSON would keep the last of them: silently another fleet
             raise ConfigError(f"{where}: {shown(exc.args[0], 60)} appears twice in one "
                               f"JSON object (a JSON reader keeps the last one)") from None
+        except (ValueError, RecursionError) as exc:
+            not_json = exc
+    if raw is _NOT_JSON and not_json is not None and data.lstrip()[:1] in (b"{", b"["):
+        raise ConfigError(f"{where}: not valid JSON ({_json_why(not_json)})")
     if raw is _NOT_JSON:
         try:
             raw = _PlainUnpickler(io.BytesIO(data)).load()
@@ -131,9 +135,26 @@ def read_trace(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{where}: holds {what}, not a dict of clients")
     out: dict[str, Any] = {}
     for k, v in raw.items():
-        if isinstance(k, bool) or not isinstance(k, (int, str)) or str(k) in out:
-            why = "appears twice" if str(k) in out else "is not an integer or a string"
-            raise ConfigError(f"{where}: client id {shown(k, 60)} {why}")
+        if isinstance(k, bool) or not isinstance(k, (int, str)):
+            raise ConfigError(f"{where}: client id {shown(k, 60)} is not an integer or a "
+                              f"string")
+        if len(k) > MAX_ID if isinstance(k, str) else abs(k) >= 10**MAX_ID:
+            size = (f"is {len(k):,} characters long" if isinstance(k, str)
+                    else f"has more than {MAX_ID} digits")
+            raise ConfigError(f"{where}: client id {shown(k, 40)} {size}; fedlm reads ids "
+                              f"of at most {MAX_ID} characters")
+        if str(k) in out:
+            raise ConfigError(f"{where}: client id {shown(k, 60)} appears twice")
         out[str(k)] = v
-    order = [(0, int(k), "") if re.fullmatch(r"-?[0-9]{1,300}", k) else (1, 0, k) for k in out]
+    order = [(0, int(k), "") if re.fullmatch(r"-?[0-9]+", k) else (1, 0, k) for k in out]
     return {k: out[k] for _, k in sorted(zip(order, out))}
+
+
+def _json_why(exc: BaseException) -> str:
+    """JSON's complaint, in one short line (not Python's advice on long integers)."""
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if "integer string conversion" in text:
+        return "a number of more than 4300 digits"
+    if isinstance(exc, RecursionError):
+        return "nested too deep"
+    return text[:120]

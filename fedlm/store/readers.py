@@ -25,6 +25,8 @@ from typing import Any, NamedTuple
 
 from fedlm import ownership
 from fedlm.store.connection import StoreError, connect_readonly
+from fedlm.store.damage import (Column, columns, config_damage, damage, listed_damage,
+                                refuse_damaged, shown_value)
 from fedlm.store.schema import EXPOSED_COMM_KINDS, IntervalKind, idle_fraction
 
 
@@ -92,12 +94,20 @@ def shown_status(run: sqlite3.Row | dict) -> str:
 def last_seen(run: sqlite3.Row | dict) -> str:
     """When a crashed run's writer was last heard of, for messages."""
     seen = run["heartbeat_at"] or run["created_at"]
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seen)) if seen else "never"
+    if not seen:
+        return "never"
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seen))
+    except (OverflowError, OSError, ValueError, TypeError):  # a damaged time
+        return f"at {shown_value(seen)} (not a time)"
 
 
 def tokenizer_of(config_json: str) -> str:
     """``data.tokenizer`` of a stored config; ``byte`` for runs stored before it was a
-    setting (they all used bytes)."""
+    setting (they all used bytes); ``damaged`` for a config that cannot be read
+    (``row_damage`` says what is wrong with it)."""
+    if config_damage(config_json):
+        return "damaged"
     return json.loads(config_json).get("data", {}).get("tokenizer", "byte")
 
 
@@ -115,8 +125,18 @@ def list_runs(path: str | Path) -> list[dict[str, Any]]:
             " (SELECT MAX(version) FROM metrics m WHERE m.run_id = r.id) AS evaluated"
             " FROM runs r ORDER BY r.id"
         ).fetchall()
-    return [{**dict(r), "status": shown_status(r), "reached": _reached(r),
-             "tokenizer": tokenizer_of(r["config_json"])} for r in rows]
+        cols = columns(conn, "runs")
+    return [_listed(r, cols) for r in rows]
+
+
+def _listed(r: sqlite3.Row, cols: list[Column]) -> dict[str, Any]:
+    """One run of the list; a damaged one has ``damaged`` (what is wrong) and
+    ``status`` ``damaged``, and nothing read from its damaged values."""
+    why = listed_damage(r, cols)
+    if why:
+        return {**dict(r), "status": "damaged", "damaged": why}
+    return {**dict(r), "status": shown_status(r), "reached": _reached(r),
+            "tokenizer": tokenizer_of(r["config_json"]), "damaged": None}
 
 
 def _reached(run: sqlite3.Row) -> int:
@@ -129,6 +149,9 @@ def _reached(run: sqlite3.Row) -> int:
 
 
 def summarize(path: str | Path, run_id: int) -> RunSummary:
+    """Run ``run_id``'s summary (``KeyError`` if there is none; ``StoreError`` naming
+    what is damaged if its rows are: ``damage``)."""
+    refuse_damaged(path, run_id)
     with closing(connect_readonly(path)) as conn:
         run = conn.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
         if run is None:
@@ -211,6 +234,9 @@ def config_of(path: str | Path, run_id: int) -> dict[str, Any]:
         row = conn.execute("SELECT config_json FROM runs WHERE id=?", (run_id,)).fetchone()
     if row is None:
         raise KeyError(f"no run {run_id} in {path}")
+    why = config_damage(row[0])
+    if why:
+        raise StoreError(f"run {run_id} in {path} is damaged: runs.config_json {why}")
     return json.loads(row[0])
 
 
@@ -229,6 +255,9 @@ def resumable_row(path: str | Path, run_id: int) -> sqlite3.Row:
     row = run_row(path, run_id)
     if row is None:
         raise StoreError(f"--resume: no run {run_id} in {path}")
+    why = damage(path, run_id)
+    if why:
+        raise StoreError(f"--resume: run {run_id} in {path} is damaged: {why}")
     if row["status"] == "finished":
         raise StoreError(f"--resume: run {run_id} in {path} has already finished")
     if row["status"] == "diverged":
@@ -247,6 +276,7 @@ def replayable_row(path: str | Path, run_id: int) -> sqlite3.Row:
     row = run_row(path, run_id)
     if row is None:
         raise KeyError(f"no run {run_id} in {path}")
+    refuse_damaged(path, run_id)
     if row["status"] == "diverged":  # stopped early, with no final hash to compare with
         raise StoreError(f"run {run_id} diverged ({row['error'] or 'no reason recorded'}); "
                          f"only finished runs replay")

@@ -70,7 +70,10 @@ def survey(older_than: float | None = None) -> list[StateFolder]:
     for path in sorted(root.iterdir()) if root.is_dir() else []:
         if path.is_symlink() or not path.is_dir():
             continue
-        size, newest = _extent(path)
+        try:
+            size, newest = _extent(path)
+        except FileNotFoundError:  # removed meanwhile (another `fedlm states --clean`)
+            continue
         idle = max(0.0, (time.time() - newest) / 86400)
         owner, removable, why = _judge(path)
         if removable is None:  # owner unknown: removable only when old enough
@@ -80,17 +83,31 @@ def survey(older_than: float | None = None) -> list[StateFolder]:
     return out
 
 
-def remove(folder: StateFolder) -> None:
-    """Delete ``folder`` (one ``survey`` found removable) and everything in it. Renamed
-    first, in one step: a removal killed midway leaves a folder the next ``survey``
-    knows is going (its owner record may be gone already), not one of unknown owner."""
+def remove(folder: StateFolder) -> bool:
+    """Delete ``folder`` (one ``survey`` found removable) and everything in it: True if
+    this call removed it, False if another removal (a second ``fedlm states --clean`` at
+    the same time) did; what the other already deleted is not an error. Renamed first,
+    in one step: a removal killed midway leaves a folder the next ``survey`` knows is
+    going (its owner record may be gone already), not one of unknown owner."""
     root = states_root()
     if folder.path.parent != root or folder.path.is_symlink() or root.is_symlink():
         raise ValueError(f"{folder.path}: not a state folder of {states_root()}")
     going = folder.path
     if not going.name.endswith(GOING):
-        going = going.rename(going.with_name(going.name + GOING))
-    shutil.rmtree(going)
+        try:
+            going = going.rename(going.with_name(going.name + GOING))
+        except FileNotFoundError:  # the other removal renamed it: it removes it
+            return False
+    taken = []  # the folder itself was gone: the other removal ended it
+
+    def already_gone(function, path, exc_info) -> None:  # shutil.rmtree's onerror
+        if not issubclass(exc_info[0], FileNotFoundError):
+            raise exc_info[1]
+        if os.fspath(path) == os.fspath(going):  # its last rmdir (or first look) found none
+            taken.append(path)
+
+    shutil.rmtree(going, onerror=already_gone)
+    return not taken
 
 
 def _extent(path: Path) -> tuple[int, float]:
@@ -125,10 +142,13 @@ def _judge(path: Path) -> tuple[str, bool | None, str]:
 
     try:
         row = readers.run_row(db, run_id)
+        damaged = row is not None and readers.damage(db, run_id)
     except Exception as exc:  # noqa: BLE001 - a store that cannot be read tells nothing
         return owner, None, f"its store cannot be read ({_first_line(exc)})"
     if row is None:  # a deleted run's, or a record naming a run it never was: unknown
         return owner, None, "its run is not in its store"
+    if damaged:  # its status and owner cannot be trusted: as good as unknown
+        return owner, None, f"its run's rows are damaged ({damaged})"
     status = readers.shown_status(row)
     if status == "running":
         return owner, False, "its run is running"
