@@ -25,7 +25,7 @@ def no_work_fixture(monkeypatch, tmp_path):
     The working directory is empty, so default paths (runs/fedlm.db) do not exist."""
     import subprocess as subprocess_module
 
-    from fedlm.deploy import local as deploy
+    from fedlm.deploy import run_local as deploy
     from fedlm import interrupts, replay
     from fedlm.flower import simulation
     from fedlm.sweep import run as sweep

@@ -15,7 +15,8 @@ import pytest
 from fedlm import config_load
 from fedlm.deploy import bundle, home as home_lib
 from fedlm.deploy.credentials import private_home
-from fedlm.deploy.local import LocalDeployment, check_config
+from fedlm.deploy.local import LocalDeployment
+from fedlm.deploy.run_local import check_config
 from fedlm.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -223,10 +223,10 @@ def _check_config(args: argparse.Namespace) -> None:
         _check_backend(cfg, args.backend)
         with_trackers(cfg, args.track)
     elif command == "deploy":
-        from fedlm.deploy import local
+        from fedlm.deploy import run_local
 
         overrides = [*args.overrides, *([f"workers={args.workers}"] if args.workers else [])]
-        local.check_config(config_load.load(args.config, overrides))
+        run_local.check_config(config_load.load(args.config, overrides))
     elif command == "config":
         config_load.load(args.config, args.overrides)
     elif command == "plan":

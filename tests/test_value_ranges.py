@@ -69,7 +69,7 @@ def test_a_sweep_spec_with_more_seeds_than_seeds_allows_is_refused(tmp_path, whe
 def test_a_tracker_not_installed_is_refused_before_the_store_is_made(tmp_path, monkeypatch,
                                                                       capsys, command):
     from fedlm import cli
-    from fedlm.deploy import local
+    from fedlm.deploy import run_local as local
     from fedlm.track import backends
 
     real = backends.importlib.util.find_spec

@@ -20,12 +20,13 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     from fedlm import config_load
     from fedlm.deploy import home as deploy_home
     from fedlm.deploy import local as deploy
+    from fedlm.deploy import run_local
 
     overrides = list(args.overrides)
     if args.workers is not None:
         overrides.append(f"workers={args.workers}")
     cfg = config_load.load(args.config, overrides)
-    deploy.check_config(cfg)  # what a deployment would not apply: refused, not ignored
+    run_local.check_config(cfg)  # what a deployment would not apply: refused, not ignored
     from fedlm.sim import codecs
     from fedlm.worker import optimizers
 
@@ -42,7 +43,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     check_writable(db)  # and before anything is written at --db
     with interrupts.interrupt_on_signals():  # LocalDeployment.stop runs on the way out
         try:
-            status, run_id = deploy.main_local(cfg, overrides, db, home, args.config)
+            status, run_id = run_local.main_local(cfg, overrides, db, home, args.config)
         except KeyboardInterrupt:  # its processes are stopped: the run was interrupted
             _mark_interrupted(db, home / deploy.RUN_ID_FILE)
             raise

@@ -42,17 +42,13 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
 
-from fedlm import data as data_lib
 from fedlm.sim import fleet as fleet_lib
 from fedlm.deploy import bundle, processes, superlink
-from fedlm.deploy import home as home_lib
 from fedlm.deploy.credentials import (make_certificates, make_node_key, make_secret,
                                       private_home, store_cli_token)
 from fedlm.flower import patches
 from fedlm.config import Config
-from fedlm.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: the Flower app `flwr run` bundles
 # the SQLite files of a SuperLink with link_db_file (removed at start: a fresh state)
@@ -334,47 +330,3 @@ class LocalDeployment:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def check_config(cfg: Config) -> None:
-    """Settings a deployment would not apply are refused, not ignored (before anything
-    starts or is written)."""
-    if cfg.sim.batched == "on":
-        raise ConfigError("sim.batched: 'on' trains jobs together in one process; `fedlm "
-                          "deploy` runs each job in its SuperNode's ClientApp: use `fedlm run "
-                          "--backend inprocess`, or sim.batched = off")
-
-
-class Deployed(NamedTuple):
-    status: int  # flwr run's exit status
-    run_id: int | None  # the run the ServerApp stored (None: it stored none)
-
-
-def main_local(cfg: Config, overrides: list[str], db: str, home: Path,
-               config_path: str | None, *, tls: bool = True, auth: bool = True) -> Deployed:
-    """`fedlm deploy local`: start, run (wall clock), stop. Returns ``flwr run``'s
-    status and the id of the run, as the ServerApp reported it (other runs may land
-    in the same store meanwhile).
-
-    TLS and SuperNode authentication are on unless ``tls``/``auth`` say otherwise.
-    A config it would not apply (``check_config``) or a ``home`` that is not fedlm's
-    (``fedlm.deploy.home.check``) is refused before anything starts.
-    """
-    check_config(cfg)
-    home_lib.check(home)
-    # data that cannot be split over the workers (too few documents of a text: or
-    # hf: source for a by-play partition, a worker left empty): refused here, before
-    # a process starts or the ServerApp stores the run (no tokenizing bar: one line)
-    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
-    data_lib.partition(data_lib.load_corpus(cfg.data), cfg.data, cfg.workers, cfg.seed)
-    overrides = [*overrides, "clock=wall"] if cfg.clock != "wall" else list(overrides)
-    with LocalDeployment(home, cfg.workers, tls=tls, auth=auth and tls) as dep:
-        dep.start(cfg)
-        security = ", ".join([*(["TLS"] if dep.tls else ["insecure"]),
-                              *(["SuperNode authentication"] if dep.auth else []),
-                              *(["owner token"] if dep.owner_token else [])])
-        print(f"fedlm: SuperLink on {dep.address} ({security}), {cfg.workers} SuperNodes; "
-              f"logs in {home}", flush=True)
-        status = dep.run(overrides, str(Path(db).resolve()),
-                         str(Path(config_path).resolve()) if config_path else None)
-        return Deployed(status, dep.run_id())
