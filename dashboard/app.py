@@ -186,13 +186,20 @@ def live(db: str, smoothing: float, log_scale: bool, window: float,
     marker = store_marker(db)
     if marker is None:
         return
-    runs = cached("runs", db, marker)
+    runs, damaged = cached("runs", db, marker), cached("damaged_runs", db, marker)
+    for run_id, why in damaged.items():  # listed, never read
+        st.warning(f"run {run_id} is damaged: {why}")
     if runs.empty:
-        st.info(f"`{db}` holds no runs yet; this page updates by itself.")
+        st.info(f"`{db}` holds no {'other ' if damaged else ''}runs yet; this page updates "
+                f"by itself.")
         return
     focus, compare, labels, chosen = run_pickers(runs, cached("seed_groups", db, marker))
     run = runs.set_index("id").loc[focus]
     run_heading(run, focus, labels[focus])
+    why = cached("damage", db, marker, focus)
+    if why:  # its tables hold values of the wrong type: shown as damaged, not charted
+        st.error(f"run {focus} is damaged: {why}")
+        return
     headline_row(cached("headline", db, marker, focus))
     curves_section(db, marker, runs, focus, compare, labels, chosen,
                    (smoothing, log_scale, measure))

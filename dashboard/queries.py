@@ -19,7 +19,9 @@ import pandas as pd
 
 from fedlm.store.rounds import rounds as read_rounds
 from fedlm.store.yardstick import yardstick
-from fedlm.store import config_of, last_seen, region_transfers, shown_status, tokenizer_of
+from fedlm.store import (config_of, last_seen, list_runs, region_transfers, shown_status,
+                         tokenizer_of)
+from fedlm.store.damage import damage as run_damage
 from fedlm.store.schema import COUNTED_KINDS, PRESENT_KINDS, idle_fraction
 from fedlm.store import dashboard as reads
 
@@ -30,10 +32,24 @@ def change_marker(db: str | Path) -> tuple:
     return reads.change_marker(db)
 
 
+def damaged_runs(db: str | Path) -> dict[int, str]:
+    """The runs whose row is damaged (a value of the wrong type, a config that is not
+    JSON), each with what is wrong, as ``fedlm runs`` lists them: the page shows them
+    in one line each and reads nothing else of theirs."""
+    return {int(r["id"]): r["damaged"] for r in list_runs(db) if r["damaged"]}
+
+
+def damage(db: str | Path, run_id: int) -> str | None:
+    """What is damaged in the tables of run ``run_id`` (its metrics, intervals, ...), or
+    None: the run in focus is read only if nothing is."""
+    return run_damage(db, run_id)
+
+
 def runs(db: str | Path) -> pd.DataFrame:
-    """Every run; ``status`` is what readers show (``crashed``: its writer is gone),
-    ``tokenizer`` its ``data.tokenizer``."""
+    """Every run but the damaged ones (``damaged_runs``); ``status`` is what readers show
+    (``crashed``: its writer is gone), ``tokenizer`` its ``data.tokenizer``."""
     frame = reads.runs(db)
+    frame = frame[~frame["id"].isin(list(damaged_runs(db)))].reset_index(drop=True)
     records = frame.astype(object).where(frame.notna(), None).to_dict("records")
     frame["status"] = [shown_status(r) for r in records]
     frame["last_seen"] = [last_seen(r) for r in records]
@@ -60,6 +76,8 @@ def seed_groups(db: str | Path) -> list[dict]:
             cfg = json.loads(row["config_json"])
         except (TypeError, ValueError):
             continue  # not a config we can compare: never grouped
+        if not isinstance(cfg, dict):
+            continue
         for key in _NOT_THE_EXPERIMENT:
             cfg.pop(key, None)
         members.setdefault(json.dumps(cfg, sort_keys=True), {})[int(row["seed"])] = row

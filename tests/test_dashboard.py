@@ -332,3 +332,24 @@ def test_not_drawn_has_its_own_colour_and_workers_go_by_number(monkeypatch, tmp_
     (table,) = [t.value for t in at.table if "idle %" in t.value.columns]
     assert "not drawn s" not in table.columns
     assert not any("not drawn" in c.value for c in at.caption)
+
+
+def test_a_damaged_run_is_listed_as_damaged_and_the_others_shown(monkeypatch, tmp_path):
+    """One bad row (a config that is JSON but no object) raised a TypeError that took the
+    whole page; a value of the wrong type in a run's tables broke its charts."""
+    import sqlite3
+
+    db = tmp_path / "r.db"
+    for name in ("a", "b", "c"):
+        run_engine(tiny_config("strategy=diloco", f"name={name}"), db)
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE runs SET config_json='[1]' WHERE id=1")
+        conn.execute("UPDATE intervals SET t_end='abc' WHERE run_id=3 AND rowid IN "
+                     "(SELECT MIN(rowid) FROM intervals WHERE run_id=3)")
+    at = app(monkeypatch, db)
+    assert [w.value for w in at.warning] == [
+        "run 1 is damaged: runs.config_json is JSON but not an object ('[1]')"]
+    assert at.error[0].value.startswith("run 3 is damaged: intervals row ")  # in focus
+    assert not at.get("vega_lite_chart")
+    at.selectbox[0].set_value(2).run()
+    assert not at.exception and not at.error and at.get("vega_lite_chart")

@@ -16,6 +16,8 @@ the file read-only. Each run records the process that writes it
     readers.py     list_runs, summarize, troubles, config_of, tokenizer_of, shown_status,
                    last_seen, run_row, operation_log (replay), metric_curve, best_loss, uploaded_bytes,
                    traffic
+    damage.py      what is damaged in a run's rows (a value of the wrong type, a config
+                   that is not JSON): listed as damaged, refused in one line where read
     export.py      export: a run's rows as CSV or Parquet
     fleet_changes.py  fleet_changes: per worker, absences, slow-downs, stragglers,
                    departures, joins and leaves (a fleet that changes over time)
