@@ -219,6 +219,11 @@ def test_cli_plots(tmp_path, monkeypatch):
     (["--compression", "int2"], "--compression: must be one of"),
     (["--regions", "us,mars"], "--regions: unknown region 'mars'"),
     (["--H", "0"], "--H: must be >= 1"),
+    # rounds drawn from the workers: the cost model would plan every worker a round
+    (["--set", "workers=20", "--set", "data.partition=iid", "--set", "outer.fraction=0.1"],
+     "outer.fraction: fedlm plan puts every worker in every round and does not model rounds "
+     "drawn from the workers"),
+    (["--set", "outer.overcommit=1.3"], "outer.overcommit: fedlm plan puts every worker"),
 ])
 def test_cli_refuses_bad_input_in_one_line(tmp_path, monkeypatch, argv, fragment):
     monkeypatch.chdir(tmp_path)

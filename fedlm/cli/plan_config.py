@@ -49,6 +49,7 @@ def plan_config(args: argparse.Namespace, params: float | None) -> int:
     from fedlm.servers.regions import RegionServers
 
     cfg = config_load.load(args.config, args.set or [])
+    _refuse_sampling(cfg)
     if params is None:
         params = presets.parameter_count(cfg.model, cfg.data.seq_len,
                                          tokenizer.vocab_size(cfg.data.tokenizer))
@@ -88,3 +89,18 @@ def plan_config(args: argparse.Namespace, params: float | None) -> int:
         print("\n".join(heading))
         print(report.table(inp, preds, modes, names))
     return 0
+
+
+def _refuse_sampling(cfg) -> None:
+    """A config whose rounds draw K of the workers (``outer.fraction``, ``outer.overcommit``)
+    is refused: the cost model puts every worker in every round, so its plan would be of
+    another run than the config's."""
+    from fedlm.strategies.registry import build_strategy
+
+    if build_strategy(cfg.strategy, cfg.outer).draws_rounds:
+        key = "outer.fraction" if "fraction" in cfg.outer else "outer.overcommit"
+        raise ConfigError(f"{key}: fedlm plan puts every worker in every round and does not "
+                          f"model rounds drawn from the workers (outer.fraction, "
+                          f"outer.overcommit); plan the workers a round takes (--set "
+                          f"workers=K), or simulate it with fedlm run, got "
+                          f"{cfg.outer.get(key.split('.')[1])!r}")
