@@ -20,6 +20,7 @@ from typing import Callable
 from fedlm import servers
 from fedlm import checkpoint as ckpt_lib, start as start_lib
 from fedlm.store import inputs
+from fedlm.store.schema import AWAY_EVENT
 from fedlm.worker import batching, placement, precision, state_folders
 from fedlm.sim import dynamics, fleet as fleet_lib
 from fedlm.config import Config
@@ -151,11 +152,14 @@ def _open(cfg: Config, db_path: str, summary: str, resume: int | None,
         inputs.check_unchanged(input_pins(db_path, resume), cfg, resume, "resume")
         writer = RunWriter.reopen(db_path, resume)  # refuses a run whose writer is alive
         origin = None
+        away = [(AWAY_EVENT, f"{writer.away:.3f} s from the last sign of the process before to "
+                       f"this resume (not run time)")]
         try:
             own = ckpt_lib.identity(writer.store_id, db_path, resume, writer.created_at)
             found = ckpt_lib.locate(db_path, resume, own)
             state, key, notes = _rewind(writer, found or ckpt_lib.folder_for(db_path, resume),
                                         server_device, states_on_disk=cfg.state_store() == "disk")
+            notes = [*away, *notes]
         except BaseException:
             writer.close()
             raise

@@ -126,6 +126,41 @@ def test_an_interrupted_run_cancels_its_jobs_and_resumes_to_the_same_weights(tmp
     assert jobs(db) == jobs(ref_db) == {("cancelled", "run finished")}
 
 
+def test_real_time_leaves_out_the_time_a_resumed_run_was_away(tmp_path, monkeypatch):
+    """After a resume "real time" counted from the run's creation: the hours a killed run
+    lay still were its run time. The resume logs how long it was away; readers leave
+    that out, and its evaluations' wall times go on from the checkpoint's."""
+    import types
+
+    from fedlm.engine import Interrupted
+    from fedlm.store import writer as writer_lib
+
+    sets = [*BASE, "reliability.checkpoint_every=2"]
+    db, stop = tmp_path / "r.db", []
+    with pytest.raises(Interrupted):
+        run_inprocess(tiny_config(*sets), str(db), should_stop=lambda: bool(stop),
+                      progress=lambda p: stop.append(p.version) if p.version >= 4 else None)
+    with sqlite3.connect(db) as conn:
+        walls = [w for (w,) in conn.execute("SELECT wall_time FROM metrics ORDER BY id")]
+    # the store's clock 1,000 s on: as if the run were resumed 1,000 s after it stopped
+    later = types.SimpleNamespace(**{k: getattr(time, k) for k in dir(time)
+                                     if not k.startswith("_")})
+    later.time = lambda: time.time() + 1000
+    monkeypatch.setattr(writer_lib, "time", later)
+    run_inprocess(tiny_config(*sets), str(db), resume=1)
+    with sqlite3.connect(db) as conn:
+        (detail,) = conn.execute("SELECT detail FROM events WHERE kind='away'").fetchone()
+        created, finished = conn.execute("SELECT created_at, finished_at FROM runs").fetchone()
+        after = [w for (w,) in conn.execute("SELECT wall_time FROM metrics ORDER BY id")]
+    away = float(detail.split()[0])
+    assert 1000 <= away < 1000 + 60
+    summary = store.summarize(db, 1)
+    assert summary.wall_time == pytest.approx(finished - created - away)
+    assert 0 < summary.wall_time < 120  # the run's own seconds, not the 1,000 away
+    # its evaluations' wall times go on from the checkpoint's: no jump back to 0
+    assert after == sorted(after) and after[:len(walls)][:3] == walls[:3]
+
+
 def test_resume_refuses_a_finished_run_and_a_config(tmp_path):
     db = tmp_path / "r.db"
     run_inprocess(tiny_config("updates=1"), str(db))

@@ -24,6 +24,8 @@ the whole state is in it; ``Engine.load_state_dict`` is ``restore``. The keys:
 
 from __future__ import annotations
 
+import time
+
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # the types only: this module imports none of them at run time
@@ -59,6 +61,7 @@ class Engine(Protocol):
     transport: Transport
     base_params: dict[int, Any]  # version -> the params jobs in flight started from
     last_eval_version: int
+    wall_start: float  # time.time() its evaluations' wall times count from
     model_bytes: int
     up_bytes: int
     tokens: int
@@ -84,6 +87,7 @@ def capture(engine: Engine) -> dict:
     st["transfers"] = engine.transfers.state_dict()
     return {**st, "base_params": dict(engine.base_params),
             "last_eval_version": engine.last_eval_version,
+            "wall_elapsed": time.time() - engine.wall_start,  # goes on from here on resume
             "position": position(engine, st["model"]["seq"])}
 
 
@@ -102,6 +106,7 @@ def restore(engine: Engine, st: dict) -> None:
     engine.transfers.load_state_dict(st.get("transfers", {"flying": {}}))
     engine.base_params = dict(st["base_params"])
     engine.last_eval_version = st["last_eval_version"]
+    engine.wall_start = time.time() - st.get("wall_elapsed", 0.0)  # older: from 0 again
     engine.events.set_payload(engine.model_bytes, engine.up_bytes)
 
 

@@ -13,7 +13,8 @@ the file read-only. Each run records the process that writes it
     connection.py  connect (writer), connect_readonly, retries and transactions,
                    FEDLM_DB_TIMEOUT, the one-line StoreError (db_error), check_writable
     writer.py      RunWriter (buffered rows, ownership heartbeat), mark_ended, end_if_running
-    readers.py     list_runs, summarize, troubles, config_of, tokenizer_of, shown_status,
+    summary.py     summarize, troubles: what fedlm show prints of a run
+    readers.py     list_runs, config_of, tokenizer_of, shown_status,
                    last_seen, run_row, operation_log (replay), metric_curve, best_loss, uploaded_bytes,
                    traffic
     damage.py      what is damaged in a run's rows (a value of the wrong type, a config
@@ -35,10 +36,10 @@ from fedlm.store.connection import (StoreError, check_writable, connect, connect
 from fedlm.store.export import export  # the function; the module is fedlm.store.export too
 from fedlm.store.fleet_changes import WorkerChanges, fleet_changes
 from fedlm.store.progress import ProgressPoint, progress_points
-from fedlm.store.readers import (OperationLog, RunSummary, Troubles, WorkerSummary, config_of,
-                                 event_details, input_pins, last_seen, list_runs, operation_log,
-                                 replayable_row, resumable_row, run_row, shown_status, summarize,
-                                 tokenizer_of, troubles)
+from fedlm.store.readers import (OperationLog, config_of, event_details, input_pins, last_seen,
+                                 list_runs, operation_log, replayable_row, resumable_row, run_row,
+                                 shown_status, tokenizer_of)
+from fedlm.store.summary import RunSummary, Troubles, WorkerSummary, summarize, troubles
 from fedlm.store.series import (best_loss, metric_curve, region_transfers, tokens_curve, traffic,
                                 uploaded_bytes)
 from fedlm.store.schema import SCHEMA_VERSION, TABLES, IntervalKind, store_id

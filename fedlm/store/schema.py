@@ -143,6 +143,12 @@ CREATE TABLE IF NOT EXISTS events (
 TABLES = ("runs", "workers", "jobs", "intervals", "updates", "metrics", "events", "transfers")
 
 
+# The event a resumed run logs first: its detail starts with the seconds between the last
+# sign of life of the process before and the resume, which are no run time (readers
+# leave them out of a run's real time).
+AWAY_EVENT = "away"
+
+
 class IntervalKind(str, Enum):
     """What a worker did during one span of ``intervals``."""
 

@@ -86,11 +86,11 @@ class RunWriter:
 
         def take_over(conn: sqlite3.Connection) -> float:
             row = conn.execute("SELECT status, owner_host, owner_pid, owner_started,"
-                               " heartbeat_at, created_at, error FROM runs WHERE id=?",
-                               (run_id,)).fetchone()
+                               " heartbeat_at, created_at, error, finished_at FROM runs"
+                               " WHERE id=?", (run_id,)).fetchone()
             if row is None:
                 raise StoreError(f"--resume: no run {run_id} in {path}")
-            status, host, pid, started, heartbeat_at, created_at, error = row
+            status, host, pid, started, heartbeat_at, created_at, error, ended = row
             if status == "finished":
                 raise StoreError(f"--resume: run {run_id} in {path} has already finished")
             if status == "diverged":
@@ -100,9 +100,12 @@ class RunWriter:
                 if alive.alive:
                     raise StoreError(f"--resume: run {run_id} in {path} is still running "
                                      f"({alive.why}); two writers would break its log")
+            now = time.time()
             conn.execute("UPDATE runs SET owner_host=?, owner_pid=?, owner_started=?,"
-                         " heartbeat_at=? WHERE id=?",
-                         (me.host, me.pid, me.started, time.time(), run_id))
+                         " heartbeat_at=? WHERE id=?", (me.host, me.pid, me.started, now, run_id))
+            # the run's last sign of life before this process: its time away is no run time
+            last = max((t for t in (heartbeat_at, ended, created_at) if _is_time(t)), default=now)
+            self.away = max(0.0, now - last)
             return created_at
 
         try:
@@ -317,3 +320,9 @@ def end_if_running(path: str | Path, run_id: int, *, status: str, error: str) ->
             "UPDATE runs SET status=?, finished_at=?, final_hash=NULL, error=? "
             "WHERE id=? AND status='running'", (status, time.time(), error, run_id)))
         return done.rowcount == 1
+
+
+def _is_time(value: Any) -> bool:
+    """Whether a stored timestamp is one (a damaged row may hold anything)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and 0 <= value < 1e11
