@@ -84,8 +84,8 @@ class HookWatch:
         """Inside the block, a call of the main thread that runs past the bound is cut
         short by SIGALRM (its handler installed for the block; elsewhere, and outside
         it, the exception is raised at the call's next line of Python)."""
-        if self.limit <= 0 or threading.get_ident() != self._main:
-            yield
+        if self.limit <= 0 or threading.get_ident() != self._main or self._previous is not None:
+            yield  # unbounded, another thread, or armed already (a nested ``bounded``)
             return
         self._previous = signal.signal(signal.SIGALRM, self._on_alarm)
         try:
@@ -186,6 +186,11 @@ def plug_in_bound(cfg: Config) -> float:
     return float(limit) if ok else Config().reliability.hook_timeout
 
 
+# ``bounded``'s watches, one per bound: a sweep loads hundreds of configs, and a watch
+# of its own for each would leave as many watcher threads (each idle ``IDLE_EXIT_S``).
+_WATCHES: dict[float, HookWatch] = {}
+
+
 def bounded(limit: float, what: str, fn: Callable, *args, **kwargs):
     """``fn(*args, **kwargs)`` bounded as a hook is (``limit`` seconds, 0: no bound): for
     plug-in code run outside the engine, a config's strategy constructor and the rest,
@@ -193,7 +198,7 @@ def bounded(limit: float, what: str, fn: Callable, *args, **kwargs):
     naming ``what``."""
     from fedlm.errors import ConfigError
 
-    watch = HookWatch(limit)
+    watch = _WATCHES.setdefault(limit, HookWatch(limit))  # one watcher thread per bound
     try:
         with watch.armed():
             return watch.run(what, fn, *args, **kwargs)
