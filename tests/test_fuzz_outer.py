@@ -12,7 +12,9 @@ import importlib
 import inspect
 import math
 import sys
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 from hypothesis import given, seed
@@ -28,15 +30,29 @@ from tests.test_fuzz_config import FUZZ_SMALL
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
+@contextmanager
+def examples_on_the_path() -> Iterator[None]:
+    """examples/ importable inside the block only, and its modules forgotten after: other
+    tests of this process check that a plug-in does not load without it."""
+    stems = {p.stem for p in EXAMPLES.glob("*.py")}
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        yield
+    finally:
+        sys.path.remove(str(EXAMPLES))
+        for stem in stems:
+            sys.modules.pop(stem, None)
+
+
 def _strategies() -> list[str]:
     """Every built-in strategy and every strategy class of examples/."""
-    sys.path.insert(0, str(EXAMPLES))
     names = list(registry.STRATEGIES)
-    for path in sorted(EXAMPLES.glob("*.py")):
-        module = importlib.import_module(path.stem)
-        names += [f"{path.stem}:{k}" for k, v in vars(module).items()
-                  if isinstance(v, type) and issubclass(v, Strategy)
-                  and v.__module__ == path.stem and not inspect.isabstract(v)]
+    with examples_on_the_path():
+        for path in sorted(EXAMPLES.glob("*.py")):
+            module = importlib.import_module(path.stem)
+            names += [f"{path.stem}:{k}" for k, v in vars(module).items()
+                      if isinstance(v, type) and issubclass(v, Strategy)
+                      and v.__module__ == path.stem and not inspect.isabstract(v)]
     return names
 
 
@@ -49,7 +65,8 @@ odd = st.one_of(st.floats(allow_nan=True, allow_infinity=True),
 @st.composite
 def settings_of_a_strategy(draw):
     name = draw(st.sampled_from(STRATEGIES))
-    keys = sorted(registry.settings_of(registry.strategy_class(name)))
+    with examples_on_the_path():
+        keys = sorted(registry.settings_of(registry.strategy_class(name)))
     chosen = draw(st.lists(st.sampled_from(keys), max_size=2, unique=True)) if keys else []
     return name, {k: draw(odd) for k in chosen}
 
@@ -59,7 +76,7 @@ def _check(name: str, outer: dict) -> None:
     sets += [f"outer.{k}={v!r}".replace("'", '"') if isinstance(v, str)
              else f"outer.{k}={str(v).lower() if isinstance(v, bool) else v}"
              for k, v in outer.items()]
-    with time_bound(20):
+    with time_bound(20), examples_on_the_path():
         try:
             cfg = config_load.load(None, sets)
         except ConfigError as exc:
@@ -88,6 +105,6 @@ def test_a_strategys_settings_random_round(drawn):
     ("noloco_example:NoLoCo", "gamma", "nan"),
 ])
 def test_the_probes_cases_are_refused(name, key, value):
-    with pytest.raises(ConfigError, match=rf"^outer.{key}: must be"):
+    with examples_on_the_path(), pytest.raises(ConfigError, match=rf"^outer.{key}: must be"):
         config_load.load(None, ["model=tiny", "workers=4", f"strategy={name}",
                                 f"outer.{key}={value}"])

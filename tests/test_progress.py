@@ -39,13 +39,20 @@ def test_presence_windows_shorter_than_any_job_stop_the_run(tmp_path):
 
 
 def test_a_strategy_that_never_makes_a_version_stops_the_run(tmp_path, monkeypatch):
+    # FedAsync that drops every update as too stale (outer.max_staleness = -1 did it; the
+    # config refuses that now)
+    (tmp_path / "drops_all.py").write_text(
+        "from fedasync_example import FedAsync\n"
+        "class DropsAll(FedAsync):\n"
+        "    def staleness_weight(self, staleness):\n        return None\n")
     monkeypatch.syspath_prepend(EXAMPLES)
-    why, conn = _stalled(tmp_path, "strategy=fedasync_example:FedAsync",
-                         "outer.max_staleness=-1")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    why, conn = _stalled(tmp_path, "strategy=drops_all:DropsAll")
     assert why.startswith(f"no progress at version 0: {held_limit(3)} updates in a row made "
                           f"no new version: strategy 'fedasync'")
     assert conn.execute("SELECT COUNT(*) FROM updates").fetchone()[0] == held_limit(3)
     sys.modules.pop("fedasync_example", None)
+    sys.modules.pop("drops_all", None)
 
 
 def test_churn_that_lets_jobs_finish_is_not_a_stall(tmp_path):

@@ -95,9 +95,9 @@ def _refuse_sampling(cfg) -> None:
     """A config whose rounds draw K of the workers (``outer.fraction``, ``outer.overcommit``)
     is refused: the cost model puts every worker in every round, so its plan would be of
     another run than the config's."""
-    from fedlm.strategies.registry import build_strategy
+    from fedlm import servers
 
-    if build_strategy(cfg.strategy, cfg.outer).draws_rounds:
+    if servers.build(cfg).strategy.draws_rounds:
         key = "outer.fraction" if "fraction" in cfg.outer else "outer.overcommit"
         raise ConfigError(f"{key}: fedlm plan puts every worker in every round and does not "
                           f"model rounds drawn from the workers (outer.fraction, "
