@@ -219,6 +219,22 @@ def test_a_flush_after_close_says_so_instead_of_waiting(tmp_path):
         writer.flush()
 
 
+def test_a_state_saved_again_while_it_is_being_written_ends_on_disk_as_last_saved(tmp_path,
+                                                                                  writer):
+    # the writer took the first save, a second came while it wrote: the file held the
+    # first, memory claimed the second was written (a flaky test in CI found it)
+    store = HeldStates(tmp_path, writer)
+    store.save(5, _state(1.0))
+    assert store.started.wait(WAIT)  # the first is being written
+    store.save(5, _state(2.0))
+    store.go.set()
+    flushed = threading.Event()
+    _in_thread(lambda: (writer.flush(), flushed.set()))
+    assert flushed.wait(WAIT)
+    assert torch.equal(torch.load(tmp_path / "job5.pt")["w/exp_avg"], torch.full((4, 4), 2.0))
+    assert writer._bytes == _state(0.0)["w/exp_avg"].nbytes  # counted once
+
+
 def test_a_state_saved_twice_is_written_once_as_last_saved_and_counted_once(tmp_path, writer):
     # not what a run does (a job id is saved once), but the writer thread must not die
     # of it: a flush would then wait for ever

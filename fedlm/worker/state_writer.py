@@ -158,10 +158,11 @@ class StateWriter:
             written = self._do(kind, store, arg, state)
             with self._cond:
                 self._busy = False
-                if written:
-                    key = (store.folder, arg)
-                    state = self._pending.pop(key, {})
-                    if self._closed or arg < self._pruned.get(store.folder, -1) or not state:
+                key = (store.folder, arg)
+                # saved again while it was written: that save's own entry writes the newer
+                if written and self._pending.get(key) is state:
+                    del self._pending[key]
+                    if self._closed or arg < self._pruned.get(store.folder, -1):
                         self._bytes -= _nbytes(state)  # no job will start from it
                     else:
                         self._bytes -= _nbytes(self._written.pop(key, {}))  # saved twice
