@@ -389,8 +389,12 @@ def test_a_broken_command_in_the_docs_fails_the_check(scratch):
     assert len(got) == 9, got  # the rest hold: a mention, a fine run, the documented refusal
 
 
-def test_a_plugin_without_its_pythonpath_is_refused(scratch):
+def test_a_plugin_without_its_pythonpath_is_refused(scratch, monkeypatch):
     """PYTHONPATH=examples is what makes a plug-in load: without it, the command fails."""
+    # as a fresh process would be: another test of this process may have put examples/
+    # on the path (tests/test_newcomer_plugins.py does) and loaded the plug-in
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if Path(p).name != "examples"])
+    monkeypatch.delitem(sys.modules, "fedopt", raising=False)
     doc = scratch / "plugin.md"
     doc.write_text("```bash\nPYTHONPATH=examples fedlm run --set strategy=fedopt:FedAdam\n"
                    "fedlm run --set strategy=fedopt:FedAdam\n```\n")
