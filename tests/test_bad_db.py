@@ -351,3 +351,21 @@ def test_a_store_sqlite_refuses_to_make_is_not_called_a_full_disk(tmp_path, monk
     text = str(err.value)
     assert text.startswith(f"db: cannot create {db}: SQLite refused it (")
     assert "full" not in text and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("kind", ["device", "file", "fifo inside"])
+def test_export_refuses_an_out_that_is_no_folder_of_its_own_before_writing(no_work, good_db,
+                                                                           kind):
+    """``--out /dev/null`` said "File exists"; a FIFO at one of the export's names would
+    have blocked its write for ever."""
+    out, fragment = {"device": ("/dev/null", "--out: /dev/null is a character device, not "
+                                             "a folder"),
+                     "file": (str(good_db), f"--out: {good_db} is a file, not a folder"),
+                     "fifo inside": (str(no_work / "out"), "run1_jobs.csv is a FIFO, where "
+                                                           "the export writes a file")}[kind]
+    if kind == "fifo inside":
+        (no_work / "out").mkdir()
+        os.mkfifo(no_work / "out" / "run1_jobs.csv")
+    assert_refused(*run_cli(["export", "1", "--db", str(good_db), "--out", out]), fragment)
+    if kind == "fifo inside":
+        assert sorted(p.name for p in (no_work / "out").iterdir()) == ["run1_jobs.csv"]
