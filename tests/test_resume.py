@@ -161,6 +161,26 @@ def test_real_time_leaves_out_the_time_a_resumed_run_was_away(tmp_path, monkeypa
     assert after == sorted(after) and after[:len(walls)][:3] == walls[:3]
 
 
+def test_a_second_resume_keeps_the_first_ones_time_away(tmp_path):
+    # stopped again before a new checkpoint: the second resume cuts the store back to the
+    # same checkpoint, and with it went the first resume's record of its time away
+    from fedlm.engine import Interrupted
+
+    sets = [*BASE, "reliability.checkpoint_every=4"]
+    db = tmp_path / "r.db"
+    for resume, at in ((None, 4), (1, 5)):
+        stop = []
+        with pytest.raises(Interrupted):
+            run_inprocess(tiny_config(*sets), str(db), resume=resume,
+                          should_stop=lambda: bool(stop),
+                          progress=lambda p: stop.append(1) if p.version >= at else None)
+    run_inprocess(tiny_config(*sets), str(db), resume=1)
+    with sqlite3.connect(db) as conn:
+        kinds = [k for (k,) in conn.execute("SELECT kind FROM events WHERE kind IN "
+                                            "('away', 'resumed') ORDER BY id")]
+    assert kinds.count("away") == 2
+
+
 def test_resume_refuses_a_finished_run_and_a_config(tmp_path):
     db = tmp_path / "r.db"
     run_inprocess(tiny_config("updates=1"), str(db))

@@ -26,7 +26,7 @@ from fedlm import ownership
 from fedlm.store.connection import (StoreError, connect, db_error, transaction, with_retries,
                                     writer_connection)
 from fedlm.store.readers import diverged_refusal
-from fedlm.store.schema import IntervalKind, store_id
+from fedlm.store.schema import AWAY_EVENT, IntervalKind, store_id
 
 
 class RunWriter:
@@ -182,7 +182,10 @@ class RunWriter:
 
         def cut(conn: sqlite3.Connection) -> None:
             for table, last in positions.items():
-                conn.execute(f"DELETE FROM {table} WHERE run_id=? AND id>?", (r, last))
+                # an earlier resume's time away stays, whatever is cut: it is no run time
+                away = " AND kind<>?" if table == "events" else ""
+                conn.execute(f"DELETE FROM {table} WHERE run_id=? AND id>?{away}",
+                             (r, last, AWAY_EVENT) if away else (r, last))
             conn.execute("DELETE FROM jobs WHERE run_id=? AND job_id>=?", (r, next_job_id))
             conn.execute("DELETE FROM updates WHERE run_id=? AND seq>=?", (r, seq))
             conn.executemany("UPDATE jobs SET status='running', end_op=NULL, computed=NULL,"
