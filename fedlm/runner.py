@@ -24,7 +24,7 @@ from fedlm.store.schema import AWAY_EVENT
 from fedlm.worker import batching, placement, precision, state_folders
 from fedlm.sim import dynamics, fleet as fleet_lib
 from fedlm.config import Config
-from fedlm.engine import Diverged, Engine, Interrupted, Progress, Transport
+from fedlm.engine import Diverged, Interrupted, Progress, Transport, assemble
 from fedlm.evaluate import Evaluator
 from fedlm.inprocess import InProcessTransport
 from fedlm.params import params_hash
@@ -32,7 +32,6 @@ from fedlm.store import (RunWriter, StoreError, best_loss, connect_readonly, eve
                          input_pins, resumable_row, store_id)
 from fedlm.shards import data_shards, shard_sizes
 from fedlm.worker.states import run_folder
-from fedlm.strategies import registry
 
 # connect(run_key) -> (transport, worker -> node id)
 Connect = Callable[[str], tuple[Transport, dict[int, str]]]
@@ -72,7 +71,7 @@ def execute(cfg: Config, db_path: str, connect: Connect,
             should_stop: Callable[[], bool] | None = None,
             resume: int | None = None,
             pretrain_progress: Callable[[int, int], None] | None = None,
-            server_device: str = "cpu") -> int:
+            server_device: str = "cpu", server: servers.Server | None = None) -> int:
     """Run ``cfg`` (or continue run ``resume``); everything lands in the run store
     at ``db_path``. Returns the run id.
 
@@ -80,8 +79,11 @@ def execute(cfg: Config, db_path: str, connect: Connect,
     returns the transport and, per worker, the id of the node that holds it.
     ``server_device``: where the global model, the outer optimizer's state and the
     outer step live (the run's GPU in process; the host where updates come over a wire).
+    ``server``: the kind built for this run already (``fedlm run`` announces it first),
+    else built here: a run builds its strategy once.
     """
-    server = servers.build(cfg)  # the kind of server, with its strategies
+    if server is None:
+        server = servers.build(cfg)  # the kind of server, with its strategies
     run = _open(cfg, db_path, servers.summary(server), resume, server_device)
     writer = run.writer
     if on_start:
@@ -197,12 +199,10 @@ def _engine(cfg: Config, db_path: str, run: _Run, server, transport, node_of,
                        "run": run.whose},
                       keep=cfg.reliability.checkpoint_keep)
 
-    engine = Engine(cfg, server=server,
-                    local_steps=registry.build_local_steps(cfg.local_steps),
-                    transport=transport, fleet=fleet, writer=writer,
-                    evaluate=Evaluator(cfg), progress=progress, should_stop=should_stop,
-                    checkpoint=save_checkpoint if cfg.reliability.checkpoint_every else None,
-                    shard_sizes=sizes)
+    engine = assemble(cfg, server=server, transport=transport, fleet=fleet, writer=writer,
+                      evaluate=Evaluator(cfg), progress=progress, should_stop=should_stop,
+                      checkpoint=save_checkpoint if cfg.reliability.checkpoint_every else None,
+                      shard_sizes=sizes)
     for kind, detail in run.notes:
         writer.add_event(kind=kind, virtual_time=run.state["position"]["now"] if run.state
                          else 0.0, detail=detail)

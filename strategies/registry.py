@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -125,11 +126,31 @@ def check_strategy(name: str, outer: dict[str, Any]) -> Strategy:
         if key not in accepted:
             known = ", ".join(accepted) or "none"
             raise ConfigError(f"outer.{key}: not a setting of {name!r} (known: {known})")
-    return build_strategy(name, outer)  # range checks live in the constructor
+    trial = _construct(name, outer)  # range checks live in the constructor
+    _TRIAL.clear()
+    _TRIAL[_trial_key(name, outer)] = trial
+    return trial
+
+
+# The config check's trial strategy, kept until a run of the same settings asks for its
+# strategy: a run builds its strategy once (the check's construction is the run's), not
+# once to check, once to announce and once to run. Only the newest trial is kept.
+_TRIAL: dict[str, Strategy] = {}
+
+
+def _trial_key(name: str, outer: dict[str, Any]) -> str:
+    return json.dumps([name, outer], sort_keys=True, default=repr)
 
 
 def build_strategy(name: str, outer: dict[str, Any]) -> Strategy:
-    """Strategy ``name`` with its ``outer.*`` settings."""
+    """Strategy ``name`` with its ``outer.*`` settings: the config check's trial of these
+    settings where it is still unclaimed (it was built and checked then), else a new
+    one."""
+    trial = _TRIAL.pop(_trial_key(name, outer), None)
+    return trial if trial is not None else _construct(name, outer)
+
+
+def _construct(name: str, outer: dict[str, Any]) -> Strategy:
     cls = strategy_class(name)
     try:
         return cls(**outer)

@@ -9,14 +9,13 @@ from collections import OrderedDict
 import torch
 
 from fedlm import model as M
-from fedlm.engine import Engine
+from fedlm.engine import assemble
 from fedlm.evaluate import Evaluator
 from fedlm.inprocess import InProcessTransport
 from fedlm.model import snapshot
 from fedlm.params import params_hash
 from fedlm.runner import open_run, worker_rows
 from fedlm.sim import fleet
-from fedlm.strategies import registry
 from fedlm import servers
 from fedlm.strategies.base import Update
 
@@ -28,9 +27,9 @@ def run_engine(cfg, db, transport=None, evaluate=True):
     writer = open_run(cfg, db, servers.summary(server))
     profiles = fleet.node_profiles(cfg)
     writer.add_workers(worker_rows(cfg, profiles))
-    engine = Engine(cfg, server=server, local_steps=registry.build_local_steps(cfg.local_steps),
-                    transport=transport or InProcessTransport(cfg), fleet=profiles,
-                    writer=writer, evaluate=Evaluator(cfg) if evaluate else None)
+    engine = assemble(cfg, server=server, transport=transport or InProcessTransport(cfg),
+                      fleet=profiles, writer=writer,
+                      evaluate=Evaluator(cfg) if evaluate else None)
     net = M.build(cfg.model, cfg.data.seq_len, seed=cfg.seed)
     theta = snapshot(net)
     writer.set_model_info(M.num_parameters(net), params_hash(theta))

@@ -45,6 +45,8 @@ def test_the_grep_would_see_a_family_named_in_the_core():
 # the calls of the protocol: ServerCalls's public methods, none of them a field
 PROTOCOL = {n for n, v in vars(servers.ServerCalls).items()
             if callable(v) and not n.startswith("_")}
+# what the engine may know of the kind's strategy and job sizes: the facade's properties
+FACADE = {n for n, v in vars(servers.ServerCalls).items() if isinstance(v, property)}
 
 
 def _server_reads(tree: ast.AST) -> list[tuple[int, str]]:
@@ -59,17 +61,25 @@ def test_the_engine_and_replay_read_no_server_attribute_outside_the_protocol():
     # 16: `offered` came with client sampling (a round drawn from the workers present);
     # 17: `drains_messages`, a kind whose messages carry updates (examples/pipelined.py)
     assert len(PROTOCOL) <= 17 and {"dispatch", "finished", "lost", "arrived"} <= PROTOCOL
+    # the strategy and the job sizes, read only through these (never the strategy itself)
+    assert FACADE == {"policy", "synchronous", "wants_grace", "draws_rounds", "awaits_draw",
+                      "strategy_name", "outer_lr"}
     reads = {p.relative_to(ROOT): _server_reads(ast.parse(p.read_text())) for p in CORE}
     assert sum(map(len, reads.values())) > 20  # the check looks where the calls are
     stray = [f"{p}:{line}: server.{name}" for p, found in reads.items()
-             for line, name in found if name not in PROTOCOL]
+             for line, name in found if name not in PROTOCOL | FACADE]
     assert stray == []
     # and none reaches past the calls to the kind, nor builds one of its own
     text = "\n".join(p.read_text() for p in CORE)
     builds = {p.name for p in CORE if "servers.build(" in p.read_text()}
-    # the run's entry points build the server; the engine only for a strategy handed in
-    assert "._server" not in text and builds == {"runner.py", "replay.py", "dry_run.py",
-                                                 "loop.py"}
+    # the run's entry point builds the server (it stores its summary first), replay its
+    # own; every engine is assembled in one place
+    assert "._server" not in text and builds == {"runner.py", "replay.py", "assembly.py"}
+    assert "self.strategy" not in text  # the engine keeps no strategy of its own
+    made = {p.name for p in CORE + sorted((ROOT / "fedlm").rglob("*.py"))
+            + sorted((ROOT / "experiments").rglob("*.py")) + [ROOT / "tests" / "support.py"]
+            if re.search(r"(?<!class )\bEngine\(", p.read_text())}
+    assert made == {"assembly.py"}
 
 
 def test_the_check_would_see_a_field_read():

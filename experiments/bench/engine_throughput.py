@@ -32,9 +32,8 @@ sys.path.insert(0, str(ROOT))
 
 from fedlm import config_load  # noqa: E402
 from fedlm.sim import fleet  # noqa: E402
-from fedlm.engine import Engine, JobResult  # noqa: E402
+from fedlm.engine import JobResult, assemble  # noqa: E402
 from fedlm.store import RunWriter  # noqa: E402
-from fedlm.strategies import registry  # noqa: E402
 
 
 class NoOpTransport:
@@ -57,7 +56,7 @@ def measure(workers: int, strategy: str, events: int, store: bool) -> dict:
     updates = events if strategy == "async-sgd" else max(1, events // workers)
     cfg = config_load.load(None, [f"workers={workers}", f"strategy={strategy}", "profile=very",
                                   f"updates={updates}", "model=tiny", "eval.every=1000000000",
-                                  "data.partition=iid"])
+                                  "data.partition=iid", "local_steps=fixed"])
     t0 = time.perf_counter()
     profiles = fleet.profiles(cfg.fleet, workers)
     with tempfile.TemporaryDirectory() as tmp:
@@ -67,9 +66,7 @@ def measure(workers: int, strategy: str, events: int, store: bool) -> dict:
                                local_steps="fixed", profile="very", model="tiny",
                                workers=workers, seed=0, clock="virtual",
                                config_json=cfg.to_json())
-        engine = Engine(cfg, strategy=registry.build_strategy(strategy, {}),
-                        local_steps=registry.build_local_steps("fixed"),
-                        transport=NoOpTransport(), fleet=profiles, writer=writer)
+        engine = assemble(cfg, transport=NoOpTransport(), fleet=profiles, writer=writer)
         setup = time.perf_counter() - t0
         t1 = time.perf_counter()
         engine.run(OrderedDict(w=torch.zeros(1)))

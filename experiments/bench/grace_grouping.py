@@ -31,9 +31,8 @@ sys.path.insert(0, str(ROOT))  # this tree's fedlm, not whichever is installed
 
 from fedlm import config_load  # noqa: E402
 from fedlm.sim import fleet  # noqa: E402
-from fedlm.engine import Engine  # noqa: E402
+from fedlm.engine import assemble  # noqa: E402
 from fedlm.engine.dry_run import InstantTransport  # noqa: E402
-from fedlm.strategies import registry  # noqa: E402
 
 FLEETS = [(4, "moderate", []), (4, "very", []), (8, "moderate", []), (8, "very", []),
           (16, "very", []), (4, "very", ["fleet.jitter=0.15"]), (8, "very", ["fleet.jitter=0.15"]),
@@ -78,10 +77,8 @@ def one_run(workers: int, profile: str, extra: list[str], rule: list[str], seed:
     zeros = OrderedDict(w=torch.zeros(8))
     rec = Recorder()
     nodes = fleet.node_profiles(cfg)
-    engine = Engine(cfg, strategy=registry.build_strategy(cfg.strategy, cfg.outer),
-                    local_steps=registry.build_local_steps(cfg.local_steps),
-                    transport=InstantTransport(zeros, cfg), fleet=nodes, writer=rec,
-                    shard_sizes=[1] * cfg.shard_count())
+    engine = assemble(cfg, transport=InstantTransport(zeros, cfg), fleet=nodes, writer=rec,
+                      shard_sizes=[1] * cfg.shard_count())
     engine.run(zeros)
     full = sum(n == workers for n in rec.passes.values()) / len(rec.passes)
     return {"full": full, "staleness": statistics.mean(rec.staleness),

@@ -36,9 +36,8 @@ sys.path.insert(0, str(ROOT / "experiments" / "bench"))
 from engine_throughput import NoOpTransport  # noqa: E402
 
 from fedlm import config_load  # noqa: E402
-from fedlm.engine import Engine  # noqa: E402
+from fedlm.engine import assemble  # noqa: E402
 from fedlm.sim import fleet  # noqa: E402
-from fedlm.strategies import registry  # noqa: E402
 
 SAMPLED = ["strategy=fedavg", "outer.fraction=0.1", "outer.overcommit=1.3"]
 
@@ -49,11 +48,9 @@ def core(workers: int, events: int) -> dict:
     rounds = max(2, int(events / per_round))
     cfg = config_load.load(None, [f"workers={workers}", *SAMPLED, "profile=very",
                                   f"updates={rounds}", "model=tiny",
-                                  "eval.every=1000000000", "data.partition=iid"])
-    engine = Engine(cfg, strategy=registry.build_strategy(cfg.strategy, cfg.outer),
-                    local_steps=registry.build_local_steps("fixed"),
-                    transport=NoOpTransport(), fleet=fleet.profiles(cfg.fleet, workers),
-                    writer=None)
+                                  "eval.every=1000000000", "data.partition=iid",
+                                  "local_steps=fixed"])
+    engine = assemble(cfg, transport=NoOpTransport(), fleet=fleet.profiles(cfg.fleet, workers))
     t0 = time.perf_counter()
     engine.run(OrderedDict(w=torch.zeros(1)))
     seconds = time.perf_counter() - t0

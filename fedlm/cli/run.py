@@ -50,7 +50,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     simulation.quiet_libraries(flower)  # before the libraries below read the environment
     from fedlm import runner
 
-    _announce(cfg, db, args.resume)
+    server = _announce(cfg, db, args.resume)  # the run's server kind: built once, here
     runner.prepare_data(cfg)
     view = _RunView(cfg, follower, quiet=args.quiet)
     from fedlm.engine import Interrupted
@@ -68,7 +68,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         try:
             train(cfg, db, progress=view.on_progress, on_start=view.on_start,
                   should_stop=stopping.is_set, resume=args.resume,
-                  pretrain_progress=view.on_pretrain)
+                  pretrain_progress=view.on_pretrain, server=server)
         except Exception as exc:  # also re-raised from the ServerApp thread
             cut = isinstance(exc, HookTimeout)
             if view.failed(exc):
@@ -110,16 +110,16 @@ def _run_config(args: argparse.Namespace) -> tuple[Config, str]:
     return config_load.from_json(resumable_row(db, args.resume)["config_json"]), db
 
 
-def _announce(cfg: Config, db: str, resume: int | None) -> None:
+def _announce(cfg: Config, db: str, resume: int | None):
     """The run's first line: its fleet, model, strategy, how long, where it is stored;
-    then the settings that do nothing here, and a resume that starts over."""
+    then the settings that do nothing here, and a resume that starts over. Returns the
+    run's server kind, built for the line, which the run then takes."""
     from fedlm import runner, servers
+    from fedlm.servers.watch import bounded, plug_in_bound
     from fedlm.sim import dynamics
 
     stop = f"{cfg.updates} updates" + (f" or {cfg.local_step_budget} local steps"
                                        if cfg.local_step_budget > 0 else "")
-    from fedlm.servers.watch import bounded, plug_in_bound
-
     server = bounded(plug_in_bound(cfg), f"strategy {cfg.strategy}'s constructor",
                      servers.build, cfg)  # a plug-in's code: bounded as its hooks are
     versions = server.versions_wanted(cfg.updates)
@@ -135,6 +135,7 @@ def _announce(cfg: Config, db: str, resume: int | None) -> None:
     if resume is not None and runner.resume_checkpoint(db, resume) is None:
         print(f"fedlm: no checkpoint of run {resume} next to {db}; starting over from "
               f"version 0", file=sys.stderr, flush=True)
+    return server
 
 
 class _RunView:

@@ -13,12 +13,12 @@ from __future__ import annotations
 import math
 
 
-def hint(strategy) -> str:
+def hint(name: str, lr) -> str:
     """What to try, for the message: a global model that blows up between outer
-    steps is almost always an outer step too large for the strategy."""
-    lr = strategy.lr
+    steps is almost always an outer step too large for the strategy ``name`` (its outer
+    learning rate ``lr``, where it has one)."""
     now = f" (now {lr:g})" if isinstance(lr, (int, float)) and not isinstance(lr, bool) else ""
-    return (f"the outer learning rate is likely too high for {strategy.name}; try a smaller "
+    return (f"the outer learning rate is likely too high for {name}; try a smaller "
             f"outer.lr{now}")
 
 

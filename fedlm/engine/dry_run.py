@@ -13,11 +13,10 @@ from collections import OrderedDict
 
 import torch
 
-from fedlm import servers
+from fedlm.engine.assembly import assemble
 from fedlm.engine.loop import Engine
 from fedlm.engine.types import JobResult
-from fedlm.sim import compression, fleet
-from fedlm.strategies import registry
+from fedlm.sim import compression
 
 
 class InstantTransport:
@@ -68,9 +67,7 @@ def run_clock(cfg, zeros) -> tuple[Engine, dict[str, float]]:
     seconds of each kind of interval, summed over the workers."""
     spans = _Spans()
     transport = InstantTransport(zeros, cfg)
-    engine = Engine(cfg, server=servers.build(cfg),
-                    local_steps=registry.build_local_steps(cfg.local_steps),
-                    transport=transport, fleet=fleet.node_profiles(cfg), writer=spans)
+    engine = assemble(cfg, transport=transport, writer=spans)
     transport.reference = engine.server.reference  # what the run's server compares to
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # small tensors: threads only get in each other's way

@@ -203,13 +203,14 @@ def grace_rule(setting: str, span: float, *, wants_grace: bool, synchronous: boo
     return FixedGrace(seconds) if seconds > 0 else NoGrace()
 
 
-def grace_for(cfg: Any, strategy: Any, policy: Any, fleet: list) -> NoGrace:
-    """The rule of a run: ``grace_rule`` of its settings, where jobs handed out together
+def grace_for(cfg: Any, server: Any, policy: Any, fleet: list) -> NoGrace:
+    """The rule of a run: ``grace_rule`` of its settings and its strategy's (``server``:
+    the engine's ``ServerCalls``, which says them), where jobs handed out together
     are meant to finish together if the local-steps policy sizes them so (asked after
     its ``start``: DyLU cannot where a worker's transfers alone outlast the job it
     sizes the others to) or every worker is equally fast."""
-    return grace_rule(cfg.grace, cfg.grace_span, wants_grace=strategy.wants_grace,
-                      synchronous=strategy.synchronous,
+    return grace_rule(cfg.grace, cfg.grace_span, wants_grace=server.wants_grace,
+                      synchronous=server.synchronous,
                       together=policy.sizes_even() or len({p.step_time for p in fleet}) == 1,
                       num_workers=len(fleet))
 

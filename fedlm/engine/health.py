@@ -45,7 +45,7 @@ class Health:
 
     def _check_progress(self) -> None:
         """Stop a run that can make no progress (``fedlm.engine.stall``), in one line."""
-        why = self.stall.why_stalled(self.version, self.strategy.name)
+        why = self.stall.why_stalled(self.version, self.server.strategy_name)
         if why is not None:
             self.log.stalled(self.now, why)
             self._close_timeline(why="run stalled")

@@ -37,8 +37,6 @@ from fedlm import servers
 from fedlm.sim import dynamics, faults
 from fedlm.sim.fleet import WorkerProfile
 from fedlm.store import RunWriter
-from fedlm.strategies.base import Strategy
-from fedlm.strategies.local_steps import LocalSteps
 from fedlm.engine import state, timeline
 from fedlm.engine.budget import StepBudget
 from fedlm.engine.divergence import DivergenceWatch, hint
@@ -60,23 +58,25 @@ from fedlm.engine.workers import WorkerPool
 
 
 class Engine(Offering, Health):
-    def __init__(self, cfg: Config, *, server: servers.Server | None = None,
-                 strategy: Strategy | None = None, local_steps: LocalSteps,
-                 transport: Transport, fleet: list[WorkerProfile], writer: RunWriter | None,
+    """Made in one place, ``fedlm.engine.assembly.assemble``, from a config and the server
+    kind built for it (with its strategy and its local-steps policy)."""
+
+    def __init__(self, cfg: Config, *, server: servers.Server, transport: Transport,
+                 fleet: list[WorkerProfile], writer: RunWriter | None,
                  evaluate: Callable | None = None,
                  progress: Callable[[Progress], None] | None = None,
                  should_stop: Callable[[], bool] | None = None,
                  checkpoint: Callable[[dict], None] | None = None,
                  shard_sizes: list[int] | None = None) -> None:
-        kind = server if server is not None else servers.build(cfg, strategy)  # built once
-        strategy = kind.strategy
+        kind = server
         self.hook_watch = servers.HookWatch(cfg.reliability.hook_timeout)
         self.server = servers.ServerCalls(kind, on_version=self._new_version,
                                           on_messages=lambda m: self.transfers.send(m, self.now),
                                           watch=self.hook_watch)
         # the links a worker's jobs take: to its server (which may sit in its region)
         servers_fleet, fleet = fleet, self.server.links(fleet)
-        self.cfg, self.fleet, self.policy, self.strategy = cfg, fleet, local_steps, strategy
+        # the kind's policy sizes jobs: the engine starts it and tells it what jobs took
+        self.cfg, self.fleet, self.policy = cfg, fleet, self.server.policy
         self.evaluate, self.progress = evaluate, progress
         self.checkpoint = checkpoint  # called with state_dict() every checkpoint_every versions
         self.transport = (faults.DuplicatingTransport(transport) if cfg.faults.duplicate > 0
@@ -95,11 +95,11 @@ class Engine(Offering, Health):
         self.presence = (Presence(changes, self.pool, self.events, self.log)
                          if changes is not None else None)
         self.jobs = JobMaker(cfg, fleet, shard_sizes)
-        self.budget = StepBudget(cfg.local_step_budget, strategy.synchronous)
+        self.budget = StepBudget(cfg.local_step_budget, self.server.synchronous)
         self.transfers = ServerTransfers(cfg, servers_fleet, self.events, self.log)
         # updates and eval.every count outer steps (a server may make several versions in one)
         self.versions_wanted = self.server.versions_wanted(cfg.updates)
-        self.grace = grace_for(cfg, strategy, local_steps, fleet)  # again once DyLU knows links
+        self.grace = grace_for(cfg, self.server, self.policy, fleet)  # again once DyLU knows links
         self.base_params: dict[int, object] = {}  # versions in-flight jobs started from
         self.tokens = self.steps_done = self.jobs_done = 0
         self.last_perplexity: float | None = None
@@ -107,7 +107,8 @@ class Engine(Offering, Health):
         self._checkpoint_due = False
         self.wall_start = time.time()
         # the best validation loss so far; a resumed run's is seeded from its evaluations
-        self.divergence = DivergenceWatch(cfg.eval.diverge_factor, hint(strategy))
+        self.divergence = DivergenceWatch(cfg.eval.diverge_factor,
+                                          hint(self.server.strategy_name, self.server.outer_lr))
         self.stall = StallWatch(len(fleet))  # a run that can make no progress stops
         self._cancelled = False  # the jobs in flight at the end are marked cancelled once
 
@@ -148,7 +149,7 @@ class Engine(Offering, Health):
         transfers = self.events.transfer_times(*whole)  # DyLU sizes whole jobs, transfers too
         self.policy.start(steps=self.cfg.inner.steps, transfer_times=transfers,
                           step_times=[p.step_time for p in self.fleet])
-        self.grace = grace_for(self.cfg, self.strategy, self.policy, self.fleet)
+        self.grace = grace_for(self.cfg, self.server, self.policy, self.fleet)
         if resume is None:
             self.model_bytes, self.up_bytes = whole
             self.events.set_payload(self.model_bytes, self.up_bytes)
@@ -167,7 +168,7 @@ class Engine(Offering, Health):
                 break
             if self.stall.stuck(self.in_flight, self.pool.offline, self.events, self.transfers.flying):
                 raise EngineError(f"stalled at version {self.version}: no job in flight "
-                                  f"and strategy {self.strategy.name!r} gives none to "
+                                  f"and strategy {self.server.strategy_name!r} gives none to "
                                   f"the {len(self.pool.free_since)} free workers")
             first = self._handle(self.events.next_event())
             self._check_progress()

@@ -27,9 +27,9 @@ class Offering:
             self.pool.pass_over(self.version, len(self.in_flight))
             return
         candidates = self.pool.candidates(self.version, len(self.in_flight))
-        asked = self.strategy.draws_rounds or self.policy.sizes_rounds
+        asked = self.server.draws_rounds or self.policy.sizes_rounds
         if asked:  # the round is drawn, or sized, from everyone present
-            if self.strategy.awaits_draw and self.pool.not_drawn:  # the last round is over
+            if self.server.awaits_draw and self.pool.not_drawn:  # the last round is over
                 self.log.intervals(self.pool.round_over(
                     now, self.version, self.presence and self.presence.absent_since))
             candidates = self._offer([w for w in candidates if self._present(w, now)], now)
@@ -43,7 +43,7 @@ class Offering:
                 break
             if not asked and not self._takes_job(w, now):
                 continue
-            steps = self.server.job_steps(w, self.version, self.policy, self._allowed)
+            steps = self.server.job_steps(w, self.version, self._allowed)
             if steps is not None:
                 self._dispatch(w, now, steps)
 
@@ -57,7 +57,7 @@ class Offering:
         among = self.server.offered(present, self.version)
         if among is not None:
             self.log.round_drawn(now, among)
-        if self.strategy.awaits_draw:  # next scan, every free worker: a draw takes them all
+        if self.server.awaits_draw:  # next scan, every free worker: a draw takes them all
             self.pool.blocked = True
         wanted = [w for w in present if self.server.wants_job(w, self.version)]
         if among is not None:  # those it did not draw are not drawn until the round is over

@@ -218,16 +218,17 @@ def run_on_grid(grid: Grid, cfg: Config, db_path: str,
                 on_start: Callable[[int], None] | None = None,
                 should_stop: Callable[[], bool] | None = None, resume: int | None = None,
                 pretrain_progress: Callable[[int, int], None] | None = None,
-                allowed: set[int] | None = None) -> int:
+                allowed: set[int] | None = None, server=None) -> int:
     """Run ``cfg`` (or continue run ``resume``) on ``grid``'s nodes (only those of
-    ``allowed``, if given); everything lands in the run store. Returns the run id."""
+    ``allowed``, if given); everything lands in the run store. Returns the run id.
+    ``server``: the run's server kind, built already (else built for the run)."""
     def connect(run_key: str):
         transport = FlowerTransport(grid, cfg, run_key, should_stop or (lambda: False),
                                     allowed)
         return transport, transport.connect()
 
     return execute(cfg, db_path, connect, progress, on_start, should_stop, resume=resume,
-                   pretrain_progress=pretrain_progress)
+                   pretrain_progress=pretrain_progress, server=server)
 
 
 def make_server_app(cfg: Config, db_path: str,
@@ -235,14 +236,16 @@ def make_server_app(cfg: Config, db_path: str,
                     on_start: Callable[[int], None] | None = None,
                     should_stop: Callable[[], bool] | None = None,
                     resume: int | None = None,
-                    pretrain_progress: Callable[[int, int], None] | None = None) -> ServerApp:
-    """A ServerApp bound to ``cfg`` (for ``run_simulation``, whose run config is empty)."""
+                    pretrain_progress: Callable[[int, int], None] | None = None,
+                    server=None) -> ServerApp:
+    """A ServerApp bound to ``cfg`` (for ``run_simulation``, whose run config is empty);
+    ``server``: the run's server kind, built already in this process."""
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         run_on_grid(grid, cfg, db_path, progress, on_start, should_stop, resume,
-                    pretrain_progress)
+                    pretrain_progress, server=server)
 
     return app
 

@@ -76,6 +76,42 @@ class ServerCalls:
         """The evaluated (and hashed) model's version and params."""
         return self._server.version, self._server.params
 
+    # -- what the engine may know of the kind's strategy and job sizes -----------------
+    @property
+    def policy(self):
+        """The kind's local-steps policy (``fedlm.strategies.local_steps``): the engine
+        starts it, tells it what each job took, offers it a round's workers."""
+        return self._server.policy
+
+    @property
+    def synchronous(self) -> bool:
+        """Whether the strategy runs rounds with a barrier."""
+        return self._server.strategy.synchronous
+
+    @property
+    def wants_grace(self) -> bool:
+        """Whether jobs that finish together should be applied together (async)."""
+        return self._server.strategy.wants_grace
+
+    @property
+    def draws_rounds(self) -> bool:
+        """Whether the strategy draws each round's workers from those offered."""
+        return self._server.strategy.draws_rounds
+
+    @property
+    def awaits_draw(self) -> bool:
+        """Whether its next round is still to be drawn (every free worker is offered)."""
+        return self._server.strategy.awaits_draw
+
+    @property
+    def strategy_name(self) -> str:
+        return self._server.strategy.name
+
+    @property
+    def outer_lr(self):
+        """The strategy's outer learning rate, where it has one (for a divergence hint)."""
+        return self._server.strategy.lr
+
     # -- a job -------------------------------------------------------------------------
     def wants_job(self, worker: int, version: int) -> bool:
         return self._server.wants_job(worker, version)
@@ -85,11 +121,11 @@ class ServerCalls:
         was drawn from, or None (the engine logs them; replay offers exactly them)."""
         return self._server.offered(workers, version)
 
-    def job_steps(self, worker: int, version: int, policy,
+    def job_steps(self, worker: int, version: int,
                   allow: Callable[[int], int] = lambda steps: steps) -> int | None:
         """Inner steps of ``worker``'s next job, within ``allow`` (the engine's step
         budget); None: no job (0 steps, unless the kind sends a job of none)."""
-        steps = allow(self._server.job_steps(worker, version, policy))
+        steps = allow(self._server.job_steps(worker, version))
         return steps if steps > 0 or self._server.sends_empty_job(version) else None
 
     def dispatch(self, job: JobSpec, events=None, index: int = 0) -> Sent:

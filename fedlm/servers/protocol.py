@@ -103,7 +103,12 @@ class Server:
         ValueError with one line (the config check says it as ``server: ...``)."""
 
     def __init__(self, cfg: Config, strategy: Strategy) -> None:
+        from fedlm.strategies.registry import build_local_steps
+
         self.cfg, self.strategy = cfg, strategy
+        # how many inner steps each job gets (``local_steps``): the kind's, which sizes
+        # its own jobs; the engine reaches it only through ``ServerCalls``
+        self.policy = build_local_steps(cfg.local_steps)
         self.params: Any = None
         self.version = 0
         self.seen: dict[int, int] = {}  # worker -> base version of its last accepted job
@@ -165,8 +170,8 @@ class Server:
     def wants_job(self, worker: int, version: int) -> bool:
         return self.strategy.wants_job(worker, version=version)
 
-    def job_steps(self, worker: int, version: int, policy) -> int:
-        return policy.local_steps(worker)
+    def job_steps(self, worker: int, version: int) -> int:
+        return self.policy.local_steps(worker)
 
     def sends_empty_job(self, version: int) -> bool:
         return False

@@ -127,7 +127,7 @@ class StreamedServer(Server):
                                    params=_part(self.params, self.groups[p]))
         return None if new is None else self._whole(new)
 
-    def job_steps(self, worker: int, version: int, policy) -> int:
+    def job_steps(self, worker: int, version: int) -> int:
         if self.flushing(version):
             return 0
         return segment_steps(self.cfg.inner.steps, self.streaming.fragments, version)
