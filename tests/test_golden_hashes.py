@@ -72,6 +72,8 @@ RUNS = {
                   "fleet.jitter=0.3", "updates=6", "outer.deadline_k=0"),
     "pipelined": ("server=pipelined:PipelinedServer", "strategy=delayed-nesterov",
                   "updates=6", "outer.buffer_size=2"),
+    "overlapped": ("strategy=overlap_dc_example:OverlappedDiLoCo", "profile=geo",
+                   "workers=4", "fleet.jitter=0.5"),  # replies arrive out of worker order
     "decoupled": ("strategy=decoupled_diloco:DecoupledMerge", "grace=adaptive",
                   "outer.quorum=2", SPEEDS, "updates=5"),
 }
