@@ -1,6 +1,6 @@
 """Run a set of `fedlm run` arms and tabulate them against the first (the reference).
 
-    python experiments/compare.py experiments/configs/async_comparison.toml
+    python experiments/compare.py experiments/archive/configs/async_comparison.toml
 
 The TOML has ``base`` (a list of --set overrides shared by all arms), ``db``,
 ``out`` (a markdown file), optionally ``backend`` ("flower", the default, or

@@ -1,8 +1,8 @@
-"""The numbers of experiments/results/fleets.md, from the fleets study's run stores.
+"""The numbers of experiments/archive/results/fleets.md (an archived study), from its run stores.
 
-    fedlm sweep experiments/configs/fleets.toml --backend inprocess --jobs 2
-    fedlm sweep experiments/configs/fleets_horizon.toml --backend inprocess --jobs 2
-    fedlm sweep experiments/configs/fleets_ablation.toml --backend inprocess --jobs 2
+    fedlm sweep experiments/archive/configs/fleets.toml --backend inprocess --jobs 2
+    fedlm sweep experiments/archive/configs/fleets_horizon.toml --backend inprocess --jobs 2
+    fedlm sweep experiments/archive/configs/fleets_ablation.toml --backend inprocess --jobs 2
     python experiments/fleets_report.py runs/fleets.db --horizon runs/fleets_horizon.db \
         --ablation runs/fleets_ablation.db > runs/fleets_tables.md
 
@@ -15,7 +15,7 @@ seeds the arm gets there at all), what DN + DyLU's runs did (lost work, stalenes
 versions); from the horizon store, DN + DyLU's ratio at other budgets (the main study's
 runs are its `small` 1,600-step point); from the ablation store, DN + DyLU with one knob
 changed at a time.
-Plots go under experiments/results/fleets/.
+Plots go under experiments/archive/results/fleets/, beside that report.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from fedlm.store.connection import StoreError  # noqa: E402
 from plotting import new_figure, save  # noqa: E402 - experiments/plotting.py, beside this
 
 T95 = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571}  # two-sided t by sample size
-OUT = Path(__file__).resolve().parent / "results" / "fleets"
+OUT = Path(__file__).resolve().parent / "archive" / "results" / "fleets"
 REFERENCE = "DiLoCo (sync) + fill"
 ORDER = [REFERENCE, "DiLoCo (sync)", "DiLoCo (sync) + DyLU", "DN + DyLU", "halos"]
 

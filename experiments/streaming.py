@@ -13,7 +13,7 @@ Every run is kept in runs/streaming.db and reused by name. Per arm: final
 perplexity (mean, 95% t-interval over seeds; paired difference to DiLoCo),
 bytes per exchange (the largest a worker sends or receives at once: what the
 links must carry in one go), total bytes, exposed and hidden communication per
-worker, virtual time. Writes experiments/results/streaming.md and .json
+worker, virtual time. Writes experiments/archive/results/streaming.md and .json
 (``--smoke``: the tiny model, 2 rounds, one seed, nothing written).
 """
 
@@ -130,7 +130,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.out is None:
         stem = "streaming_tuning" if args.role == "tuning" else "streaming"
-        args.out = str(ROOT / "experiments" / "results" / stem)
+        args.out = str(ROOT / "experiments" / "archive" / "results" / stem)
     base = BASE
     if args.smoke:
         import tempfile

@@ -128,7 +128,7 @@ def test_a_db_under_a_file_says_so(no_work):
                        f"db: cannot create {db}: afile is a file, not a folder")
         assert_refused(*run_cli(["deploy", "local", "--set", "model=tiny", "--db", db]),
                        f"db: cannot create {db}: afile is a file, not a folder")
-        assert_refused(*run_cli(["sweep", str(ROOT / "experiments/configs/paper.toml"),
+        assert_refused(*run_cli(["sweep", str(ROOT / "experiments/archive/configs/paper.toml"),
                                  "--quick", "--backend", "inprocess", "--db", db]),
                        f"db: cannot create {db}: afile is a file, not a folder")
         # the dashboard waits for a missing database to be made, but not for this one

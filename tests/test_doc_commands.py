@@ -74,7 +74,7 @@ PYTHONPATH=examples fedlm run --set strategy=fedopt:FedAdam --set outer.nope=1
 Q="--set model=tiny --set updates=0"
 fedlm run $Q --set strategy=diloco
 fedlm plan --data-centres 3 --workers 4
-fedlm sweep experiments/configs/paper.toml --arms "no such arm"
+fedlm sweep experiments/archive/configs/paper.toml --arms "no such arm"
 fedlm runs --no-such-flag
 fedlm run --set model=tiny   # fine
 fedlm trace device: error: argument --clients: ... (output, not a command)

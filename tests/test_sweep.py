@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_quick_paper_sweep_writes_tables_and_plots(tmp_path):
     out = tmp_path / "results" / "paper_quick.md"
     proc = subprocess.run(
-        [sys.executable, "-m", "fedlm", "sweep", str(ROOT / "experiments/configs/paper.toml"),
+        [sys.executable, "-m", "fedlm", "sweep", str(ROOT / "experiments/archive/configs/paper.toml"),
          "--quick", "--backend", "inprocess", "--jobs", "2", "--db", str(tmp_path / "q.db"),
          "--out", str(out)],
         capture_output=True, text=True, timeout=900)
@@ -44,7 +44,7 @@ def test_quick_paper_sweep_writes_tables_and_plots(tmp_path):
     # tests/test_store_concurrency.py, on concurrent `fedlm run` processes as here)
     # a second invocation reuses the finished runs instead of training again
     again = subprocess.run(
-        [sys.executable, "-m", "fedlm", "sweep", str(ROOT / "experiments/configs/paper.toml"),
+        [sys.executable, "-m", "fedlm", "sweep", str(ROOT / "experiments/archive/configs/paper.toml"),
          "--quick", "--backend", "inprocess", "--db", str(tmp_path / "q.db"), "--out", str(out)],
         capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and again.stdout.count("reusing run") == 8

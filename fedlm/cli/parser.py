@@ -159,7 +159,7 @@ def _add_store_parsers(sub) -> None:
 def _add_sweep_parser(sub) -> None:
     p = sub.add_parser("sweep", help="run strategies x heterogeneity profiles and write a "
                        "report with tables and plots")
-    p.add_argument("spec", help="sweep spec, e.g. experiments/configs/paper.toml")
+    p.add_argument("spec", help="sweep spec, e.g. experiments/configs/fleets_fair.toml")
     p.add_argument("--quick", action="store_true", help="the spec's reduced [quick] version")
     p.add_argument("--arms", action="append", default=None, metavar="TEXT",
                    help="only the arms whose label contains TEXT (any case; repeatable), "

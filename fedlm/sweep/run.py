@@ -1,19 +1,19 @@
 """Sweeps: strategies × heterogeneity profiles, one `fedlm run` each, one report.
 
-    fedlm sweep experiments/configs/paper.toml [--quick] [--backend flower|inprocess] [--jobs N]
-                                               [--seeds N]
+    fedlm sweep experiments/configs/fleets_fair.toml [--quick] [--backend flower|inprocess]
+                                                     [--jobs N] [--seeds N]
 
-The spec (TOML) names a run database, a markdown report, shared ``base``
-overrides, the ``profiles`` to cross, and ``[[arm]]`` entries (``label``,
-``set``; one arm is the ``reference``, the synchronous baseline). ``seeds``
-(top level, or an arm's own) runs every cell once per seed, each with
+The spec (TOML) names a run database, a markdown report, shared ``base`` overrides,
+the ``profiles`` to cross, and ``[[arm]]`` entries (``label``, ``set``; one arm is
+the ``reference``, the synchronous baseline), or ``[[fleet]]`` and ``[[arm]]``
+tables that state each fleet and each arm once (a matrix, ``fedlm.sweep.matrix``).
+``seeds`` (top level, or an arm's own) runs every cell once per seed, each with
 ``seed=S`` set last so that it wins over ``base`` and the arm's ``set``;
-``--seeds N`` replaces them all with 0..N-1. Without either, a cell is one run
-with the seed its config gives, named as before seeds existed (``ARM @ PROFILE``),
-so that stores of earlier sweeps are still reused; with them, ``ARM @ PROFILE
-seed S``. ``[quick]``
-holds overrides for ``--quick`` (``base`` added to the shared ones,
-``profiles`` replacing them). ``[paper]`` maps arm labels to the paper's final
+``--seeds N`` replaces them all with 0..N-1. Without either, a cell is one run with
+the seed its config gives, named as before seeds existed (``ARM @ PROFILE``), so
+that stores of earlier sweeps are still reused; with them, ``ARM @ PROFILE seed S``. ``[quick]``
+holds overrides for ``--quick`` (``base`` added to the shared ones, ``profiles``
+replacing them). ``[paper]`` maps arm labels to the paper's final
 perplexities per profile, shown beside ours. Finished runs are reused by name,
 so an interrupted sweep resumes where it stopped (``--rerun`` to start over), and two
 sweeps on one store share the work: each cell is claimed before it runs

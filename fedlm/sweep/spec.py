@@ -12,6 +12,8 @@ seeds existed (``ARM @ PROFILE``), so that stores of earlier sweeps are still
 reused; with them, ``ARM @ PROFILE seed S``. ``[quick]`` holds overrides for
 ``--quick`` (``base`` added to the shared ones, ``profiles`` replacing them).
 ``[paper]`` maps arm labels to the paper's final perplexities per profile.
+A spec may state its fleets once and its arms once (``[[fleet]]`` tables: a matrix,
+``fedlm.sweep.matrix``); it is read as the ``[[arm]]`` list it stands for.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 
 from fedlm import config_load
 from fedlm.errors import ConfigError
-from fedlm.sweep import tuning
+from fedlm.sweep import matrix, tuning
 
 
 @dataclass(frozen=True)
@@ -130,7 +132,7 @@ def load_spec(path: str | Path, quick: bool, seeds: int | None = None) -> dict:
     (``ConfigError``, naming the spec and the field) before the first run starts.
     ``seeds`` (``--seeds N``) replaces the spec's seeds, and every arm's, by 0..N-1."""
     where = f"sweep spec {path}"
-    spec = config_load.read_toml(path, "sweep spec")
+    spec = matrix.expand(config_load.read_toml(path, "sweep spec"), where)
     _check_shape(spec, where)
     spec["arm"] = [part for arm in spec["arm"] for part in composed(arm)]
     for key in ("db", "out", "arm", "profiles"):
