@@ -65,7 +65,8 @@ from fedlm.errors import ConfigError
 from fedlm.presets import PRESETS
 from fedlm.servers import Server
 from fedlm.strategies import transforms as T
-from fedlm.strategies.base import Strategy, Update
+from fedlm.strategies.base import Update
+from fedlm.strategies.rounds import Synchronous
 
 SOURCE = ("reconstruction of Iacob et al. 2025 (arXiv 2505.22549), parameter side only: "
           "each parameter group replaced by the workers' plain mean every K rounds, local "
@@ -158,19 +159,19 @@ class DesyncServer(Server):
         self.local, self.retired = list(state["local"]), list(state["retired"])
 
 
-class DesLoc(Strategy):
+class DesLoc(Synchronous):
     """DES-LOC's parameter side: synchronous rounds; each parameter group is replaced by
     the workers' mean every K_n rounds and trains locally in between."""
 
     name = "desloc"
     source = SOURCE
-    synchronous = True
     default_server = "desloc:DesyncServer"  # it hands on_update the workers' models
 
     def __init__(self, *, period: int = 1, group_periods: str = "") -> None:
         if isinstance(period, bool) or not isinstance(period, int) or period < 1:
             raise ValueError(f"outer.period: must be an integer >= 1 (rounds: K_x = "
                              f"period x inner.steps), got {period!r}")
+        super().__init__()  # the rounds: every worker, every round
         self.period, self.group_periods = period, group_periods
         self.patterns = parse_group_periods(group_periods)
 
@@ -183,63 +184,34 @@ class DesLoc(Strategy):
         check_patterns(self.patterns, list(params))  # DesyncServer.check did, on the preset
         self.periods = {n: self.period_of(n) for n in params}
         self.num_workers = num_workers
-        self.rounds = 0  # rounds closed
-        self.running: set = set()  # workers whose job of this round is outstanding
-        self.out: set = set()  # out of this round (missed the deadline, retired)
-        self.grads: dict[int, Any] = {}  # worker -> its outer gradient of this round
 
-    def wants_job(self, worker: int, *, version: int) -> bool:
-        return not (worker in self.running or worker in self.out or worker in self.grads)
-
-    def on_dispatch(self, worker: int, *, version: int) -> None:
-        self.running.add(worker)
-
-    # ``params``: every worker's model x_i (DesyncServer's); a round returns them anew
-    def on_update(self, update: Update, params):
-        self.running.discard(update.worker)
-        self.grads[update.worker] = update.outer_grad
-        return self._close(params)
-
-    def on_job_lost(self, worker: int, *, job_id: int, reason: str, params):
-        self.running.discard(worker)
-        if reason in ("error", "rejected"):
-            return None  # the worker is free and takes the round's job again
-        self.out.add(worker)  # "deadline", "retired": out of this round
-        return self._close(params)
-
-    def _close(self, local):
-        if self.running:
-            return None  # the barrier
-        if not self.grads:  # every job of the round was lost: it starts over
-            self.out.clear()
-            return None
-        self.rounds += 1
-        replied = sorted(self.grads)  # worker order: reproducible sums
-        ends = {w: T.tree_map(lambda x, g: x - g, local[w], self.grads[w]) for w in replied}
-        count = float(len(replied))
+    # ``local``: every worker's model x_i (DesyncServer's ``params``), returned anew
+    def close(self, replies: list[Update], local):
+        closing = self.rounds.round + 1  # this round's number: 1, 2, ...
+        # worker order: reproducible sums
+        ends = {u.worker: T.tree_map(lambda x, g: x - g, local[u.worker], u.outer_grad)
+                for u in replies}
+        count = float(len(ends))
         out = []
         for i, x in enumerate(local):
             new = type(x)()
             for n, t in x.items():
-                if self.rounds % self.periods[n] == 0:  # synced: the replies' mean
-                    new[n] = sum(ends[w][n] for w in replied) / count
+                if closing % self.periods[n] == 0:  # synced: the replies' mean
+                    new[n] = sum(end[n] for end in ends.values()) / count
                 else:  # local: its own trajectory (or as it was, without a reply)
                     new[n] = ends[i][n] if i in ends else t
             out.append(new)
-        self.grads, self.out = {}, set()
         return out
 
-    _STATE = ("num_workers", "rounds", "periods")
-
     def state_dict(self) -> dict[str, Any]:
-        return {**{k: getattr(self, k) for k in self._STATE}, "running": sorted(self.running),
-                "out": sorted(self.out), "grads": dict(self.grads)}
+        return {**super().state_dict(), "num_workers": self.num_workers,
+                "periods": self.periods}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for k in self._STATE:
-            setattr(self, k, state[k])
-        self.running, self.out = set(state["running"]), set(state["out"])
-        self.grads = dict(state["grads"])
+        super().load_state_dict(state)  # the round's (an older layout too)
+        self.num_workers, self.periods = state["num_workers"], state["periods"]
+        if "rounds" in state:  # a checkpoint of before Rounds counted the rounds itself
+            self.rounds.round = state["rounds"]
 
     def summary(self) -> str:
         groups = f", groups {self.group_periods}" if self.patterns else ""

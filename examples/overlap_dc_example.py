@@ -92,9 +92,9 @@ class OverlappedDiLoCo(DiLoCo):
         self.previous = params  # x_{r−1}: where this round's jobs started
         self.mean_square: Any = None  # v, DC-ASGD-a's moving mean of Δ²
 
-    def _aggregate(self, params):  # DiLoCo's round, after each Δ is moved to x_r
+    def close(self, replies, params):  # DiLoCo's round, after each Δ is moved to x_r
         drift = T.tree_map(lambda now, then: now - then, params, self.previous)
-        grads = [u.outer_grad for u in self.results.values()]
+        grads = [u.outer_grad for u in self.rounds.results.values()]  # in order of arrival
         square = T.tree_map(lambda *g: sum(t * t for t in g) / len(g), *grads)
         self.mean_square = (square if self.mean_square is None else
                             T.tree_map(lambda v, s: 0.95 * v + 0.05 * s, self.mean_square,
@@ -104,10 +104,9 @@ class OverlappedDiLoCo(DiLoCo):
         def moved(g):
             return T.tree_map(lambda d, dx, v: d + lam * d * d * dx / (torch.sqrt(v) + 1e-12),
                               g, drift, self.mean_square)
-        self.results = {w: replace(u, outer_grad=moved(u.outer_grad))
-                        for w, u in self.results.items()}
         self.previous = params
-        return super()._aggregate(params)
+        return super().close([replace(u, outer_grad=moved(u.outer_grad)) for u in replies],
+                             params)
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "previous": self.previous,

@@ -61,6 +61,7 @@ class SemiSyncFill(DiLoCoFill):
     name = "semi-sync-fill"
     source = SOURCE
     default_server = "semi_sync:DeadlineServer"
+    cut_by_server = True  # its server cuts rounds at their deadline (Rounds.cut)
 
     def __init__(self, *, deadline_k: float = 2.0, deadline_window: int = 16,
                  late: str = "next", **settings) -> None:
@@ -71,7 +72,6 @@ class SemiSyncFill(DiLoCoFill):
                              f"{deadline_window!r}")
         super().__init__(late=late, **settings)
         self.deadline_k, self.deadline_window = float(deadline_k), deadline_window
-        self.cuts_rounds = True  # its server cuts rounds: a late reply is told apart
 
     def summary(self) -> str:
         return (f"{super().summary()}; a round also closes at median + {self.deadline_k:g} "
@@ -79,10 +79,11 @@ class SemiSyncFill(DiLoCoFill):
 
 
 class DeadlineServer(Server):
-    """One server that sets each round a deadline from the recent reply times."""
+    """One server that sets each round a deadline from the recent reply times; the round
+    itself (who is in, what arrived, when it closes) is its strategy's ``Rounds``."""
 
-    state_fields = ("rounds", "armed", "out", "in_round", "overdue", "replies", "durations",
-                    "timed", "opened", "clocked", "timers")
+    state_fields = ("armed", "jobs", "replies", "durations", "timed", "opened", "clocked",
+                    "timers")
 
     @classmethod
     def check(cls, cfg, strategy) -> None:
@@ -92,11 +93,9 @@ class DeadlineServer(Server):
 
     def start(self, params, fleet: list) -> None:
         super().start(params, fleet)
-        self.rounds = 0  # rounds closed (versions made)
+        self.rounds = self.strategy.rounds  # the open round, closed by its strategy's rules
         self.armed = -1  # the round whose timer is set
-        self.out: dict[int, int] = {}  # worker -> job id, this round's jobs not yet in
-        self.in_round = 0  # this round's replies taken
-        self.overdue = False  # its deadline passed before it had outer.min_replies
+        self.jobs: dict[int, int] = {}  # worker -> its latest job's id (what a cut loses)
         self.replies = 0  # replies taken
         self.durations: list[float] = []  # of the last replies taken, oldest first
         self.timed: dict[int, float] = {}  # job id -> its reply's time since its round opened
@@ -105,15 +104,15 @@ class DeadlineServer(Server):
         self.timers: dict[int, int] = {}  # key -> the round it closes
 
     def send(self, job, start) -> Sent:
-        self.out[job.worker] = job.job_id
+        self.jobs[job.worker] = job.job_id
         return super().send(job, start)
 
     def timing(self, sent: Sent, events, index: int):
         timing = super().timing(sent, events, index)
         self.clocked = timing is not None
         if timing is not None:
-            if self.opened[0] != self.rounds:  # the round's first job: it opens now
-                self.opened = (self.rounds, events.now)
+            if self.opened[0] != self.rounds.round:  # the round's first job: it opens now
+                self.opened = (self.rounds.round, events.now)
             # its reply's time since its round opened (a job handed out mid-round, to a
             # worker that came back, counts the wait before it too)
             self.timed[sent.job.job_id] = events.now - self.opened[1] + timing.total
@@ -121,60 +120,42 @@ class DeadlineServer(Server):
 
     def dispatched(self, worker: int, version: int) -> None:
         super().dispatched(worker, version)
-        if self.armed == self.rounds or not self.replies or self.clocked is False:
+        if self.armed == self.rounds.round or not self.replies or self.clocked is False:
             return  # armed already; no reply time seen yet; the wall clock
         # the round's first job: its deadline, a timer (replay: the order alone decides
         # that there is one, its arrival is in the run log)
-        self.armed = self.rounds
+        self.armed = self.rounds.round
         seconds = (deadline_of(self.durations, self.strategy.deadline_k)
                    if self.durations else 0.0)
-        self.timers[self.queue(None, None, 0, "deadline", seconds)] = self.rounds
+        self.timers[self.queue(None, None, 0, "deadline", seconds)] = self.rounds.round
 
     def take(self, update: Update):
-        mine = self.out.get(update.worker) == update.job_id  # a reply of the open round
-        if mine:
-            del self.out[update.worker]
-            self.in_round += 1
         self.replies += 1
         seconds = self.timed.pop(update.job_id, None)
         if seconds is not None:
             self.durations = (self.durations + [seconds])[-self.strategy.deadline_window:]
-        new = self._closed(super().take(update))
-        if new is None and mine and self.overdue and self.in_round >= self.strategy.min_replies:
-            new = self._cut()  # its deadline passed: this reply was the one it waited for
-        return new
+        return super().take(update)  # an overdue round closes at its min_replies-th reply
 
     def lose(self, worker: int, *, job_id: int, reason: str):
-        if self.out.get(worker) == job_id:
-            del self.out[worker]
         self.timed.pop(job_id, None)
-        return self._closed(super().lose(worker, job_id=job_id, reason=reason))
-
-    def _closed(self, new):
-        if new is not None:  # a version: the round closed
-            self.rounds += 1
-            self.out, self.in_round, self.overdue = {}, 0, False
-        return new
+        return super().lose(worker, job_id=job_id, reason=reason)
 
     def deliver(self, key: int) -> tuple[Any | None, int]:
         """A round's deadline: if it is still open, its jobs not in are cut from it and it
         closes with the replies it has; with fewer than ``outer.min_replies`` it waits
-        on, and closes at the reply that brings it there."""
-        if self.timers.pop(key) != self.rounds or not self.out:
+        on, and closes at the reply that brings it there (``Rounds.cut``)."""
+        if self.timers.pop(key) != self.rounds.round:
             return None, 0  # it closed at its quorum already
-        if self.in_round < self.strategy.min_replies:
-            self.overdue = True
-            return None, 0
-        return self._cut(), 0
-
-    def _cut(self):
-        """Close the open round now: its jobs not in are lost to it."""
         new = None
-        for worker, job_id in sorted(self.out.items()):
-            new = self.strategy.on_job_lost(worker, job_id=job_id, reason="deadline",
-                                            params=self.params) or new
-        self.out = {}
-        return self._closed(new)
+        for worker in self.rounds.cut():
+            new = self.strategy.on_job_lost(worker, job_id=self.jobs[worker],
+                                            reason="deadline", params=self.params) or new
+        return new, 0
+
+    def load_state_dict(self, state: dict, checkpoint: dict | None = None) -> None:
+        # a checkpoint of before Rounds: the round's jobs in "out", overdue here
+        super().load_state_dict({"jobs": state.get("out", {}), **state}, checkpoint)
+        self.rounds.overdue = self.rounds.overdue or state.get("overdue", False)
 
     def describe(self) -> str:
         return "rounds closed at a quorum or a deadline from recent reply times"

@@ -73,7 +73,7 @@ def test_each_group_is_replaced_by_the_mean_on_its_period_and_local_in_between()
     local = _round(s, local, {0: (0.0, 0.5), 1: (0.2, 0.1)})
     assert _pair(local[0]) == pytest.approx((0.3, 0.1))
     assert _pair(local[1]) == pytest.approx((0.3, 0.5))
-    assert s.rounds == 3
+    assert s.rounds.round == 3
 
 
 def test_the_synced_value_is_the_plain_mean_of_the_replies_not_token_weighted():
@@ -116,7 +116,7 @@ def test_a_worker_out_of_the_round_takes_the_synced_groups_and_keeps_its_own():
         s.on_dispatch(w, version=1)
     for w in (0, 1, 2):
         assert s.on_job_lost(w, job_id=3 + w, reason="deadline", params=local) is None
-    assert s.rounds == 1 and all(s.wants_job(w, version=1) for w in (0, 1, 2))
+    assert s.rounds.round == 1 and all(s.wants_job(w, version=1) for w in (0, 1, 2))
 
 
 def test_its_server_starts_each_job_from_its_workers_model_and_evaluates_their_mean():

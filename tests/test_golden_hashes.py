@@ -50,7 +50,8 @@ RUNS = {
     "diloco-fill": ("strategy=diloco-fill", "profile=very"),
     "diloco-dylu": ("strategy=diloco-dylu", "profile=very"),
     "deadline": ("strategy=diloco", *HANG_2, "reliability.deadline=30", "updates=5"),
-    "min-replies": ("strategy=fedavg", *HANG_2, "outer.min_replies=3", "updates=2"),  # rounds start over
+    "min-replies": ("strategy=fedavg", *HANG_2, "outer.min_replies=3",
+                    "updates=2"),  # rounds start over
     "churn": ("strategy=diloco-fill", "fleet.availability={up = 30, down = 10}",
               "updates=6"),
     "fedadam": ("strategy=fedopt:FedAdam", SPEEDS),

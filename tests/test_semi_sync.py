@@ -150,10 +150,28 @@ def test_a_round_with_no_reply_at_its_deadline_waits_for_one_then_closes():
     second, timer = _second_round_armed(server)
     version = server.version
     assert server.deliver(timer.key) == (None, 0)  # nothing in yet: it waits on
-    assert server.version == version and server.strategy.failed_rounds == 0
+    assert server.version == version and server.strategy.rounds.failed_rounds == 0
     new = _reply(server, second[1], 0.4)  # the first reply closes it: 0 and 2 are cut
     assert new is not None and _v(new) == pytest.approx(0.7 - 0.4)
     assert _reply(server, second[0], 0.1) is None  # late: carried into the next round
+
+
+def test_a_checkpoint_of_before_rounds_loads_overdue_and_closes_at_the_next_reply():
+    """The server kept the round's jobs (``out``), its replies and its overdue flag
+    itself before the strategy's Rounds did: such a checkpoint, taken while a round
+    waits past its deadline, resumes waiting and closes at its next reply."""
+    server = _server()
+    second, timer = _second_round_armed(server)
+    assert server.deliver(timer.key) == (None, 0)  # nothing in yet: it waits on
+    state = server.state_dict()
+    old = {**{k: v for k, v in state.items() if k != "jobs"}, "rounds": 1, "in_round": 0,
+           "overdue": True, "out": {w: job.job_id for w, job in second.items()},
+           "strategy": {k: v for k, v in state["strategy"].items() if k != "overdue"}}
+    again = _server()
+    again.load_state_dict(old)
+    assert again.jobs == old["out"] and again.strategy.rounds.overdue
+    new = _reply(again, second[1], 0.4)  # the first reply closes it: 0 and 2 are cut
+    assert new is not None and _v(new) == pytest.approx(0.7 - 0.4)
 
 
 @pytest.mark.parametrize("setting, says", [("outer.deadline_k=-1", "outer.deadline_k"),

@@ -219,7 +219,7 @@ def test_a_streamed_checkpoint_of_an_older_fedlm_loads_into_the_per_fragment_ins
     b = fresh()
     b.load_state_dict(legacy)
     assert [p.state_dict().keys() for p in b.parts] == [p.keys() for p in parts]
-    assert b.parts[0].dispatched == {0} and b.parts[1].dispatched == set()
+    assert b.parts[0].rounds.dispatched == {0} and b.parts[1].rounds.dispatched == set()
     assert all(pb.opt_state is pa["opt_state"] for pb, pa in zip(b.parts, parts))
 
 
