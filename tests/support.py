@@ -20,10 +20,11 @@ from fedlm import servers
 from fedlm.strategies.base import Update
 
 
-def run_engine(cfg, db, transport=None, evaluate=True):
+def run_engine(cfg, db, transport=None, evaluate=True, server=None):
     """Run ``cfg`` to the end into the store at ``db``, with ``transport`` (default: the
-    in-process trainer) and (``evaluate``) evaluations: (engine, final params, run id)."""
-    server = servers.build(cfg)
+    in-process trainer) and (``evaluate``) evaluations: (engine, final params, run id).
+    ``server``: the run's server kind, built by the test (to look at its strategy)."""
+    server = server if server is not None else servers.build(cfg)
     writer = open_run(cfg, db, servers.summary(server))
     profiles = fleet.node_profiles(cfg)
     writer.add_workers(worker_rows(cfg, profiles))

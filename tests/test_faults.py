@@ -4,6 +4,7 @@ import sqlite3
 
 import pytest
 
+from fedlm import servers
 from fedlm.sim import faults
 from fedlm.config import FAULT_KINDS
 from fedlm.replay import replay
@@ -96,10 +97,11 @@ def test_sync_round_closes_with_what_arrived_by_the_deadline(tmp_path):
 def test_sync_round_with_too_few_replies_starts_over(tmp_path):
     cfg = tiny_config("strategy=diloco", "updates=2", "faults.hang=1.0", "faults.workers=[2]",
                       "outer.min_replies=3", "reliability.checkpoint_every=0")
-    engine, _, run_id = run_engine(cfg, tmp_path / "m.db")
+    server = servers.build(cfg)
+    engine, _, run_id = run_engine(cfg, tmp_path / "m.db", server=server)
     # Three rounds fail (2 of 3 replies; the third miss also retires worker 2);
     # then the fleet has two workers and rounds of two close at the barrier.
-    assert engine.strategy.failed_rounds == 3 and engine.version == 2
+    assert server.strategy.rounds.failed_rounds == 3 and engine.version == 2
     assert replay(tmp_path / "m.db", run_id).identical
 
 
