@@ -11,7 +11,7 @@ comparison with DN + DyLU tells what asynchrony itself buys.
 
 ``--set strategy=diloco-fill`` is ``strategy=diloco local_steps=fill
 outer.weighting=WEIGHTING``, bit for bit, where ``WEIGHTING`` is the merge chosen on
-tuning seeds (experiments/results/fleets.md, "Choosing the merge"): with a 10x
+tuning seeds (experiments/archive/results/fleets.md, "Choosing the merge"): with a 10x
 spread of speeds the fastest worker runs 10x the slowest one's steps, and whether its
 update should count by its tokens, alike, or normalised per step (FedNova) is an
 empirical question. ``local_steps`` other than ``fill`` are refused: with ``fixed``

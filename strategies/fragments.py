@@ -22,7 +22,7 @@ per H inner steps, as in DiLoCo, but only 1/P of the model travels at a time.
 inner step τ: θ_p ← α·θ_p^global + (1 − α)·θ_p^local, ``stream.mix = α``
 (α = 1: take the global fragment, as DiLoCo does). ``mix = "auto"`` (the default)
 is the paper's 0.5 with overlap and 1 without: chosen on a tuning seed,
-experiments/results/streaming.md has the held-out seeds. P = 1, τ = 0, α = 1 is
+experiments/archive/results/streaming.md has the held-out seeds. P = 1, τ = 0, α = 1 is
 DiLoCo, bit for bit.
 """
 

@@ -43,7 +43,7 @@ Settings, with HALoS's names (their run_halos.sh for Pythia-70M, 4 x 4):
 K is the one default that is not HALoS's: their K = 32 is for runs of about 3,000
 region updates per region, and a run of a few hundred (fedlm's scale) would push a
 handful of times, or never (the global model, which is evaluated, would not move).
-K = 2 was chosen at fedlm's scale on a tuning seed (experiments/results/
+K = 2 was chosen at fedlm's scale on a tuning seed (experiments/archive/results/
 halos_tuning.md); set ``outer.push_every = 32`` for HALoS's published setting.
 
 The global server sits where the fleet's server is (HALoS: in the first region);

@@ -67,7 +67,7 @@ def test_every_job_of_a_round_ends_at_the_rounds_end_within_one_step(tmp_path):
 
 def test_with_unequal_links_each_job_ends_within_one_step_of_the_round(tmp_path):
     # HALoS's measured links, 4 workers in 4 regions, compute scaled as in
-    # experiments/configs/halos.toml: the far worker (h3) spends ~20x its compute on
+    # experiments/archive/configs/halos.toml: the far worker (h3) spends ~20x its compute on
     # transfers, so the round is its round trip, and the near ones fill it
     db = tmp_path / "halos.db"
     cfg = tiny_config("strategy=diloco-fill", "updates=2", "fleet.preset=halos", "workers=4",
