@@ -63,7 +63,7 @@ from typing import Any
 
 from fedlm.errors import ConfigError
 from fedlm.presets import PRESETS
-from fedlm.servers import Server
+from fedlm.servers import Server, Serves
 from fedlm.strategies import transforms as T
 from fedlm.strategies.base import Update
 from fedlm.strategies.rounds import Synchronous
@@ -114,7 +114,7 @@ class DesyncServer(Server):
     strategy is handed the list and returns it updated; evaluated: mean_i x_i over the
     workers not retired."""
 
-    keeps_job_starts = True  # a job starts from its worker's x_i, not the version
+    serves = Serves(keeps_job_starts=True)  # a job starts from its worker's x_i, not the version
 
     @classmethod
     def check(cls, cfg, strategy) -> None:

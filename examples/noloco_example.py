@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from fedlm.servers import Server
+from fedlm.servers import Server, Serves
 from fedlm.sim import fleet
 from fedlm.strategies import transforms as T
 from fedlm.strategies.base import Strategy, Update, check_outer_sgd
@@ -47,7 +47,7 @@ class PeerServer(Server):
     from it; the strategy is handed the φ (as the models it steps) and returns them
     merged, and the evaluated model is their mean."""
 
-    keeps_job_starts = True  # φ_i moves on: each job keeps its own start
+    serves = Serves(keeps_job_starts=True)  # φ_i moves on: each job keeps its own start
 
     def start_strategy(self, params, fleet: list) -> None:
         self.phi = [params] * len(fleet)  # tensors are never changed in place

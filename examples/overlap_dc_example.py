@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from fedlm.servers import Sent, Server
+from fedlm.servers import Sent, Server, Serves
 from fedlm.strategies import transforms as T
 from fedlm.strategies.diloco import DiLoCo
 
@@ -39,7 +39,7 @@ from fedlm.strategies.diloco import DiLoCo
 class OverlappedServer(Server):
     """One server whose jobs start from the version before the newest."""
 
-    keeps_job_starts = True  # the start is not the current version
+    serves = Serves(keeps_job_starts=True)  # the start is not the current version
 
     def start(self, params, fleet: list) -> None:
         super().start(params, fleet)

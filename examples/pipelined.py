@@ -43,7 +43,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from fedlm.servers import Sent, Server
+from fedlm.servers import Sent, Server, Serves
 from fedlm.sim.fleet import JobTiming, by_region
 from fedlm.sim.links import hidden_seconds, transfer_seconds
 from fedlm.strategies.base import DROPPED, Update
@@ -56,11 +56,12 @@ SOURCE = ("fedlm's own: the asynchronous counterpart of the one-step overlap of 
 class PipelinedServer(Server):
     """One server whose workers compute the next job while their link moves the last."""
 
-    keeps_job_starts = True  # a job starts from its worker's prefetched model
     carry = True  # ... plus its own update still on the wire (False: the model alone)
-    shared_link = False  # each worker's transfers are timed over its own link
-    drains_messages = True  # the messages carry workers' updates
-    serves_synchronous = False  # a job's update lands on its own (the config refuses sync)
+    # a job starts from its worker's prefetched model; each worker's transfers are timed
+    # over its own link; the messages carry workers' updates; a job's update lands on
+    # its own (the config refuses a synchronous strategy)
+    serves = Serves(keeps_job_starts=True, shared_link=False, drains_messages=True,
+                    synchronous=False)
     state_fields = ("prefetched", "piped", "started", "uploading", "own", "pending")
 
     def start(self, params, fleet: list) -> None:

@@ -204,3 +204,19 @@ def test_a_server_that_times_its_own_jobs_is_refused_a_shared_link(monkeypatch):
                                               r"\.timing\), which a shared server link cannot"):
             tiny_config("strategy=overlap_dc_example:OverlappedDiLoCo", key)
     assert tiny_config("strategy=overlap_dc_example:OverlappedDiLoCo")  # no shared link: fine
+
+
+def test_a_kind_that_declares_what_it_serves_the_old_way_is_told_how(tmp_path, monkeypatch):
+    """What a kind serves is one record (``serves = Serves(...)``); the class attributes it
+    replaced would be read by nothing: refused in one line with the new spelling."""
+    from fedlm.config_load import ConfigError
+    from tests.conftest import tiny_config
+
+    (tmp_path / "old_kind.py").write_text(
+        "from fedlm.servers import Server\n"
+        "class Old(Server):\n    keeps_job_starts = True\n    drains_messages = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match=r"^server: declares what it serves in class "
+                                          r"attributes \(keeps_job_starts, drains_messages\), "
+                                          r"which fedlm no longer reads: declare serves = "):
+        tiny_config("server=old_kind:Old")

@@ -154,7 +154,8 @@ def test_the_config_names_the_kind_and_its_default_comes_from_the_strategy():
     (["server=no_such_mod:X"], r"^server: cannot import 'no_such_mod'"),
     (["server=streamed"], r"^server: has streaming rounds to run"),
     (["stream.fragments=2", "server=one"], r"^stream.fragments: streaming rounds run on "
-                                           r"server = 'streamed', not 'one'"),
+                                           r"server = 'streamed' \(or a kind made from it\), "
+                                           r"not 'one'"),
     (["server=regions"], r"^server: runs an asynchronous strategy \(halos, delayed-nesterov"),
     # a strategy whose kind is half the method: its settings would apply nowhere
     (["strategy=halos", "server=one"], r"^server: strategy 'halos' runs on its own kind of "

@@ -66,7 +66,7 @@ class ServerCalls:
 
     def drains_messages(self) -> bool:
         """Whether the run waits for messages in flight before it ends."""
-        return self._server.drains_messages
+        return self._server.serves.drains_messages
 
     def versions_per_update(self) -> int:
         """Versions one of the run's ``updates`` (and ``eval.every``) counts."""
@@ -135,7 +135,8 @@ class ServerCalls:
         timing = s.timing(sent, events, index) if events is not None else None
         s.dispatched(job.worker, job.base_version)
         self._messages()
-        return replace(sent, timing=timing, keep=sent.payload if s.keeps_job_starts else None)
+        return replace(sent, timing=timing,
+                       keep=sent.payload if s.serves.keeps_job_starts else None)
 
     def reference(self, job: JobSpec):
         """Tensors shaped as ``job``'s outer gradient must be."""

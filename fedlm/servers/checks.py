@@ -1,15 +1,18 @@
-"""What the servers need of a config: the kind of server, the network topology and
-Streaming DiLoCo's rounds checked together (``check_exchange``, called by
-``fedlm.config_check.validate``), each refusal one line naming the field."""
+"""What any kind of server needs of a config, checked together (``check_exchange``,
+called by ``fedlm.config_check.validate``): the kind and what it serves (``Serves``), the
+network topology, a strategy that names its own kind; then the kind's own rules (its
+classmethod ``check``: Streaming DiLoCo's rounds are ``StreamedServer.check``'s). Each
+refusal is one line naming the field."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from fedlm import presets
 from fedlm.config import Config
 from fedlm.errors import ConfigError, require
 from fedlm.servers import Server, kind_name, server_class
+from fedlm.servers.protocol import OLD_CAPABILITIES
+from fedlm.servers.streamed import StreamedServer
 
 
 def _check_own_kind(cfg: Config, cls, kind: type[Server], name: str) -> None:
@@ -50,6 +53,10 @@ def check_exchange(cfg: Config) -> None:
         require(not shared, "network.topology", n.topology,
                  "has no server: drop network.server_down, server_up and daily_amplitude")
     kind, name = server_class(cfg), kind_name(cfg)
+    old = [a for a in OLD_CAPABILITIES if hasattr(kind, a)]
+    require(not old, "server", name, f"declares what it serves in class attributes "
+            f"({', '.join(old)}), which fedlm no longer reads: declare serves = "
+            f"fedlm.servers.Serves(...) instead (docs/strategies.md)")
     _check_own_kind(cfg, cls, kind, name)
     # a shared link times every job by its flows (fedlm.sim.network): a kind that times
     # its own jobs (an overlapped exchange, say) would lose its timing there, silently
@@ -58,7 +65,7 @@ def check_exchange(cfg: Config) -> None:
              f"{cfg.strategy!r}'s server times its own jobs ({kind.__name__}.timing), which a "
              f"shared server link cannot: drop network.server_down, server_up and "
              f"daily_amplitude")
-    if not kind.shared_link:  # each worker's link timed on its own
+    if not kind.serves.shared_link:  # each worker's link timed on its own
         require(n.topology == "star" and not n.hierarchical, "network.topology", n.topology,
                  f"server {name!r} times each worker's own link (region servers, a "
                  f"pipeline): use the star topology without network.hierarchical")
@@ -71,29 +78,10 @@ def check_exchange(cfg: Config) -> None:
         raise  # it names its own field (a plug-in's outer.* setting, say)
     except ValueError as exc:
         raise ConfigError(f"server: {str(exc).splitlines()[0]}") from None
-    require(kind.serves_synchronous or not cls.synchronous, "server", name,
+    require(kind.serves.synchronous or not cls.synchronous, "server", name,
              f"runs an asynchronous strategy (halos, delayed-nesterov, ...): each update "
              f"is taken on its own, not in {cfg.strategy!r}'s rounds")
-    require(name != "streamed" or stream is not None, "server", name,
-             "has streaming rounds to run: set stream.fragments (or stream.overlap)")
-    if stream is None:
-        return
-    require(cls.synchronous, "stream.fragments", cfg.stream.fragments,
-             f"streaming rounds need a synchronous strategy (diloco, fedavg), "
-             f"not {cfg.strategy!r}")
-    require(name == "streamed", "stream.fragments", cfg.stream.fragments,
-             f"streaming rounds run on server = 'streamed', not {name!r}")
-    blocks = presets.PRESETS[cfg.model][0]
-    require(stream.fragments <= blocks, "stream.fragments", stream.fragments,
-             f"must be at most the {blocks} blocks of layers of model {cfg.model!r}")
-    shortest = cfg.inner.steps // stream.fragments
-    require(shortest >= 1, "stream.fragments", stream.fragments,
-             f"must be at most inner.steps ({cfg.inner.steps})")
-    require(stream.overlap < shortest, "stream.overlap", stream.overlap,
-             f"must be less than the {shortest} inner steps of a round "
-             f"(inner.steps {cfg.inner.steps} / stream.fragments {stream.fragments})")
-    require(cfg.local_steps == "fixed", "local_steps", cfg.local_steps,
-             "must be 'fixed' with streaming rounds (stream.fragments/overlap/mix)")
-    require(not shared, "stream.fragments", stream.fragments,
-             "streaming rounds are timed without a shared server link or daily cycle: "
-             "drop network.server_down, server_up and daily_amplitude")
+    # the [stream] section is the streamed kind's (its rules: StreamedServer.check)
+    require(stream is None or issubclass(kind, StreamedServer), "stream.fragments",
+             cfg.stream.fragments, f"streaming rounds run on server = 'streamed' (or a kind "
+             f"made from it), not {name!r}")

@@ -82,20 +82,33 @@ class JobClock(Protocol):
         ``overlap`` steps."""
 
 
+@dataclass(frozen=True)
+class Serves:
+    """What a kind of server can serve, declared as data in one place (``Server.serves``):
+    the config check, the engine and checkpoints read it; a kind's other rules are its
+    ``check``. (Whether it times its own jobs is not declared: it overrides ``timing``.)"""
+
+    # a synchronous strategy's rounds (region servers and a pipeline step on every
+    # arrival: asynchronous strategies only; the config check refuses the others)
+    synchronous: bool = True
+    # a shared server link in the config's network (else each worker's own link)
+    shared_link: bool = True
+    # a job in flight keeps the model it started from (resume sends it again); else it
+    # started from a global version, which the engine keeps while it is needed
+    keeps_job_starts: bool = False
+    # the run waits for its messages in flight before it ends (a kind whose messages
+    # carry workers' updates); else it ends once no job is in flight
+    drains_messages: bool = False
+
+
+# what ``Serves`` replaced: class attributes a kind of an older fedlm declared
+OLD_CAPABILITIES = ("keeps_job_starts", "shared_link", "serves_synchronous", "drains_messages")
+
+
 class Server:
     """One server: every job starts from the global model and reports all of it."""
 
-    # whether a job in flight keeps the model it started from (resume sends it again);
-    # else it started from a global version, which the engine keeps while it is needed
-    keeps_job_starts = False
-    # whether the config's network may give this kind a shared server link
-    shared_link = True
-    # whether a synchronous strategy may run on it (region servers and a pipelined server
-    # step on every arrival: asynchronous strategies only; the config check refuses others)
-    serves_synchronous = True
-    # whether a run waits for its messages in flight before it ends (a kind whose
-    # messages carry workers' updates); else it ends once no job is in flight
-    drains_messages = False
+    serves = Serves()
 
     @classmethod
     def check(cls, cfg: Config, strategy: type[Strategy]) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 
 from fedlm.config import Config
 from fedlm.params import num_bytes
-from fedlm.servers.protocol import Server
+from fedlm.servers.protocol import Server, Serves
 from fedlm.sim.fleet import REGIONS, Region, WorkerProfile, by_region
 from fedlm.strategies.base import Strategy, Update
 from fedlm.strategies.transforms import tree_map
@@ -62,9 +62,10 @@ def levels(strategy: Strategy, outer: dict[str, Any]) -> Levels:
 
 
 class RegionServers(Server):
-    keeps_job_starts = True  # a region's model moves on: a job's start is its own
-    shared_link = False  # workers talk to their region's server, not a shared one
-    serves_synchronous = False  # each region's server steps on its own workers' arrivals
+    # each region's server steps on its own workers' arrivals (asynchronous strategies);
+    # workers talk to their region's server, not over a shared link; a region's model
+    # moves on, so a job's start is its own
+    serves = Serves(synchronous=False, shared_link=False, keeps_job_starts=True)
 
     def __init__(self, cfg: Config, strategy: Strategy) -> None:
         super().__init__(cfg, strategy)

@@ -21,7 +21,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import replace
 
+from fedlm import presets
 from fedlm.config import Config
+from fedlm.errors import require
 from fedlm.job import JobSpec
 from fedlm.params import num_bytes
 from fedlm.servers.protocol import JobClock, Sent, Server
@@ -66,6 +68,34 @@ class StreamedServer(Server):
     v mod P's, so its dispatches, replies and lost jobs go to that instance, and the
     new fragment it returns is put back into the whole model. The strategy itself
     knows nothing of fragments."""
+
+    @classmethod
+    def check(cls, cfg: Config, strategy: type[Strategy]) -> None:
+        """Streaming rounds' rules (the ``[stream]`` section is this kind's): a synchronous
+        strategy, fragments that cut the model's blocks and H, an overlap shorter than a
+        round, fixed job sizes, no shared server link (its exchanges are timed without)."""
+        stream, name = Streaming.of_config(cfg), cfg.server or "streamed"
+        require(stream is not None, "server", name,
+                "has streaming rounds to run: set stream.fragments (or stream.overlap)")
+        require(strategy.synchronous, "stream.fragments", stream.fragments,
+                f"streaming rounds need a synchronous strategy (diloco, fedavg), "
+                f"not {cfg.strategy!r}")
+        blocks = presets.PRESETS[cfg.model][0]
+        require(stream.fragments <= blocks, "stream.fragments", stream.fragments,
+                f"must be at most the {blocks} blocks of layers of model {cfg.model!r}")
+        shortest = cfg.inner.steps // stream.fragments
+        require(shortest >= 1, "stream.fragments", stream.fragments,
+                f"must be at most inner.steps ({cfg.inner.steps})")
+        require(stream.overlap < shortest, "stream.overlap", stream.overlap,
+                f"must be less than the {shortest} inner steps of a round "
+                f"(inner.steps {cfg.inner.steps} / stream.fragments {stream.fragments})")
+        require(cfg.local_steps == "fixed", "local_steps", cfg.local_steps,
+                "must be 'fixed' with streaming rounds (stream.fragments/overlap/mix)")
+        n = cfg.network
+        require(not (n.server_down > 0 or n.server_up > 0 or n.daily_amplitude > 0),
+                "stream.fragments", stream.fragments, "streaming rounds are timed without a "
+                "shared server link or daily cycle: drop network.server_down, server_up and "
+                "daily_amplitude")
 
     def __init__(self, cfg: Config, strategy: Strategy) -> None:
         super().__init__(cfg, strategy)
