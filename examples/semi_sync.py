@@ -21,9 +21,9 @@ open then, as in ``diloco-fill`` (fill sizes its job to the time left); a reply 
 round already closed is late. With no deadline reached the two are the same bit for
 bit.
 
-The deadline is a timer: a message the server sends itself when the round's first job
-is dispatched, timed ``deadline`` seconds (``Message.seconds``), so it is an operation
-of the run log and a run replays and resumes bit for bit. On the wall clock (Flower) a
+The deadline is a wake-up the server asks of the run's clock when the round's first job
+is dispatched (``Server.wake_in(deadline)``, answered by ``on_timer``), an operation of
+the run log, so a run replays and resumes bit for bit. On the wall clock (Flower) a
 job's duration is not known at dispatch: no deadline is set there. fedlm's own
 combination: fill's job sizes (``diloco-fill``), DiLoCo's outer step, drawn rounds
 closed at a quorum or a deadline.
@@ -122,12 +122,12 @@ class DeadlineServer(Server):
         super().dispatched(worker, version)
         if self.armed == self.rounds.round or not self.replies or self.clocked is False:
             return  # armed already; no reply time seen yet; the wall clock
-        # the round's first job: its deadline, a timer (replay: the order alone decides
-        # that there is one, its arrival is in the run log)
+        # the round's first job: its deadline, a wake-up of the run's clock (replay: the
+        # order alone decides that there is one; when it rang is in the run log)
         self.armed = self.rounds.round
         seconds = (deadline_of(self.durations, self.strategy.deadline_k)
                    if self.durations else 0.0)
-        self.timers[self.queue(None, None, 0, "deadline", seconds)] = self.rounds.round
+        self.timers[self.wake_in(seconds)] = self.rounds.round
 
     def take(self, update: Update):
         self.replies += 1
@@ -140,17 +140,22 @@ class DeadlineServer(Server):
         self.timed.pop(job_id, None)
         return super().lose(worker, job_id=job_id, reason=reason)
 
-    def deliver(self, key: int) -> tuple[Any | None, int]:
+    def on_timer(self, key: int):
         """A round's deadline: if it is still open, its jobs not in are cut from it and it
         closes with the replies it has; with fewer than ``outer.min_replies`` it waits
         on, and closes at the reply that brings it there (``Rounds.cut``)."""
         if self.timers.pop(key) != self.rounds.round:
-            return None, 0  # it closed at its quorum already
+            return None  # it closed at its quorum already
         new = None
         for worker in self.rounds.cut():
             new = self.strategy.on_job_lost(worker, job_id=self.jobs[worker],
                                             reason="deadline", params=self.params) or new
-        return new, 0
+        return new
+
+    def deliver(self, key: int) -> tuple[Any | None, int]:
+        """The log of a run of an older fedlm, where a deadline came as a message to
+        itself (its arrival a transfer op): the same wake-up, under the same key."""
+        return self.on_timer(key), 0
 
     def load_state_dict(self, state: dict, checkpoint: dict | None = None) -> None:
         # a checkpoint of before Rounds: the round's jobs in "out", overdue here

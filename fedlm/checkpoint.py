@@ -208,7 +208,8 @@ def safe_classes() -> list[type]:
     from fedlm.store import IntervalKind
     from fedlm.strategies.base import Update
     from fedlm.servers import Message
-    return [types.InFlight, types.JobDone, types.BackOnline, types.Delivery, events._JobEnds,
+    return [types.InFlight, types.JobDone, types.BackOnline, types.Delivery, types.Wake,
+            events._JobEnds,
             events._LinkChange, events._Computed, events._Uploaded, events._Deadline, JobSpec,
             JobResult, JobTiming, Region, WorkerProfile, Straggle, IntervalKind, Update, Message]
 

@@ -12,6 +12,8 @@ jobs reached the strategy. Replay walks it:
                     round closing with what it had)
     transfer op  -> ServerCalls.arrived: a message between servers arrives; a
                     version if the evaluated model changed
+    timer op     -> ServerCalls.rang: a wake-up the server kind asked for rings (a
+                    ``timer`` event); a version if the evaluated model changed
     update op    -> run the job again (worker.run_job) from what it was sent, with
                     the worker state it started from (the job records which:
                     ``prev_job``), on the data shard and at the schedule position it
@@ -48,7 +50,7 @@ from fedlm.errors import ConfigError
 from fedlm.params import params_hash, same_update
 from fedlm.store import StoreError, event_details, input_pins, operation_log, replayable_row
 from fedlm.sim import compression
-from fedlm.engine.runlog import ROUND_DRAWN
+from fedlm.engine.runlog import ROUND_DRAWN, TIMER_EVENT
 from fedlm.job import JobSpec
 from fedlm.worker import batching
 from fedlm.worker.batched import job_updates as batched_updates
@@ -102,6 +104,8 @@ def replay(db: str | Path, run_id: int,
             ops.append((j["end_op"], "lost", j))
     ops += [(u["op"], "update", u) for u in updates]
     ops += [(t["op"], "transfer", t) for t in transfers]
+    ops += [(t["op"], "timer", t) for t in map(json.loads, event_details(db, run_id,
+                                                                         TIMER_EVENT))]
     ops.sort(key=lambda o: o[0])
 
     if run["initial_hash"] and params_hash(start.initial(cfg)) != run["initial_hash"]:
@@ -177,6 +181,9 @@ class _Walk:
         if staleness != row["staleness"]:
             raise ReplayError(f"transfer {row['key']}: staleness {staleness}, "
                               f"log says {row['staleness']}")
+
+    def timer(self, row) -> None:
+        self.server.rang(row["key"])
 
     def update(self, row) -> None:
         """Run the job again, from what it was sent and the worker state it started

@@ -83,17 +83,17 @@ def _reply(server, job, g):
 def test_a_round_cut_by_its_deadline_closes_with_what_it_has_and_the_straggler_joins_the_next():
     server = _server()
     first = _round(server, [0, 1, 2])
-    assert server.take_messages() == []  # round 0: no reply time seen, no deadline
+    assert server.take_alarms() == []  # round 0: no reply time seen, no deadline
     for w, g in ((0, 0.3), (1, 0.6), (2, 0.9)):
         new = _reply(server, first[w], g)
     assert _v(new) == pytest.approx(1.0 - 0.6)  # the mean of the three
     second = _round(server, [3, 4, 5])
-    (timer,) = server.take_messages()
+    (timer,) = server.take_alarms()  # a wake-up of the run's clock, no message
     # durations 10, 11, 12: median 11, MAD 1, k = 0: 11 s
-    assert timer.kind == "deadline" and timer.seconds == pytest.approx(11.0)
+    assert timer.seconds == pytest.approx(11.0) and server.take_messages() == []
     assert _reply(server, second[0], 0.2) is None  # the barrier holds
     assert _reply(server, second[1], 0.4) is None
-    new, _ = server.deliver(timer.key)  # worker 2 is not in: the round closes without it
+    new = server.on_timer(timer.key)  # worker 2 is not in: the round closes without it
     assert _v(new) == pytest.approx(0.4 - 0.3)
     server.new_version(new)
     third = _round(server, [6, 7], workers=(0, 1))  # worker 2 still computes
@@ -111,7 +111,7 @@ def _second_round_armed(server):
     for w in range(3):
         _reply(server, first[w], 0.3)
     second = _round(server, [3, 4, 5])
-    (timer,) = server.take_messages()
+    (timer,) = server.take_alarms()
     return second, timer
 
 
@@ -140,7 +140,7 @@ def test_a_timer_of_a_round_that_closed_at_its_quorum_does_nothing():
         new = _reply(server, second[w], 0.3)
     assert new is not None
     version = server.version
-    assert server.deliver(timer.key) == (None, 0) and server.version == version
+    assert server.on_timer(timer.key) is None and server.version == version
 
 
 def test_a_round_with_no_reply_at_its_deadline_waits_for_one_then_closes():
@@ -149,7 +149,7 @@ def test_a_round_with_no_reply_at_its_deadline_waits_for_one_then_closes():
     server = _server()
     second, timer = _second_round_armed(server)
     version = server.version
-    assert server.deliver(timer.key) == (None, 0)  # nothing in yet: it waits on
+    assert server.on_timer(timer.key) is None  # nothing in yet: it waits on
     assert server.version == version and server.strategy.rounds.failed_rounds == 0
     new = _reply(server, second[1], 0.4)  # the first reply closes it: 0 and 2 are cut
     assert new is not None and _v(new) == pytest.approx(0.7 - 0.4)
@@ -162,7 +162,7 @@ def test_a_checkpoint_of_before_rounds_loads_overdue_and_closes_at_the_next_repl
     waits past its deadline, resumes waiting and closes at its next reply."""
     server = _server()
     second, timer = _second_round_armed(server)
-    assert server.deliver(timer.key) == (None, 0)  # nothing in yet: it waits on
+    assert server.on_timer(timer.key) is None  # nothing in yet: it waits on
     state = server.state_dict()
     old = {**{k: v for k, v in state.items() if k != "jobs"}, "rounds": 1, "in_round": 0,
            "overdue": True, "out": {w: job.job_id for w, job in second.items()},
@@ -202,10 +202,11 @@ def test_a_semi_synchronous_run_cuts_rounds_replays_and_resumes_bit_for_bit(tmp_
                                      "fleet.jitter=0.3", "updates=8", "outer.deadline_k=0",
                                      stop_at=4)
     with sqlite3.connect(ref) as conn:
-        timers, = conn.execute("SELECT COUNT(*) FROM transfers WHERE kind='deadline'").fetchone()
+        timers, = conn.execute("SELECT COUNT(*) FROM events WHERE kind='timer'").fetchone()
+        messages, = conn.execute("SELECT COUNT(*) FROM transfers").fetchone()
         held, = conn.execute("SELECT COUNT(*) FROM jobs j JOIN updates u ON u.job_id = j.job_id "
                              "AND u.run_id = j.run_id WHERE u.staleness > 0").fetchone()
-    assert timers >= 5  # every round after the first sets one
+    assert timers >= 5 and messages == 0  # every round after the first sets one
     assert held > 0  # some straggler's work landed a round late
 
 

@@ -59,8 +59,9 @@ def _server_reads(tree: ast.AST) -> list[tuple[int, str]]:
 
 def test_the_engine_and_replay_read_no_server_attribute_outside_the_protocol():
     # 16: `offered` came with client sampling (a round drawn from the workers present);
-    # 17: `drains_messages`, a kind whose messages carry updates (examples/pipelined.py)
-    assert len(PROTOCOL) <= 17 and {"dispatch", "finished", "lost", "arrived"} <= PROTOCOL
+    # 17: `drains_messages`, a kind whose messages carry updates (examples/pipelined.py);
+    # 18: `rang`, a wake-up a kind asked of the run's clock (a deadline, a period)
+    assert len(PROTOCOL) <= 18 and {"dispatch", "finished", "lost", "arrived"} <= PROTOCOL
     # the strategy and the job sizes, read only through these (never the strategy itself)
     assert FACADE == {"policy", "synchronous", "wants_grace", "draws_rounds", "awaits_draw",
                       "strategy_name", "outer_lr"}

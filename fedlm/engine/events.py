@@ -30,7 +30,7 @@ from fedlm.store import IntervalKind
 
 from fedlm.engine.in_flight import InFlightJobs
 from fedlm.engine.inbox import Inbox
-from fedlm.engine.types import (BackOnline, Delivery, Event, InFlight, JobDone, departed,
+from fedlm.engine.types import (BackOnline, Delivery, Event, InFlight, JobDone, Wake, departed,
                                 missed_deadline)
 from fedlm.engine.workers import WorkerPool
 
@@ -138,6 +138,10 @@ class VirtualEvents:
         """A message between servers (``key``) arrives at ``at``."""
         self.clock.schedule(at, Delivery(key))
 
+    def wake_at(self, at: float, key: int) -> None:
+        """The server kind's wake-up ``key`` is due at ``at``."""
+        self.clock.schedule(at, Wake(key))
+
     def next_event(self, until: float | None = None, advance: bool = True) -> Event | None:
         """The next event; with ``until``, None if nothing happens by then (the clock
         then moves on to ``until``, unless ``advance`` is False)."""
@@ -148,7 +152,7 @@ class VirtualEvents:
                     self.clock.advance(until)
                 return None
             _, event = self.clock.pop()
-            if isinstance(event, (BackOnline, Delivery)):
+            if isinstance(event, (BackOnline, Delivery, Wake)):
                 return event
             if isinstance(event, _JobEnds):
                 reply = self.inbox.wait_for(event.job_id, now=self.now)
@@ -259,6 +263,7 @@ class WallEvents:
         self.flights, self.inbox, self.pool = flights, inbox, pool
         self._start = time.monotonic()
         self.deliveries: list[tuple[float, int]] = []  # (when, key): transfers on their way
+        self.wakes: list[tuple[float, int]] = []  # (when, key): the server kind's wake-ups
 
     @property
     def now(self) -> float:
@@ -293,6 +298,10 @@ class WallEvents:
         """A transfer's simulated link time runs on the wall clock: it arrives at ``at``."""
         heapq.heappush(self.deliveries, (at, key))
 
+    def wake_at(self, at: float, key: int) -> None:
+        """The server kind's wake-up ``key`` is due at ``at`` on the wall clock."""
+        heapq.heappush(self.wakes, (at, key))
+
     def next_event(self, until: float | None = None, advance: bool = True) -> Event | None:
         """The first of: a worker back online, a missed deadline, an arrival; with
         ``until``, None if none has happened by then."""
@@ -306,6 +315,8 @@ class WallEvents:
                 return BackOnline(min(back))
             if self.deliveries and self.deliveries[0][0] <= now:
                 return Delivery(heapq.heappop(self.deliveries)[1])
+            if self.wakes and self.wakes[0][0] <= now:
+                return Wake(heapq.heappop(self.wakes)[1])
             j = self.flights.first_departed(now)
             if j is not None:
                 return JobDone(j, departed(j, self.flights[j], time.time()))
@@ -317,7 +328,8 @@ class WallEvents:
             times = (self.flights.next_deadline(), self.flights.next_departure(), until)
             soonest = min([t for t in times if t is not None]
                           + [u for _, u in self.pool.offline.values()]
-                          + [at for at, _ in self.deliveries[:1]], default=now + 1.0)
+                          + [at for at, _ in self.deliveries[:1] + self.wakes[:1]],
+                          default=now + 1.0)
             self.inbox.receive(min(max(soonest - now, 0.0), 1.0), now=now)
 
     def spans(self, f: InFlight, end: float, compute_seconds: float) -> list[Span]:
@@ -327,8 +339,9 @@ class WallEvents:
                 (IntervalKind.UPLOAD, end, end)]
 
     def state_dict(self) -> dict:
-        return {"now": self.now, "deliveries": list(self.deliveries)}
+        return {"now": self.now, "deliveries": list(self.deliveries), "wakes": list(self.wakes)}
 
     def load_state_dict(self, st: dict) -> None:
         self._start = time.monotonic() - st["now"]  # go on from there
         self.deliveries = list(st.get("deliveries", []))
+        self.wakes = list(st.get("wakes", []))  # an older checkpoint has none

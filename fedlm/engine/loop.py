@@ -51,8 +51,9 @@ from fedlm.engine.presence import Presence
 from fedlm.engine.replies import outcome, ran_out_of_memory
 from fedlm.engine.runlog import RunLog
 from fedlm.engine.stall import StallWatch
+from fedlm.engine.timers import ServerTimers
 from fedlm.engine.transfers import ServerTransfers
-from fedlm.engine.types import (BackOnline, Delivery, EngineError, Event, InFlight,
+from fedlm.engine.types import (BackOnline, Delivery, EngineError, Event, InFlight, Wake,
                                 Interrupted, Progress, JobResult, Transport)
 from fedlm.engine.workers import WorkerPool
 
@@ -72,6 +73,7 @@ class Engine(Offering, Health):
         self.hook_watch = servers.HookWatch(cfg.reliability.hook_timeout)
         self.server = servers.ServerCalls(kind, on_version=self._new_version,
                                           on_messages=lambda m: self.transfers.send(m, self.now),
+                                          on_alarms=lambda a: self.timers.set(a, self.now),
                                           watch=self.hook_watch)
         # the links a worker's jobs take: to its server (which may sit in its region)
         servers_fleet, fleet = fleet, self.server.links(fleet)
@@ -97,6 +99,7 @@ class Engine(Offering, Health):
         self.jobs = JobMaker(cfg, fleet, shard_sizes)
         self.budget = StepBudget(cfg.local_step_budget, self.server.synchronous)
         self.transfers = ServerTransfers(cfg, servers_fleet, self.events, self.log)
+        self.timers = ServerTimers(self.events, self.log)
         # updates and eval.every count outer steps (a server may make several versions in one)
         self.versions_wanted = self.server.versions_wanted(cfg.updates)
         self.grace = grace_for(cfg, self.server, self.policy, fleet)  # again once DyLU knows links
@@ -166,7 +169,8 @@ class Engine(Offering, Health):
             self._dispatch_free_workers()
             if self.presence is not None and self.presence.everyone_left(self.in_flight):
                 break
-            if self.stall.stuck(self.in_flight, self.pool.offline, self.events, self.transfers.flying):
+            if self.stall.stuck(self.in_flight, self.pool.offline, self.events,
+                                self.transfers.flying or self.timers.pending):
                 raise EngineError(f"stalled at version {self.version}: no job in flight "
                                   f"and strategy {self.server.strategy_name!r} gives none to "
                                   f"the {len(self.pool.free_since)} free workers")
@@ -222,6 +226,10 @@ class Engine(Offering, Health):
         if isinstance(event, Delivery):
             staleness = self.server.arrived(event.key)  # a version, messages it sends on
             self.transfers.arrived(event.key, staleness, self.version)
+            return None
+        if isinstance(event, Wake):
+            self.server.rang(event.key)  # a version, messages, wake-ups it asks for
+            self.timers.rang(event.key)
             return None
         return self._finished(event.job_id, event.reply)
 

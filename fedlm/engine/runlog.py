@@ -14,6 +14,7 @@ from typing import Iterable
 from fedlm.params import update_digest
 from fedlm.store import IntervalKind, RunWriter
 from fedlm.store.rounds import ROUND_DRAWN  # an event: whom a round was drawn from
+from fedlm.store.schema import TIMER_EVENT  # an operation: a kind's wake-up rang
 from fedlm.job import JobSpec
 
 from fedlm.engine.types import JobResult
@@ -34,6 +35,11 @@ class RunLog:
     def _event(self, kind: str, now: float, **fields) -> None:
         if self.writer:
             self.writer.add_event(kind=kind, virtual_time=now, **fields)
+
+    def rang(self, row: dict) -> None:
+        """A wake-up the server kind asked for rang (``key``, ``t_set``, ``t_due``) and
+        the kind took it: an operation, replayed in this order."""
+        self._event(TIMER_EVENT, row["t_due"], detail=json.dumps({"op": self._next_op(), **row}))
 
     def intervals(self, rows: Iterable[IntervalRow]) -> None:
         if self.writer:

@@ -58,9 +58,9 @@ class StallWatch:
 
     @staticmethod
     def stuck(in_flight, offline, events, messages) -> bool:
-        """Nothing in flight (no job, no message between servers), and nobody coming back
-        who could change that (a worker gone for good is offline with no return on the
-        virtual clock)."""
+        """Nothing in flight (no job, no message between servers or wake-up a server kind
+        waits for: ``messages``), and nobody coming back who could change that (a worker
+        gone for good is offline with no return on the virtual clock)."""
         waiting = offline and not (events.lookahead and events.next_time() is None)
         return not in_flight and not messages and not waiting
 

@@ -17,6 +17,7 @@ the whole state is in it; ``Engine.load_state_dict`` is ``restore``. The keys:
                    its own)
     transfers      messages between servers on their way (their arrivals are on the
                    event clock)
+    timers         wake-ups a server kind asked for, not yet rung (on the event clock)
     model_bytes, up_bytes, tokens, steps_done, jobs_done, last_perplexity,
     last_eval_version   the loop's payload sizes and totals
     position       where the run stands, for the store to be cut back to it
@@ -36,6 +37,7 @@ if TYPE_CHECKING:  # the types only: this module imports none of them at run tim
     from fedlm.engine.jobs import JobMaker
     from fedlm.engine.runlog import RunLog
     from fedlm.engine.stall import StallWatch
+    from fedlm.engine.timers import ServerTimers
     from fedlm.engine.transfers import ServerTransfers
     from fedlm.engine.types import Transport
     from fedlm.engine.workers import WorkerPool
@@ -58,6 +60,7 @@ class Engine(Protocol):
     in_flight: InFlightJobs
     stall: StallWatch
     transfers: ServerTransfers
+    timers: ServerTimers
     transport: Transport
     base_params: dict[int, Any]  # version -> the params jobs in flight started from
     last_eval_version: int
@@ -85,6 +88,7 @@ def capture(engine: Engine) -> dict:
     st["model"] = engine.server.state_dict()
     st.update({name: getattr(engine, name) for name in TOTALS})
     st["transfers"] = engine.transfers.state_dict()
+    st["timers"] = engine.timers.state_dict()
     return {**st, "base_params": dict(engine.base_params),
             "last_eval_version": engine.last_eval_version,
             "wall_elapsed": time.time() - engine.wall_start,  # goes on from here on resume
@@ -104,6 +108,7 @@ def restore(engine: Engine, st: dict) -> None:
     for name in TOTALS:
         setattr(engine, name, st[name])
     engine.transfers.load_state_dict(st.get("transfers", {"flying": {}}))
+    engine.timers.load_state_dict(st.get("timers", {"pending": {}}))  # older: none set
     engine.base_params = dict(st["base_params"])
     engine.last_eval_version = st["last_eval_version"]
     engine.wall_start = time.time() - st.get("wall_elapsed", 0.0)  # older: from 0 again

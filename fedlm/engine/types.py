@@ -2,7 +2,8 @@
 
 Events are typed: the loop handles a ``JobDone`` (a job to hand on: its result,
 its error, or the deadline it missed), a ``BackOnline`` (an offline worker may
-work again) or a ``Delivery`` (a message between servers arrived). Whatever
+work again), a ``Delivery`` (a message between servers arrived) or a ``Wake`` (a
+wake-up the server kind asked for is due). Whatever
 produces them (``fedlm.engine.events``) decides the order.
 """
 
@@ -81,7 +82,14 @@ class Delivery:
     key: int
 
 
-Event = JobDone | BackOnline | Delivery
+@dataclass(frozen=True)
+class Wake:
+    """A wake-up a server kind asked for (``fedlm.servers.Alarm``), ``key``, is due."""
+
+    key: int
+
+
+Event = JobDone | BackOnline | Delivery | Wake
 
 
 @dataclass(frozen=True)

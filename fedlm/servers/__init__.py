@@ -19,11 +19,11 @@ from __future__ import annotations
 from fedlm.config import Config
 from fedlm.errors import ConfigError
 from fedlm.servers.calls import ServerCalls, Version
-from fedlm.servers.protocol import JobClock, Message, Sent, Server, Serves
+from fedlm.servers.protocol import Alarm, JobClock, Message, Sent, Server, Serves
 from fedlm.servers.watch import HookTimeout, HookWatch
 from fedlm.strategies.base import Strategy
 
-__all__ = ["KINDS", "HookTimeout", "HookWatch", "JobClock", "Message", "Sent", "Server", "ServerCalls", "Serves", "Version", "build",
+__all__ = ["KINDS", "Alarm", "HookTimeout", "HookWatch", "JobClock", "Message", "Sent", "Server", "ServerCalls", "Serves", "Version", "build",
            "default_kind", "kind_name", "server_class", "summary"]
 
 KINDS = {"one": "fedlm.servers.protocol:Server",

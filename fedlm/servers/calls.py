@@ -1,4 +1,4 @@
-"""The server side as the engine and replay call it: seventeen calls, each event's hooks of
+"""The server side as the engine and replay call it: eighteen calls, each event's hooks of
 the server kind (``fedlm.servers.protocol``) in their one order, written once.
 
     setup        links(fleet), start(params, fleet) -> (down, up), versions_wanted(updates),
@@ -7,13 +7,15 @@ the server kind (``fedlm.servers.protocol``) in their one order, written once.
     a job        wants_job(w, v), job_steps(w, v, policy, allow) -> steps or None,
                  dispatch(job, events, index) -> Sent, reference(job)
     an event     finished(job, grad, tokens, steps, record) -> Update, lost(w, job_id,
-                 reason), arrived(key) -> staleness
+                 reason), arrived(key) -> staleness, rang(key): a wake-up the kind asked for
     checkpoints  state_dict(), load_state_dict(state, checkpoint), resend(flight, base_params)
 
-Every event may make a new version of the evaluated model and queue messages between
-servers: each ends the same way, the version first (``on_version``: the engine logs,
-evaluates and checkpoints, replay keeps it), then the messages (``on_messages``: the
-engine times them, replay ignores them, their arrivals are in its log). ``ServerCalls``
+Every event may make a new version of the evaluated model, queue messages between
+servers and ask for wake-ups: each ends the same way, the version first (``on_version``:
+the engine logs, evaluates and checkpoints, replay keeps it), then the messages
+(``on_messages``: the engine times them, replay ignores them, their arrivals are in its
+log), then the wake-ups (``on_alarms``: the engine sets them on its clock, replay ignores
+them, when each rang is in its log). ``ServerCalls``
 also numbers the updates it hands on (``seq``), and knows which are not yet in a
 version (``held``): the run log's view, not a kind's.
 """
@@ -24,7 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from fedlm.job import JobSpec
-from fedlm.servers.protocol import Message, Sent, Server
+from fedlm.servers.protocol import Alarm, Message, Sent, Server
 from fedlm.servers.watch import HookWatch, Watched
 from fedlm.strategies.base import DROPPED, Update
 
@@ -36,7 +38,8 @@ class Version:
     number: int
     params: Any
     seqs: list[int]  # the updates in it (numbered by ``ServerCalls``)
-    cause: str  # "update" | "lost" (e.g. a sync round closed with what it had) | "message"
+    # "update" | "lost" (e.g. a sync round closed with what it had) | "message" | "timer"
+    cause: str
 
 
 class ServerCalls:
@@ -44,10 +47,12 @@ class ServerCalls:
 
     def __init__(self, server: Server, *, on_version: Callable[[Version], None],
                  on_messages: Callable[[list[Message]], None] = lambda messages: None,
+                 on_alarms: Callable[[list[Alarm]], None] = lambda alarms: None,
                  watch: HookWatch | None = None) -> None:
         # every call into the kind (and so its strategy) bounded in wall-clock time
         self._server = Watched(server, watch) if watch is not None and watch.limit > 0 else server
         self._on_version, self._on_messages = on_version, on_messages
+        self._on_alarms = on_alarms
         self._seq = 0  # updates handed to the strategy so far
         self._held: list[int] = []  # their seqs not yet in a version
 
@@ -59,6 +64,7 @@ class ServerCalls:
     def start(self, params, fleet: list) -> tuple[int, int]:
         """Start from ``params``; returns the bytes a whole-model job moves (down, up)."""
         self._server.start(params, fleet)
+        self._messages()  # what the kind asks for at its start (a first wake-up, say)
         return self._server.model_bytes, self._server.up_bytes
 
     def versions_wanted(self, updates: int) -> int:
@@ -176,6 +182,11 @@ class ServerCalls:
         self._messages()
         return staleness
 
+    def rang(self, key: int) -> None:
+        """Wake-up ``key`` the kind asked for is due (``Server.wake_in``)."""
+        self._version(self._server.on_timer(key), "timer")
+        self._messages()
+
     def _version(self, params, cause: str) -> None:
         if params is None:
             return
@@ -184,9 +195,13 @@ class ServerCalls:
         self._on_version(Version(self._server.version, params, seqs, cause))
 
     def _messages(self) -> None:
+        """What the event asked for beyond a version: its messages, then its wake-ups."""
         messages = self._server.take_messages()
         if messages:
             self._on_messages(messages)
+        alarms = self._server.take_alarms()
+        if alarms:
+            self._on_alarms(alarms)
 
     # -- checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -65,6 +65,16 @@ class Message:
     seconds: float | None = None
 
 
+@dataclass(frozen=True)
+class Alarm:
+    """A wake-up a kind asked of the run's clock (``Server.wake_in``): ``key`` comes back
+    to its ``on_timer`` ``seconds`` later, in the run and, as an operation of the run
+    log, in its replay and resume (in the spirit of SimPy's timeouts)."""
+
+    key: int
+    seconds: float
+
+
 class JobClock(Protocol):
     """What a server kind's ``timing`` may ask of the engine's event source (virtual:
     ``fedlm.engine.events.VirtualEvents``; wall: ``WallEvents``, which answers None)."""
@@ -126,7 +136,8 @@ class Server:
         self.version = 0
         self.seen: dict[int, int] = {}  # worker -> base version of its last accepted job
         self.outbox: list[Message] = []  # messages queued since the engine last took them
-        self.next_key = 0  # the key the next one gets
+        self.alarms: list[Alarm] = []  # wake-ups asked since the engine last took them
+        self.next_key = 0  # the key the next message or wake-up gets
 
     # -- setup -----------------------------------------------------------------------
     def worker_links(self, fleet: list) -> list:
@@ -242,6 +253,25 @@ class Server:
         """Message ``key`` arrived: (new evaluated params or None, its staleness)."""
         raise KeyError(f"no message {key}: {type(self).__name__} sends none")
 
+    # -- timers -----------------------------------------------------------------------
+    def wake_in(self, seconds: float) -> int:
+        """Ask the run's clock for a wake-up ``seconds`` from now: its key, which
+        ``on_timer`` gets back then (a deadline, a round of a fixed period)."""
+        if not seconds >= 0:
+            raise ValueError(f"a wake-up is due in seconds >= 0, not {seconds!r}")
+        key, self.next_key = self.next_key, self.next_key + 1
+        self.alarms.append(Alarm(key, float(seconds)))
+        return key
+
+    def take_alarms(self) -> list[Alarm]:
+        """Wake-ups asked since the last call; each comes back through ``on_timer``."""
+        out, self.alarms = self.alarms, []
+        return out
+
+    def on_timer(self, key: int):
+        """Wake-up ``key`` is due: new evaluated params, or None."""
+        raise KeyError(f"no wake-up {key}: {type(self).__name__} asks for none")
+
     def new_version(self, params) -> None:
         """``params`` become the next version of the evaluated model."""
         self.params = params
@@ -266,5 +296,6 @@ class Server:
         self.seen = {int(w): int(v) for w, v in seen.items()}
         # a checkpoint of a kind that sends no messages, or of an older fedlm, has none
         self.outbox, self.next_key = list(state.get("outbox", [])), state.get("next_key", 0)
+        self.alarms = []  # asked at start again: the engine's checkpoint has those it set
         for k in self.state_fields:
             setattr(self, k, state[k])

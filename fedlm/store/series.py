@@ -78,7 +78,7 @@ def region_transfers(path: str | Path, run_id: int) -> list[dict[str, Any]]:
     names = list(dict.fromkeys(r[0] for r in workers))
     out: dict[int, dict[str, Any]] = {}
     for region, kind, n, staleness, nbytes in rows:
-        if region < 0:  # a timer the server set itself: no link
+        if region < 0:  # an older fedlm's deadline, a message to itself: no link
             continue
         row = out.setdefault(region, {"region": names[region] if region < len(names)
                                       else str(region), "pushes": 0, "push_staleness": 0.0,

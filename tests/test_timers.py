@@ -1,0 +1,120 @@
+"""The timer seam (issue 60): a server kind asks the run's clock for a wake-up
+(``Server.wake_in``) and gets ``on_timer`` when it is due, in the run, its replay and
+its resume, as an operation of the run log (a ``timer`` event), never as a message.
+A round that closes at a fixed virtual period lands as one plug-in file (below, as a
+user would write it) with no change to fedlm."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import sys
+
+import pytest
+
+from fedlm import servers
+from tests.support import trains_replays_and_resumes
+
+PERIODIC = '''
+"""DiLoCo whose rounds also close every ``outer.period`` virtual seconds."""
+from fedlm.servers import Server
+from fedlm.strategies.diloco import DiLoCo
+
+
+class PeriodicDiLoCo(DiLoCo):
+    default_server = "periodic:PeriodicServer"
+    cut_by_server = True  # its server closes the open round when the period is up
+
+    def __init__(self, *, period: float = 30.0, **settings):
+        if not 0 < period < 1e9:
+            raise ValueError(f"outer.period: must be in (0, 1e9) seconds, got {period!r}")
+        super().__init__(**settings)
+        self.period = period
+
+
+class PeriodicServer(Server):
+    state_fields = ("jobs",)
+
+    @classmethod
+    def check(cls, cfg, strategy):
+        if not issubclass(strategy, PeriodicDiLoCo):
+            raise ValueError(f"periodic:PeriodicServer serves PeriodicDiLoCo, not {cfg.strategy!r}")
+
+    def start(self, params, fleet):
+        super().start(params, fleet)
+        self.jobs = {}  # worker -> its latest job (what a cut reports lost)
+        self.wake_in(self.strategy.period)
+
+    def send(self, job, start):
+        self.jobs[job.worker] = job.job_id
+        return super().send(job, start)
+
+    def on_timer(self, key):
+        self.wake_in(self.strategy.period)  # the next period
+        new = None
+        for worker in self.strategy.rounds.cut():
+            new = self.strategy.on_job_lost(worker, job_id=self.jobs[worker],
+                                            reason="deadline", params=self.params) or new
+        return new
+'''
+
+
+@pytest.fixture
+def periodic(tmp_path, monkeypatch):
+    (tmp_path / "periodic.py").write_text(PERIODIC)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield
+    sys.modules.pop("periodic", None)
+
+
+def test_a_round_of_a_fixed_period_is_one_plug_in_file(tmp_path, periodic):
+    ref = trains_replays_and_resumes(tmp_path, "strategy=periodic:PeriodicDiLoCo",
+                                     "outer.period=25", "profile=very", "workers=3",
+                                     "updates=6", stop_at=3)
+    with sqlite3.connect(ref) as conn:
+        rang = [json.loads(d) for (d,) in conn.execute(
+            "SELECT detail FROM events WHERE kind='timer' ORDER BY id")]
+        late = conn.execute("SELECT COUNT(*) FROM updates WHERE staleness > 0").fetchone()[0]
+        messages = conn.execute("SELECT COUNT(*) FROM transfers").fetchone()[0]
+    assert len(rang) >= 3 and messages == 0  # wake-ups, not 0-byte messages
+    assert [r["t_due"] for r in rang] == pytest.approx([25.0 * (k + 1)
+                                                        for k in range(len(rang))])
+    assert all(r["t_due"] - r["t_set"] == pytest.approx(25.0) for r in rang)
+    assert late > 0  # the very fleet's slowest worker missed periods: its work came late
+
+
+def test_a_wake_up_in_no_time_or_in_nonsense_is_refused():
+    from tests.conftest import tiny_config
+
+    kind = servers.build(tiny_config())
+    assert kind.wake_in(0.0) == 0 and kind.wake_in(2.5) == 1  # keys shared with messages
+    assert [a.seconds for a in kind.take_alarms()] == [0.0, 2.5] and kind.take_alarms() == []
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(ValueError, match="a wake-up is due in seconds >= 0"):
+            kind.wake_in(bad)
+    with pytest.raises(KeyError, match="asks for none"):
+        kind.on_timer(7)
+
+
+def test_a_run_whose_deadlines_came_as_messages_still_replays(tmp_path, monkeypatch):
+    """An older fedlm sent the semi-synchronous round's deadline as a 0-byte message to
+    the server itself (a transfer op): such a log replays to its hash, the same wake-up
+    under the same key."""
+    from pathlib import Path
+
+    from fedlm.replay import replay
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "examples"))
+    ref = trains_replays_and_resumes(tmp_path, "strategy=semi_sync:SemiSyncFill",
+                                     "profile=very", "workers=3", "fleet.jitter=0.3",
+                                     "updates=5", "outer.deadline_k=0", stop_at=3)
+    with sqlite3.connect(ref) as conn:  # the log as the older fedlm wrote it
+        rows = [json.loads(d) for (d,) in conn.execute(
+            "SELECT detail FROM events WHERE kind='timer'")]
+        conn.executemany(
+            "INSERT INTO transfers (run_id, op, key, kind, region, bytes, t_sent, t_arrived,"
+            " staleness, version) VALUES (1, ?, ?, 'deadline', -1, 0, ?, ?, 0, 0)",
+            [(r["op"], r["key"], r["t_set"], r["t_due"]) for r in rows])
+        conn.execute("DELETE FROM events WHERE kind='timer'")
+    assert rows and replay(ref, 1).identical
+    sys.modules.pop("semi_sync", None)
