@@ -11,7 +11,8 @@ class StepBudget:
     on the budget exactly."""
 
     def __init__(self, budget: int, synchronous: bool) -> None:
-        self.budget, self.synchronous = budget, synchronous
+        self.budget = budget
+        self.synchronous = synchronous
 
     def allow(self, steps: int, done: int, in_flight: int) -> int:
         """Inner steps of a job the policy sized at ``steps``, with ``done`` steps

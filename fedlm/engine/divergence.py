@@ -27,7 +27,8 @@ class DivergenceWatch:
     new evaluation means the run diverged."""
 
     def __init__(self, factor: float, hint: str) -> None:
-        self.factor, self.hint = factor, hint
+        self.factor = factor
+        self.hint = hint
         self.best: tuple[float, int] | None = None  # (loss, version), the earliest of ties
 
     def seed(self, loss: float, version: int) -> None:

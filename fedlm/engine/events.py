@@ -70,7 +70,9 @@ class VirtualEvents:
 
     def __init__(self, cfg: Config, fleet: list[WorkerProfile], flights: InFlightJobs,
                  inbox: Inbox, dynamics: FleetDynamics | None = None) -> None:
-        self.fleet, self.flights, self.inbox = fleet, flights, inbox
+        self.fleet = fleet
+        self.flights = flights
+        self.inbox = inbox
         self.clock: VirtualClock = VirtualClock()
         # ``dynamics``: a fleet that changes over time (None: it does not)
         self.timer = JobTimer(fleet, cfg.seed, cfg.network.intra_bw, cfg.network.topology,
@@ -97,7 +99,8 @@ class VirtualEvents:
         down, up = self.down_bytes, self.up_bytes
         timing = self.timer.timing(w, steps, down, up, start=self.now, index=index)
         if self.net is not None:  # nominal transfer times at this hour's bandwidth
-            region, m = self.fleet[w].region, self.net.factor(self.now)
+            region = self.fleet[w].region
+            m = self.net.factor(self.now)
             timing = JobTiming(transfer_seconds(down, region.down_bw * m, region.latency),
                                timing.compute,
                                transfer_seconds(up, region.up_bw * m, region.latency))
@@ -119,7 +122,8 @@ class VirtualEvents:
         return self.net is None and (fault == "hang" or self.now + timing.total > limit)
 
     def dispatched(self, f: InFlight) -> None:
-        now, job_id = self.now, f.job.job_id
+        now = self.now
+        job_id = f.job.job_id
         if self.net is not None:  # the job's download joins the shared link
             self.net.add(now, (job_id, "down"), "down", self.down_bytes,
                          self.fleet[f.job.worker].region.down_bw)
@@ -260,7 +264,9 @@ class WallEvents:
     lookahead = False  # nothing is known before it happens
 
     def __init__(self, flights: InFlightJobs, inbox: Inbox, pool: WorkerPool) -> None:
-        self.flights, self.inbox, self.pool = flights, inbox, pool
+        self.flights = flights
+        self.inbox = inbox
+        self.pool = pool
         self._start = time.monotonic()
         self.deliveries: list[tuple[float, int]] = []  # (when, key): transfers on their way
         self.wakes: list[tuple[float, int]] = []  # (when, key): the server kind's wake-ups

@@ -51,7 +51,8 @@ def data_seed(seed: int, worker: int, job_index: int) -> int:
 class JobMaker:
     def __init__(self, cfg: Config, fleet: list[WorkerProfile],
                  shard_sizes: list[int] | None = None) -> None:
-        self.cfg, self.fleet = cfg, fleet
+        self.cfg = cfg
+        self.fleet = fleet
         # Only the paper's shard draw reads the shards' sizes (default: loaded from cfg).
         if shard_sizes is None:
             shard_sizes = (shards.shard_sizes(cfg) if cfg.data.shard_choice == "paper"

@@ -75,11 +75,15 @@ class Engine(Offering, Health):
                                           on_messages=lambda m: self.transfers.send(m, self.now),
                                           on_alarms=lambda a: self.timers.set(a, self.now),
                                           watch=self.hook_watch)
+        servers_fleet = fleet  # as configured: messages between servers are timed on it
         # the links a worker's jobs take: to its server (which may sit in its region)
-        servers_fleet, fleet = fleet, self.server.links(fleet)
+        fleet = self.server.links(servers_fleet)
+        self.cfg = cfg
+        self.fleet = fleet
         # the kind's policy sizes jobs: the engine starts it and tells it what jobs took
-        self.cfg, self.fleet, self.policy = cfg, fleet, self.server.policy
-        self.evaluate, self.progress = evaluate, progress
+        self.policy = self.server.policy
+        self.evaluate = evaluate
+        self.progress = progress
         self.checkpoint = checkpoint  # called with state_dict() every checkpoint_every versions
         self.transport = (faults.DuplicatingTransport(transport) if cfg.faults.duplicate > 0
                           else transport)
@@ -235,7 +239,9 @@ class Engine(Offering, Health):
 
     def _finished(self, job_id: int, reply: JobResult) -> InFlight:
         flight = self.in_flight.pop(job_id)
-        job, w, now = flight.job, flight.job.worker, self.now
+        job = flight.job
+        w = job.worker
+        now = self.now
         self.log.intervals(timeline.job_rows(self.events, flight, now, reply.compute_seconds))
         grad, error, reason = outcome(reply, self.server.reference(job), self.cfg.network)
         if error is not None:
@@ -255,7 +261,8 @@ class Engine(Offering, Health):
 
     def _updated(self, flight: InFlight, reply: JobResult, update, seq: int) -> None:
         """A finished job's update, numbered ``seq``, before the strategy takes it."""
-        job, now = flight.job, self.now
+        job = flight.job
+        now = self.now
         self.tokens += reply.tokens
         self.steps_done += reply.steps
         self.jobs_done += 1
@@ -272,7 +279,8 @@ class Engine(Offering, Health):
                             transfer=max(0.0, now - flight.t_dispatch - compute))
 
     def _lost(self, flight: InFlight, error: str, reason: str) -> None:
-        job, w = flight.job, flight.job.worker
+        job = flight.job
+        w = job.worker
         if reason != "departed" and self.pool.failed(w) and reason != "memory":
             reason = "retired"
         self.inbox.settle(job.job_id, "lost")

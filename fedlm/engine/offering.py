@@ -21,7 +21,8 @@ class Offering:
     server, policy, presence, budget and log)."""
 
     def _dispatch_free_workers(self) -> None:
-        now, cap = self.now, self.cfg.max_in_flight
+        now = self.now
+        cap = self.cfg.max_in_flight
         if self.budget.spent(self.steps_done, self.in_flight.steps()):
             # nobody gets a job: none is asked (not the whole fleet at every event)
             self.pool.pass_over(self.version, len(self.in_flight))

@@ -33,7 +33,10 @@ from fedlm.store import IntervalKind
 
 class Presence:
     def __init__(self, dynamics: FleetDynamics, pool: WorkerPool, events, log: RunLog) -> None:
-        self.dynamics, self.pool, self.events, self.log = dynamics, pool, events, log
+        self.dynamics = dynamics
+        self.pool = pool
+        self.events = events
+        self.log = log
 
     def gone_away(self, w: int, now: float, version: int) -> bool:
         """Whether free worker ``w`` is absent now; if so it is moved out of the pool

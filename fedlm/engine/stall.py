@@ -41,7 +41,8 @@ _WHY = {  # what a run of lost jobs of one kind means
 
 class StallWatch:
     def __init__(self, workers: int) -> None:
-        self.lost_max, self.held_max = lost_limit(workers), held_limit(workers)
+        self.lost_max = lost_limit(workers)
+        self.held_max = held_limit(workers)
         self.lost: Counter[str] = Counter()  # reasons of the jobs lost in a row
         self.held = 0  # updates accepted since the last version
 
@@ -83,4 +84,5 @@ class StallWatch:
         return {"lost": dict(self.lost), "held": self.held}
 
     def load_state_dict(self, st: dict) -> None:
-        self.lost, self.held = Counter(st.get("lost", {})), st.get("held", 0)
+        self.lost = Counter(st.get("lost", {}))
+        self.held = st.get("held", 0)

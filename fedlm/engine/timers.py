@@ -13,7 +13,8 @@ from fedlm.engine.runlog import RunLog
 
 class ServerTimers:
     def __init__(self, events, log: RunLog) -> None:
-        self.events, self.log = events, log
+        self.events = events
+        self.log = log
         self.pending: dict[int, dict] = {}  # key -> when it was set and is due
 
     def set(self, alarms: list[Alarm], now: float) -> None:

@@ -27,7 +27,8 @@ from fedlm.engine.runlog import RunLog
 class ServerTransfers:
     def __init__(self, cfg: Config, fleet: list[WorkerProfile], events, log: RunLog) -> None:
         self.links = [fleet[ws[0]].region for ws in by_region(fleet)]
-        self.events, self.log = events, log
+        self.events = events
+        self.log = log
         self.amplitude, self.peak_hour = cfg.network.daily_amplitude, cfg.network.peak_hour
         self.flying: dict[int, dict] = {}  # key -> the transfers row so far
 

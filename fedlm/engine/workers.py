@@ -53,7 +53,9 @@ class WorkerPool:
         changed, or a cap blocked someone), else those that became free since the last."""
         full = version != self.scanned_version or self.blocked
         fresh = None if full else [w for w in self.newly_free if w in self.free_since]
-        self.newly_free, self.scanned_version, self.blocked = [], version, False
+        self.newly_free = []
+        self.scanned_version = version
+        self.blocked = False
         return fresh
 
     def _sample(self, n: int, in_flight: int):
@@ -204,11 +206,15 @@ class WorkerPool:
                 "sampler": self.sampler.bit_generator.state}
 
     def load_state_dict(self, st: dict) -> None:
-        self.free_since, self.offline = dict(st["free_since"]), dict(st["offline"])
-        self.retired, self.failures = set(st["retired"]), list(st["failures"])
-        self.jobs_of, self.state_job = list(st["jobs_of"]), list(st["state_job"])
+        self.free_since = dict(st["free_since"])
+        self.offline = dict(st["offline"])
+        self.retired = set(st["retired"])
+        self.failures = list(st["failures"])
+        self.jobs_of = list(st["jobs_of"])
+        self.state_job = list(st["state_job"])
         self.pins = [list(p) for p in st["pins"]]
-        self.newly_free, self.scanned_version = list(st["newly_free"]), st["scanned_version"]
+        self.newly_free = list(st["newly_free"])
+        self.scanned_version = st["scanned_version"]
         self.blocked = st["blocked"]
         self.absent = set(st.get("absent", []))  # a checkpoint from before absences
         self.not_drawn = set(st.get("not_drawn", []))  # ... or before not drawn: idle
