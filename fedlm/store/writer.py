@@ -118,7 +118,8 @@ class RunWriter:
         return self
 
     def _start_heartbeat(self) -> None:
-        run_id, me = self.run_id, self.owner
+        run_id = self.run_id
+        me = self.owner
         conn = writer_connection(self.path)  # its own: the heartbeat runs on its own thread
 
         def beat() -> None:
@@ -143,7 +144,8 @@ class RunWriter:
         buffered, so a later flush can try again."""
         if not self._pending:
             return
-        pending, me = self._pending, self.owner
+        pending = self._pending
+        me = self.owner
 
         def write(conn: sqlite3.Connection) -> None:
             # fenced: a writer taken for dead and taken over (--resume) writes no more

@@ -92,7 +92,10 @@ def _shares(spent: dict[str, float], useful: float
     """Goodput, unapplied compute, communication and idle: shares of present time; and
     not drawn, a share of present and not-drawn time together."""
     present = sum(spent.get(k, 0.0) for k in PRESENT_KINDS)
-    share = lambda seconds: goodput(seconds, present)  # noqa: E731
+
+    def share(seconds: float) -> float:
+        return goodput(seconds, present)
+
     left_out = spent.get(IntervalKind.NOT_DRAWN.value, 0.0)
     return (share(useful), share(spent.get(IntervalKind.COMPUTE.value, 0.0) - useful),
             share(sum(spent.get(k, 0.0) for k in EXPOSED_COMM_KINDS)),
