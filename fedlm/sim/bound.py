@@ -81,7 +81,9 @@ def _rate_changes(v: float, trip: float, spans: list[tuple[float, float]]
     """When a worker at ``v`` steps a second with round trip ``trip``, away over the
     merged ``spans``, starts (+v) and stops (−v) adding steps: from the moment its
     present time reaches ``trip``, while it is there."""
-    changes, present, t = [], 0.0, 0.0
+    changes = []
+    present = 0.0
+    t = 0.0
     counting = False
     for start, end in [*spans, (math.inf, math.inf)]:
         if not counting and present + (start - t) >= trip:  # it passes its round trip here

@@ -48,7 +48,8 @@ def draw(cfg: Config, worker: int, job_index: int) -> str:
     """The fault of ``worker``'s ``job_index``-th job: a kind of FAULT_KINDS or ""."""
     if not _applies(cfg, worker) or not any(getattr(cfg.faults, k) for k in FAULT_KINDS):
         return ""  # no draw when no fault can strike: a sixth of the engine's time per job
-    u, acc = _uniform(cfg, worker, job_index, 0), 0.0
+    u = _uniform(cfg, worker, job_index, 0)
+    acc = 0.0
     for kind in FAULT_KINDS:
         acc += getattr(cfg.faults, kind)
         if u < acc:

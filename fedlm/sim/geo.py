@@ -61,7 +61,8 @@ def halos_placement(n: int) -> list[str]:
 def halos_step_times(regions: list[str], base_step_time: float) -> list[float]:
     """Each worker's step time: its region's speeds in turn, the fastest (over all
     regions) at ``base_step_time``."""
-    fastest, seen = max(max(s) for s in HALOS_SPEEDS), {}
+    fastest = max(max(s) for s in HALOS_SPEEDS)
+    seen = {}
     out = []
     for name in regions:
         r = HALOS_REGIONS.index(name) if name in HALOS_REGIONS else 0

@@ -52,7 +52,8 @@ def check(cfg: Config, available: int) -> int:
     ``available`` bytes (a job's model and optimizer need the rest)."""
     sizes = first_jobs(cfg)
     w = max(range(len(sizes)), key=sizes.__getitem__)
-    steps, need = sizes[w], batch_bytes(cfg, sizes[w])
+    steps = sizes[w]
+    need = batch_bytes(cfg, sizes[w])
     why = (f"local_steps {cfg.local_steps}: worker {w}'s first job would run {steps:,} inner "
            f"steps (inner.steps {cfg.inner.steps}; step times "
            f"{min(p.step_time for p in fleet_lib.node_profiles(cfg)):g}-"

@@ -96,7 +96,8 @@ def check_fits(cfg: Config, backend: str = "flower") -> Estimate:
     what, biggest = next(iter(need.parts.items()))
     advice = []
     if what.endswith("jobs in flight"):
-        rest, room = need.total - biggest, int(0.8 * have)  # some room for the rest
+        rest = need.total - biggest
+        room = int(0.8 * have)  # some room for the rest
         fit = (room - rest) // need.per_job if room > rest else 0
         if fit >= 1:
             advice.append(f"max_in_flight={fit} (at most that many jobs at once)")

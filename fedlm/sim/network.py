@@ -121,5 +121,6 @@ class Network:
                 "flows": {k: (f.link, f.remaining, f.cap) for k, f in self.flows.items()}}
 
     def load_state_dict(self, state: dict) -> None:
-        self.t, self.token = state["t"], state["token"]
+        self.t = state["t"]
+        self.token = state["token"]
         self.flows = {k: Flow(*v) for k, v in state["flows"].items()}

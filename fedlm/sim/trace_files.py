@@ -66,7 +66,8 @@ class _PlainUnpickler(pickle._Unpickler):  # the Python one: its memo reads can 
 
 def _depth(value: Any) -> int:
     """How deeply containers nest in ``value`` (iteratively: no recursion limit met)."""
-    deepest, stack = 0, [(value, 0)]
+    deepest = 0
+    stack = [(value, 0)]
     while stack:
         v, d = stack.pop()
         deepest = max(deepest, d)
