@@ -10,7 +10,7 @@ from typing import Any
 
 from fedlm.config import Config
 from fedlm.errors import ConfigError, shown
-from fedlm.sim import fleet, quantities as Q
+from fedlm.sim import dynamics_settings, fleet, quantities as Q
 
 
 def _require(ok: bool, path: str, value: Any, why: str) -> None:
@@ -20,10 +20,9 @@ def _require(ok: bool, path: str, value: Any, why: str) -> None:
 
 def check(cfg: Config) -> None:
     """Where the workers are and what they go through: FedScale traces, a measured
-    network that holds a worker, a fleet that changes over time (``fedlm.sim.dynamics``).
+    network that holds a worker, a fleet that changes over time
+    (``fedlm.sim.dynamics_settings``).
     The workers' profiles are built once, after the traces they may read are checked."""
-    from fedlm.sim import dynamics  # numpy only
-
     f = cfg.fleet
     _check_trace_overrides(f)
     windows = None  # an availability trace's longest presence per worker, run seconds
@@ -44,19 +43,20 @@ def check(cfg: Config) -> None:
                                     f"'finish_time' {e.finish_time:g} x fleet.trace_time_scale "
                                     f"{f.trace_time_scale:g}", e.finish_time * f.trace_time_scale,
                                     Q.DURATION)
-                windows = dynamics.longest_windows(entries, cfg.workers, f.trace_time_scale)
+                windows = dynamics_settings.longest_windows(entries, cfg.workers,
+                                                            f.trace_time_scale)
     profiles = fleet.profiles(f, cfg.workers, cfg.inner.batch_size)
     regions = [p.region.name for p in profiles]
     if f.matrix and not f.device_trace and not set(regions) & set(f.matrix["regions"]):
         raise ConfigError(f"fleet.matrix: no worker is in any of its regions "  # it does nothing
                           f"({', '.join(f.matrix['regions'])}); place them with "
                           f"fleet.topology or fleet.regions")
-    dynamics.check(f, cfg.workers, regions)
-    if not dynamics.enabled(f):
+    dynamics_settings.check(f, cfg.workers, regions)
+    if not dynamics_settings.enabled(f):
         return
     # a job's compute alone (H steps; one step where the policy may shorten it)
     steps = cfg.inner.steps if cfg.local_steps == "fixed" else 1
-    why = dynamics.no_job_fits(f, [steps * p.step_time for p in profiles], windows)
+    why = dynamics_settings.no_job_fits(f, [steps * p.step_time for p in profiles], windows)
     if why is not None:
         raise ConfigError(why)
     why = None
