@@ -56,7 +56,8 @@ def train_answer(content: RecordDict, node_config: Mapping, state: RecordDict) -
     """Run the job ``content`` asks for; ``state`` is the node's state RecordDict
     (``context.state``, or the same kept by a node's worker process)."""
     request = messages.read_train_request(content)
-    cfg, job = _config(request.cfg_json), request.job
+    cfg = _config(request.cfg_json)
+    job = request.job
     pid = int(node_config["partition-id"])
     if job.worker != pid:
         raise ValueError(f"job {job.job_id} is for worker {job.worker}, this node holds {pid}")

@@ -49,7 +49,8 @@ def none_left_behind(timeout: float = 15.0) -> Iterator[None]:
 def descendants() -> list[int]:
     """This process's live (not zombie) descendants, from /proc."""
     parent = {pid: ppid for pid, (state, ppid) in _processes().items() if state != "Z"}
-    mine, grew = {os.getpid()}, True
+    mine = {os.getpid()}
+    grew = True
     while grew:
         found = {pid for pid, ppid in parent.items() if ppid in mine} - mine
         grew = bool(found)
@@ -78,7 +79,8 @@ def _reap_adopted(before: set[int], killed: set[int], timeout: float = 5.0) -> N
     are waited for (at most ``timeout`` s): SIGKILL takes effect a moment later, and
     on a loaded machine one collected at once was still running, then stayed a
     zombie."""
-    me, deadline = os.getpid(), time.monotonic() + timeout
+    me = os.getpid()
+    deadline = time.monotonic() + timeout
     while True:
         procs = _processes()
         for pid, (state, ppid) in procs.items():

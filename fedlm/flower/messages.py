@@ -72,7 +72,8 @@ def pack(tensors) -> ArrayRecord:
 
 def unpack(record: ArrayRecord) -> "OrderedDict[str, torch.Tensor]":
     base = torch.frombuffer(bytearray(record["packed"].data), dtype=torch.uint8)
-    out, offset = OrderedDict(), 0
+    out = OrderedDict()
+    offset = 0
     for name, dtype, shape in json.loads(record["layout"].data):
         dt = getattr(torch, dtype)
         n = dt.itemsize * int(torch.Size(shape).numel())
