@@ -81,7 +81,8 @@ def _stray(dest: Path) -> Path | None:
                     not (inside.parts[0] in PACKAGES or name == "__pycache__")):
                 return Path(folder) / name
         for name in sorted(names):
-            path, inside = Path(folder) / name, rel / name
+            path = Path(folder) / name
+            inside = rel / name
             if not _regular(path):
                 return path
             if inside.parts[0] in PACKAGES and len(inside.parts) > 1:

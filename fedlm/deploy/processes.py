@@ -48,7 +48,8 @@ def stop_all(procs: list[subprocess.Popen], mark: str) -> None:
 def marked(mark: str) -> list[int]:
     """Live processes (but this one) whose environment holds ``mark`` (Linux; none
     elsewhere)."""
-    needle, pids = mark.encode(), []
+    needle = mark.encode()
+    pids = []
     proc_dir = Path("/proc")
     if not proc_dir.is_dir():
         return pids
