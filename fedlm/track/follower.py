@@ -30,7 +30,10 @@ class Follower:
     timeout = 20.0  # seconds a tracker may take to start, log a point or finish
 
     def __init__(self, db: str | Path, cfg: Config, trackers: list, every: float = 2.0) -> None:
-        self.db, self.cfg, self.trackers, self.every = db, cfg, list(trackers), every
+        self.db = db
+        self.cfg = cfg
+        self.trackers = list(trackers)
+        self.every = every
         self.run_id: int | None = None
         self.last = 0  # the last progress point handed on (its metrics row id)
         self.sent = 0  # progress points handed on
@@ -99,7 +102,8 @@ class Follower:
         points = store.progress_points(self.db, self.run_id, after=self.last)
         for point in points if final else points[:-1]:
             self._each("log", lambda t: t.log(point))
-            self.last, self.sent = point.id, self.sent + 1
+            self.last = point.id
+            self.sent = self.sent + 1
 
     def end(self) -> None:
         """Hand on the last points and close each tracker run with the run's status."""
