@@ -75,7 +75,8 @@ def read_packed(path: Path, width: int, spec: str) -> tuple:
     lengths = arrays.get("token_bytes")
     if lengths is None:  # a byte corpus cached before BPE
         lengths = tok_lib.token_bytes(spec)
-    dtype, vocab = tok_lib.token_dtype(spec), tok_lib.vocab_size(spec)
+    dtype = tok_lib.token_dtype(spec)
+    vocab = tok_lib.vocab_size(spec)
 
     def need(ok: bool, what: str) -> None:
         if not ok:

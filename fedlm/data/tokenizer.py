@@ -134,7 +134,8 @@ def _byte_of_char() -> dict[str, int]:
     byte b as this character, so a token's string is its bytes, one character each."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
                  *range(ord("®"), ord("ÿ") + 1)]
-    chars, extra = {}, 0
+    chars = {}
+    extra = 0
     for b in range(BYTE_VOCAB):
         if b in printable:
             chars[chr(b)] = b
