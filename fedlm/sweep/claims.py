@@ -57,7 +57,8 @@ class Claim:
     when the cell is over."""
 
     def __init__(self, path: Path, fd: int) -> None:
-        self.path, self._fd = path, fd
+        self.path = path
+        self._fd = fd
         self._heartbeat = ownership.Heartbeat(self._beat)
 
     def _beat(self) -> None:

@@ -66,7 +66,8 @@ def expand(raw: dict, where: str) -> dict:
     need(len(refs) == 1, f"arm: exactly one [[arm]] needs reference = true (each fleet's "
          f"reference), got {len(refs)}")
     ref = next(a for a in arms if a["label"] == refs[0])
-    out, first_ref = [], True
+    out = []
+    first_ref = True
     for key, fleet in fleets.items():
         for arm in arms:
             if key not in _fleets_of(arm, fleets):
@@ -122,7 +123,8 @@ def _fleets(tables: object, need) -> dict[str, dict]:
     """The ``[[fleet]]`` tables by key (in the order written), each checked."""
     need(isinstance(tables, list) and tables != [] and all(isinstance(f, dict) for f in tables),
          "fleet: must be [[fleet]] tables (each with a label and profiles)")
-    out, labels = {}, set()
+    out = {}
+    labels = set()
     for k, fleet in enumerate(tables):
         unknown = sorted(set(fleet) - set(FLEET_KEYS))
         need(not unknown, f"fleet[{k}].{unknown[0] if unknown else ''}: not a fleet's key "

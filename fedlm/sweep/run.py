@@ -169,7 +169,8 @@ def run_sweep(spec: dict, *, backend: str = "flower", rerun: bool = False, jobs:
 def chosen(spec: dict, log=print) -> dict:
     """Each arm's choice per profile (``fedlm.sweep.tuning.choose``) from the tuning runs
     in the store; an arm whose tuning runs have not all ended has none yet."""
-    t, db = tuning.settings_of(spec), spec["db"]
+    t = tuning.settings_of(spec)
+    db = spec["db"]
     ended = {}
     for row in store.list_runs(db) if Path(db).exists() else []:
         if row["status"] == "finished":
@@ -199,8 +200,12 @@ class _Sweep:
 
     def __init__(self, spec: dict, backend: str, rerun: bool, fail_fast: bool,
                  track: list[str], log) -> None:
-        self.spec, self.backend, self.rerun, self.fail_fast = spec, backend, rerun, fail_fast
-        self.track, self.log = track, log
+        self.spec = spec
+        self.backend = backend
+        self.rerun = rerun
+        self.fail_fast = fail_fast
+        self.track = track
+        self.log = log
         self.db = spec["db"]
         self.stage(cells_of(spec), "")
         self.children = Children()
@@ -210,11 +215,14 @@ class _Sweep:
 
     def stage(self, planned: list, what: str) -> None:
         """The cells to plan, train and report next (a tuned sweep has two stages)."""
-        self.planned, self.total, self.what = planned, len(planned), what
+        self.planned = planned
+        self.total = len(planned)
+        self.what = what
         self.finished = {r["name"]: r["id"] for r in (store.list_runs(self.db)
                                                       if Path(self.db).exists() else [])
                          if r["status"] == "finished"}  # the newest finished run of a name
-        self.trained, self.elsewhere = set(), {}
+        self.trained = set()
+        self.elsewhere = {}
 
     def plan(self, report_only: bool) -> tuple[list, list[str]]:
         """(the cells to train, numbered; the names of those not run)."""
@@ -302,7 +310,8 @@ class _Sweep:
         return cmd
 
     def train_claimed(self, k: int, cell) -> None:
-        name, cmd = cell.name, self.command(cell)
+        name = cell.name
+        cmd = self.command(cell)
         if self.children.stopping.is_set():
             return
         self.log(f"[{self.what}{k}/{self.total}] {name} ...")
