@@ -22,6 +22,9 @@ from pathlib import Path
 from fedlm import store
 from fedlm.sweep import fairness, plots, tuning
 from fedlm.sweep.cells import ONE_SEED, SEEDED, seconds_format, shown, span
+from fedlm.sweep.curves import first_reaching, run_curve
+# re-exported: experiments/compare.py reads them from here
+from fedlm.sweep.curves import time_to_reach, value_at  # noqa: F401
 from fedlm.sweep.plots import by_seed, groups_of
 from fedlm.sweep.run import Cell, Failure, SweepResult
 from fedlm.sweep.spec import cells_of, reference_of, seeds_of
@@ -29,35 +32,7 @@ from fedlm.store.yardstick import yardstick
 from fedlm.sweep.uncertainty import Estimate, estimate, paired_estimate, ratio, \
     relative_difference
 
-Curve = list[tuple[float, int, float]]  # (virtual time, version, perplexity)
 Group = dict  # seed -> Cell: one arm on one profile, every seed that finished
-
-
-def _curve(db: str, run_id: int) -> Curve:
-    return store.metric_curve(db, run_id)
-
-
-def first_reaching(curve: Curve, target: float) -> float | None:
-    """The virtual time of the curve's first evaluation at or below ``target``."""
-    return next((vt for vt, _, ppl in curve if ppl <= target), None)
-
-
-def last_before(curve: Curve, t: float) -> float | None:
-    """The curve's last evaluated perplexity at or before virtual time ``t``."""
-    best = None
-    for vt, _, ppl in curve:
-        if vt <= t:
-            best = ppl
-    return best
-
-
-def time_to_reach(db: str, run_id: int, target: float) -> float | None:
-    return first_reaching(_curve(db, run_id), target)
-
-
-def value_at(db: str, run_id: int, t: float) -> float | None:
-    """The run's last evaluated perplexity at or before virtual time ``t``."""
-    return last_before(_curve(db, run_id), t)
 
 
 def write_report(spec: dict, result: SweepResult) -> tuple[str, list[Path]]:
@@ -92,8 +67,11 @@ class _Report:
 
     def __init__(self, spec: dict, cells: list[Cell], failures: list[Failure],
                  not_run: list[str]) -> None:
-        self.spec, self.failures, self.not_run = spec, failures, not_run
-        self.db, self.profiles = spec["db"], spec["profiles"]
+        self.spec = spec
+        self.failures = failures
+        self.not_run = not_run
+        self.db = spec["db"]
+        self.profiles = spec["profiles"]
         self.arms = [a["label"] for a in spec["arm"]]
         self.arm_of = {a["label"]: a for a in spec["arm"]}
         self.ref = next(a["label"] for a in spec["arm"] if a.get("reference"))
@@ -109,7 +87,7 @@ class _Report:
                 else "failed"
         self.own_refs = any(a.get("against") for a in spec["arm"])
         self.seeded = _seeded(spec)
-        self.curves = {c.run_id: _curve(self.db, c.run_id) for c in cells}
+        self.curves = {c.run_id: run_curve(self.db, c.run_id) for c in cells}
         self.work = {c.run_id: store.tokens_curve(self.db, c.run_id) for c in cells}
         self.yardsticks = {c.run_id: yardstick(self.db, c.run_id) for c in cells}
         self.starts = fairness.differing_starts(cells)
@@ -217,7 +195,9 @@ class _Report:
         as a fraction of the time the reference itself needed), per seed."""
         def one(c: Cell, r: Cell) -> float | None:
             t = first_reaching(self.curves[c.run_id], r.summary.final_perplexity)
-            return None if t is None else t / r.summary.virtual_time if as_ratio else t
+            if t is None or not as_ratio:
+                return t
+            return t / r.summary.virtual_time
         vals, both = self.vs_ref(arm, group, one)
         if both == 0:
             return "-"
@@ -250,7 +230,10 @@ class _Report:
         parts = ("goodput", "unapplied", "communication", "idle")
         if not any(getattr(y, p) for y in ys for p in parts):  # no worker time stored
             return "-"
-        mean = lambda p: sum(getattr(y, p) for y in ys) / len(ys) * 100  # noqa: E731
+
+        def mean(p: str) -> float:
+            return sum(getattr(y, p) for y in ys) / len(ys) * 100
+
         spent = " / ".join(f"{mean(p):.0f}" for p in parts)
         return spent + (f"; not drawn {mean('not_drawn'):.0f}" if any(y.not_drawn for y in ys)
                         else "")
