@@ -11,8 +11,8 @@ The deadline follows the fleet, as a hivemind proposal (learning-at-home/hivemin
 
     deadline = median(d) + k · MAD(d)        MAD(d) = median(|d − median(d)|)
 
-where d are the times from their round's opening to the last ``outer.deadline_window``
-replies taken and k = ``outer.deadline_k``; the MAD counts as at least 5% of the
+where d are the times from their round's opening to the last ``server.deadline_window``
+replies taken and k = ``server.deadline_k`` (the server's settings: ``DeadlineSettings``); the MAD counts as at least 5% of the
 median (fill's jobs end together: a MAD of 0 would cut every reply after the median).
 The first round, with no history, has no deadline. A round also closes at its quorum,
 as any drawn round does (``outer.fraction``, ``outer.overcommit``): the deadline only
@@ -29,14 +29,15 @@ combination: fill's job sizes (``diloco-fill``), DiLoCo's outer step, drawn roun
 closed at a quorum or a deadline.
 
     PYTHONPATH=examples fedlm run --set strategy=semi_sync:SemiSyncFill \\
-        --set outer.deadline_k=2 --set profile=halos --set workers=8
+        --set server.deadline_k=2 --set profile=halos --set workers=8
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from fedlm.servers import Sent, Server
 from fedlm.strategies.base import Update
@@ -63,25 +64,33 @@ class SemiSyncFill(DiLoCoFill):
     default_server = "semi_sync:DeadlineServer"
     cut_by_server = True  # its server cuts rounds at their deadline (Rounds.cut)
 
-    def __init__(self, *, deadline_k: float = 2.0, deadline_window: int = 16,
-                 late: str = "next", **settings) -> None:
-        if not (isinstance(deadline_k, (int, float)) and 0 <= deadline_k < math.inf):
-            raise ValueError(f"outer.deadline_k: must be a number >= 0, got {deadline_k!r}")
-        if not (isinstance(deadline_window, int) and deadline_window >= 1):
-            raise ValueError(f"outer.deadline_window: must be an int >= 1, got "
-                             f"{deadline_window!r}")
+    def __init__(self, *, late: str = "next", **settings) -> None:
         super().__init__(late=late, **settings)
-        self.deadline_k, self.deadline_window = float(deadline_k), deadline_window
 
-    def summary(self) -> str:
-        return (f"{super().summary()}; a round also closes at median + {self.deadline_k:g} "
-                f"x MAD of the last {self.deadline_window} reply times")
+
+@dataclass(frozen=True)
+class DeadlineSettings:
+    """The deadline server's settings (``[server]``; ``outer.deadline_*`` before)."""
+
+    deadline_k: float = 2.0  # k: the deadline is median + k x MAD of recent reply times
+    deadline_window: int = 16  # the reply times it reads: the last ones taken
+    OLD_NAMES: ClassVar[dict[str, str]] = {"deadline_k": "deadline_k",
+                                           "deadline_window": "deadline_window"}
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.deadline_k < math.inf:
+            raise ValueError(f"server.deadline_k: must be a number >= 0, got "
+                             f"{self.deadline_k!r}")
+        if self.deadline_window < 1:
+            raise ValueError(f"server.deadline_window: must be >= 1, got "
+                             f"{self.deadline_window!r}")
 
 
 class DeadlineServer(Server):
     """One server that sets each round a deadline from the recent reply times; the round
     itself (who is in, what arrived, when it closes) is its strategy's ``Rounds``."""
 
+    Settings = DeadlineSettings
     state_fields = ("armed", "jobs", "replies", "durations", "timed", "opened", "clocked",
                     "timers")
 
@@ -125,7 +134,7 @@ class DeadlineServer(Server):
         # the round's first job: its deadline, a wake-up of the run's clock (replay: the
         # order alone decides that there is one; when it rang is in the run log)
         self.armed = self.rounds.round
-        seconds = (deadline_of(self.durations, self.strategy.deadline_k)
+        seconds = (deadline_of(self.durations, self.settings.deadline_k)
                    if self.durations else 0.0)
         self.timers[self.wake_in(seconds)] = self.rounds.round
 
@@ -133,7 +142,7 @@ class DeadlineServer(Server):
         self.replies += 1
         seconds = self.timed.pop(update.job_id, None)
         if seconds is not None:
-            self.durations = (self.durations + [seconds])[-self.strategy.deadline_window:]
+            self.durations = (self.durations + [seconds])[-self.settings.deadline_window:]
         return super().take(update)  # an overdue round closes at its min_replies-th reply
 
     def lose(self, worker: int, *, job_id: int, reason: str):
@@ -163,4 +172,5 @@ class DeadlineServer(Server):
         self.rounds.overdue = self.rounds.overdue or state.get("overdue", False)
 
     def describe(self) -> str:
-        return "rounds closed at a quorum or a deadline from recent reply times"
+        return (f"a round also closes at median + {self.settings.deadline_k:g} x MAD of the "
+                f"last {self.settings.deadline_window} reply times")

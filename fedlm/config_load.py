@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from fedlm import files, servers
-from fedlm.config import MOVED, SECTIONS, SPELLING, Config
+from fedlm.config import MOVED, SECTIONS, SPELLING, Config, ServerConfig
 from fedlm.config_check import coerce, validate
 from fedlm.errors import ConfigError, first_line, shown, shown_key
 from fedlm.servers.watch import bounded, plug_in_bound
@@ -63,13 +63,30 @@ def _build(cls: type, raw: dict[str, Any], prefix: str) -> Any:
         if key in _NUMBER_AS_TEXT and isinstance(value, (int, float)) \
                 and not isinstance(value, bool):
             value = str(value)
-        if key in SECTIONS and cls is Config:
+        if key == "server" and cls is Config:
+            kwargs[key] = _server_section(value)
+        elif key in SECTIONS and cls is Config:
             if not isinstance(value, dict):
                 raise ConfigError(f"{path}: expected a [{key}] section, got {shown(value)}")
             kwargs[key] = _build(SECTIONS[key], value, f"{path}.")
         else:
             kwargs[key] = coerce(path, value, typ)
     return cls(**kwargs)
+
+
+def _server_section(value: Any) -> ServerConfig:
+    """``[server]``: ``kind`` and the kind's settings beside it; or a kind alone (``server
+    = "regions"``, the spelling of before). The settings are the kind's to check."""
+    if isinstance(value, str):
+        return ServerConfig(kind=coerce("server", value, str))
+    if not isinstance(value, dict):
+        raise ConfigError(f"server: expected a kind or a [server] section, got {shown(value)}")
+    settings = {k: v for k, v in value.items() if k != "kind"}
+    bad = [k for k in settings if not (isinstance(k, str) and k.isidentifier())]
+    if bad:
+        raise ConfigError(f"server: {shown_key(str(bad[0]))} is not a setting's name")
+    return ServerConfig(kind=coerce("server.kind", value.get("kind", ""), str),
+                        settings=settings)
 
 
 def _moved(raw: dict[str, Any]) -> dict[str, Any]:
@@ -105,8 +122,9 @@ def _complete(cfg: Config, raw: dict[str, Any]) -> Config:
     policy = registry.local_steps_for(cfg.strategy, cfg.local_steps, given="local_steps" in raw)
     if policy != cfg.local_steps:
         cfg = replace(cfg, local_steps=policy)
-    if not cfg.server:  # the strategy may suggest its kind of server (halos: regions)
-        cfg = replace(cfg, server=servers.default_kind(cfg))
+    # the kind of server, as named or as the strategy suggests it (halos: regions), with
+    # its settings, some of which older configs gave in [outer]
+    cfg = servers.resolve(cfg)
     net = cfg.network
     # One idea, two spellings: network.hierarchical = true is topology "hierarchical"
     if net.topology == "hierarchical" and not net.hierarchical:
@@ -162,6 +180,8 @@ def apply_override(raw: dict[str, Any], assignment: str) -> None:
     if not key:
         raise ConfigError(f"--set {shown_key(assignment)}: empty key")
     parts = key.split(".")
+    if parts[0] == "server" and len(parts) > 1 and isinstance(raw.get("server"), str):
+        raw["server"] = {"kind": raw["server"]}  # a kind alone, and now one of its settings
     node = raw
     for part in parts[:-1]:
         child = node.setdefault(part, {})

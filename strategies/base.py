@@ -81,19 +81,13 @@ class Strategy(ABC):
 
     name: ClassVar[str] = ""  # registry name, e.g. "diloco"
     # What a config that names none gets: the server kind ("" = one server, or streamed
-    # where [stream] asks for it) and the local-steps policy ("" = the config's "fixed").
-    default_server: ClassVar[str] = ""
+    # where [stream] asks for it; or a table spelt as [server] is, the kind with settings
+    # of its own: halos) and the local-steps policy ("" = the config's "fixed").
+    default_server: ClassVar[str | dict] = ""
     default_local_steps: ClassVar[str] = ""
     # Local-steps policies this strategy refuses: name -> the hint its one-line error gives.
     refused_local_steps: ClassVar[dict[str, str]] = {}
     lr: float | None = None  # the outer learning rate, where it has one (divergence hints)
-    # Under region servers (``server = "regions"``, fedlm.servers.regions): how much of the
-    # global model a region's server merges in (α; 1: all of it) and how many versions a
-    # region makes between pushes (K); and the settings the global server's instance takes
-    # in place of this one's (HALoS's ``global_lr``, ...; none: the same settings).
-    merge: float = 1.0
-    push_every: int = 1
-    global_overrides: dict[str, Any] = {}
     # One line, read by `fedlm strategies`: "follows PAPER: what" where the rule is the
     # paper's (its units, weights, constants), "reconstruction of PAPER: what was chosen"
     # where the paper leaves parts open or they could not be read, "fedlm's own: ...".

@@ -25,26 +25,28 @@ In fedlm this is a composition (``server = "regions"``, ``fedlm.servers.regions`
 the default for this strategy): the region servers own every region's model, the
 global server the evaluated (and hashed) θ_g, and each steps its model with an
 instance of this strategy, which is delayed Nesterov and nothing else; the global
-server's instance is made with the ``global_*`` settings. Each push and each global
+server's instance is made with the ``server.global_outer`` settings. Each push and each global
 model on its way is a message between servers, timed by the engine and handed back
 on arrival as an operation of the run log, so replay and resume are exact. Only a
 push merged at the global server makes a global version (the evaluated model
 changes); a worker update is held until then, so ``updates`` and ``eval.every``
 count what they count for every strategy: changes of the evaluated model.
 
-Settings, with HALoS's names (their run_halos.sh for Pythia-70M, 4 x 4):
+Settings, with HALoS's names (their run_halos.sh for Pythia-70M, 4 x 4); the region
+servers' are ``[server]``'s (``fedlm.servers.regions.RegionSettings``), HALoS's values
+suggested by ``default_server``:
 
-    lr, momentum, buffer_size  region DN: HALoS LLR·N, β = 0.9, N = 16 (lr 3.2)
-    global_lr, global_momentum, global_buffer_size, global_c
-                               global DN: HALoS GLR·N, β = 0.5, N = 2 (lr 0.3), c = 0
-    merge                      α = 0.25 (HALoS's model_merge_weight)
-    push_every                 K = 2 (local_updates_accumulation; HALoS: 32)
+    outer.lr, momentum, buffer_size   region DN: HALoS LLR·N, β = 0.9, N = 16 (lr 3.2)
+    server.global_outer               global DN: HALoS GLR·N, β = 0.5, N = 2 (lr 0.3),
+                                      c = 0 (older configs: outer.global_lr, ...)
+    server.merge                      α = 0.25 (HALoS's model_merge_weight)
+    server.push_every                 K = 2 (local_updates_accumulation; HALoS: 32)
 
 K is the one default that is not HALoS's: their K = 32 is for runs of about 3,000
 region updates per region, and a run of a few hundred (fedlm's scale) would push a
 handful of times, or never (the global model, which is evaluated, would not move).
 K = 2 was chosen at fedlm's scale on a tuning seed (experiments/archive/results/
-halos_tuning.md); set ``outer.push_every = 32`` for HALoS's published setting.
+halos_tuning.md); set ``server.push_every = 32`` for HALoS's published setting.
 
 The global server sits where the fleet's server is (HALoS: in the first region);
 each region's server is reached over the region's link to it (``fleet.matrix``).
@@ -73,40 +75,19 @@ class Halos(DelayedNesterov):
 
     name = "halos"
     wants_grace = False  # HALoS has no grace window (delayed Nesterov alone asks for one)
-    # its servers: one in every region and a global one (fedlm.servers.regions), which
-    # read merge, push_every and the global_* settings from the config's outer section
-    default_server: ClassVar[str] = "regions"
+    # its servers: one in every region and a global one (fedlm.servers.regions), with
+    # HALoS's constants as their settings ([server] overrides each; so did outer.merge,
+    # outer.push_every and outer.global_* in older configs)
+    default_server: ClassVar[dict] = {
+        "kind": "regions", "merge": 0.25, "push_every": 2,
+        "global_outer": {"lr": 0.3, "momentum": 0.5, "buffer_size": 2, "c": 0.0}}
 
     def __init__(self, *, lr: float = 3.2, momentum: float = 0.9, buffer_size: int = 16,
-                 c: float = 0.0, global_lr: float = 0.3, global_momentum: float = 0.5,
-                 global_buffer_size: int = 2, global_c: float = 0.0, merge: float = 0.25,
-                 push_every: int = 2) -> None:
+                 c: float = 0.0) -> None:
         check_outer_sgd(lr, momentum)
-        if global_lr <= 0:
-            raise ValueError(f"outer.global_lr: must be > 0, got {global_lr!r}")
-        if not 0 <= global_momentum < 1:
-            raise ValueError(f"outer.global_momentum: must be in [0, 1), got {global_momentum!r}")
-        if not 0 < merge <= 1:
-            raise ValueError(f"outer.merge: must be in (0, 1], got {merge!r}")
-        for key, value in (("buffer_size", buffer_size), ("global_buffer_size",
-                                                          global_buffer_size),
-                           ("push_every", push_every)):
-            if value < 1:
-                raise ValueError(f"outer.{key}: must be >= 1, got {value!r}")
         T.delayed_nesterov(momentum, buffer_size, c)  # c in [0, 1/N]: checked as it loads
-        if not 0 <= global_c <= 1 / global_buffer_size:
-            raise ValueError(f"outer.global_c: must be in [0, 1/global_buffer_size], "
-                             f"got {global_c!r}")
         super().__init__(lr=lr, momentum=momentum, buffer_size=buffer_size, c=c)
-        self.global_lr, self.global_momentum = global_lr, global_momentum
-        self.global_buffer_size, self.global_c = global_buffer_size, global_c
-        self.merge, self.push_every = merge, push_every
-        # the global server runs delayed Nesterov with HALoS's global constants
-        self.global_overrides = {"lr": global_lr, "momentum": global_momentum,
-                                 "buffer_size": global_buffer_size, "c": global_c}
 
     def summary(self) -> str:
         return (f"{self.name}: region DN lr {self.lr}, momentum {self.momentum}, N "
-                f"{self.buffer_size}; global DN lr {self.global_lr}, momentum "
-                f"{self.global_momentum}, N {self.global_buffer_size}; merge {self.merge}, "
-                f"push every {self.push_every}")
+                f"{self.buffer_size}")

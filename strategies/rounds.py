@@ -18,7 +18,7 @@ round may close before all its jobs are in: drawn rounds, or a server kind that 
 them): merged into the next round that closes (``late = "next"``), or dropped.
 
 A server kind that closes rounds itself (a deadline, a fixed period; its strategy's
-class sets ``cut_by_server``) calls ``cut()`` when the time comes and reports the jobs
+class sets ``cut_by_server``, or the kind sets ``cuts`` before its start) calls ``cut()`` when the time comes and reports the jobs
 it names lost (reason ``"deadline"``); a round that has fewer than ``min_replies`` then
 is overdue, and closes at the reply that brings it there.
 """
@@ -44,7 +44,8 @@ class Rounds:
         self.min_replies = min_replies
         self.sampling = Sampling(**sampling)
         # whether a round may close before all its jobs are in: a reply is then told apart
-        # as late (drawn rounds, or a server kind that cuts them)
+        # as late (drawn rounds, or a server kind that cuts them: its strategy's class says
+        # so, or the kind sets it before its start)
         self.cuts = self.sampling.active or cut_by_server
         self.facts: FleetFacts | None = None  # the seed and the data a draw reads
         self.round = 0  # rounds closed

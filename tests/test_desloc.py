@@ -126,7 +126,7 @@ def test_its_server_starts_each_job_from_its_workers_model_and_evaluates_their_m
     from desloc import DesyncServer
 
     cfg = tiny_config("strategy=desloc:DesLoc", "workers=2", "outer.period=2")
-    assert cfg.server == "desloc:DesyncServer"  # the strategy's default_server
+    assert cfg.server.kind == "desloc:DesyncServer"  # the strategy's default_server
     server = servers.build(cfg, registry.build_strategy(cfg.strategy, cfg.outer))
     assert isinstance(server, DesyncServer)
     server.start(_p(1.0), fleet.node_profiles(cfg))

@@ -2,12 +2,14 @@
 (``fedlm.strategies.halos``, composed by ``fedlm.servers.regions``; the messages'
 timing in ``fedlm/engine/transfers.py``)."""
 
+import re
 import sqlite3
 from dataclasses import replace
 
 import pytest
 
 from fedlm import servers, store
+from fedlm.errors import ConfigError
 from fedlm.replay import replay
 from fedlm.runner import run_inprocess
 from fedlm.sim import fleet
@@ -119,11 +121,40 @@ def test_a_checkpoint_of_an_older_fedlm_loads_into_the_region_servers():
     assert [m.key for m in b.take_messages()] == [m.key for m in s.take_messages()]
 
 
-def test_settings_out_of_range_are_refused():
-    for bad in ({"merge": 0.0}, {"merge": 1.5}, {"push_every": 0}, {"global_lr": 0.0},
-                {"global_momentum": 1.0}, {"global_buffer_size": 0}):
-        with pytest.raises(ValueError, match="outer."):
-            Halos(**bad)
+@pytest.mark.parametrize("bad, says", [
+    ("server.merge=0.0", "server.merge: must be in (0, 1]"),
+    ("server.merge=1.5", "server.merge: must be in (0, 1]"),
+    ("server.push_every=0", "server.push_every: must be >= 1"),
+    ("server.push_every=1.5", "server.push_every: expected int"),
+    ("server.global_outer={lr = 0.0}", "server.global_outer: the global server's halos: "
+                                       "outer.lr: must be > 0"),
+    ("server.global_outer={momentum = 1.0}", "outer.momentum: must be in [0, 1)"),
+    ("server.global_outer={gamma = 1.0}", "server.global_outer: the global server's halos"),
+    ("outer.merge=0.0", "server.merge: must be in (0, 1]"),  # the old spelling, read as new
+    ("outer.global_lr=0.0", "outer.lr: must be > 0"),
+    ("outer.global_buffer_size=0", "server.global_outer"),
+    ("server.pushes=2", "server.pushes: not a setting of server 'regions'")])
+def test_settings_out_of_range_are_refused(bad, says):
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        tiny_config("strategy=halos", "workers=4", "fleet.topology={us = 2, eu = 2}", bad)
+
+
+def test_a_setting_given_twice_under_its_two_names_is_refused():
+    with pytest.raises(ConfigError, match="server.merge: also given under its old name"):
+        tiny_config("strategy=halos", "outer.merge=0.5", "server.merge=0.5")
+
+
+def test_the_region_servers_settings_come_from_halos_then_the_config():
+    cfg = tiny_config("strategy=halos", "workers=4", "fleet.topology={us = 2, eu = 2}",
+                      "outer.global_lr=0.5", "server.push_every=8")
+    assert cfg.outer == {} and cfg.server.kind == "regions"
+    assert cfg.server.settings == {"merge": 0.25, "push_every": 8, "global_outer": {
+        "lr": 0.5, "momentum": 0.5, "buffer_size": 2, "c": 0.0}}
+    plain = tiny_config("strategy=delayed-nesterov", "server=regions", "workers=4",
+                        "fleet.topology={us = 2, eu = 2}")
+    assert plain.server.settings == {}  # the kind's defaults: push every version, merge all
+    kind = servers.build(plain)
+    assert (kind.settings.merge, kind.settings.push_every) == (1.0, 1)
 
 
 HALOS = ["strategy=halos", "workers=4", "fleet.topology={us = 2, eu = 2}", "updates=10",

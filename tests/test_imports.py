@@ -219,8 +219,11 @@ def test_no_import_inside_a_function_closes_a_cycle():
 
 
 def test_the_schema_imports_only_the_standard_library_and_errors():
-    assert import_graph()["fedlm.config"] == {"fedlm.errors", "fedlm.config.choices"}
+    assert import_graph()["fedlm.config"] == {"fedlm.errors", "fedlm.config.choices",
+                                              "fedlm.config.server"}
     assert import_graph()["fedlm.config.choices"] == set()
+    assert import_graph()["fedlm.config.server"] == set()
+    assert import_graph()["fedlm.config.values"] == {"fedlm.errors"}
     assert import_graph()["fedlm.errors"] == set()
 
 

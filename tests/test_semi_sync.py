@@ -174,11 +174,14 @@ def test_a_checkpoint_of_before_rounds_loads_overdue_and_closes_at_the_next_repl
     assert new is not None and _v(new) == pytest.approx(0.7 - 0.4)
 
 
-@pytest.mark.parametrize("setting, says", [("outer.deadline_k=-1", "outer.deadline_k"),
-                                           ("outer.deadline_k=inf", "outer.deadline_k"),
-                                           ("outer.deadline_k=nan", "outer.deadline_k"),
-                                           ("outer.deadline_window=2.5", "outer.deadline_window"),
-                                           ("outer.deadline_window=0", "outer.deadline_window")])
+@pytest.mark.parametrize("setting, says", [
+    ("server.deadline_k=-1", "server.deadline_k: must be a number >= 0"),
+    ("server.deadline_k=inf", "server.deadline_k: must be a finite number"),
+    ("server.deadline_k=nan", "server.deadline_k: must be a finite number"),
+    ("server.deadline_window=2.5", "server.deadline_window: expected int"),
+    ("server.deadline_window=0", "server.deadline_window: must be >= 1"),
+    ("outer.deadline_k=-1", "server.deadline_k: must be a number >= 0"),  # the old spelling
+    ("outer.deadline_window=0", "server.deadline_window: must be >= 1")])
 def test_a_bad_setting_is_a_one_line_config_error(setting, says):
     from fedlm.errors import ConfigError
 
@@ -199,7 +202,7 @@ def test_a_semi_synchronous_run_cuts_rounds_replays_and_resumes_bit_for_bit(tmp_
     import sqlite3
 
     ref = trains_replays_and_resumes(tmp_path, SEMI, "profile=very", "workers=4",
-                                     "fleet.jitter=0.3", "updates=8", "outer.deadline_k=0",
+                                     "fleet.jitter=0.3", "updates=8", "server.deadline_k=0",
                                      stop_at=4)
     with sqlite3.connect(ref) as conn:
         timers, = conn.execute("SELECT COUNT(*) FROM events WHERE kind='timer'").fetchone()
@@ -222,7 +225,7 @@ def test_with_no_deadline_reached_it_is_diloco_fill_bit_for_bit(tmp_path):
              f"fleet.availability_trace={traces / 'avail-12.json'}",
              "fleet.trace_time_scale=0.02")
     hashes = []
-    arms = (("semi", (SEMI, "outer.deadline_k=1000")), ("fill", ("strategy=diloco-fill",)))
+    arms = (("semi", (SEMI, "server.deadline_k=1000")), ("fill", ("strategy=diloco-fill",)))
     for name, sets in arms:
         db = tmp_path / f"{name}.db"
         run_inprocess(tiny_config(*sets, *churn), str(db))

@@ -138,13 +138,13 @@ def test_the_config_names_the_kind_and_its_default_comes_from_the_strategy():
                             (("strategy=delayed-nesterov", "server=one"), "one",
                              servers.Server)):
         cfg = tiny_config(*sets)
-        assert (cfg.server, servers.server_class(cfg)) == (name, kind)
+        assert (cfg.server.kind, servers.server_class(cfg)) == (name, kind)
     # a stored run's config of an older fedlm has no server: it loads with the default
     from fedlm.config_load import from_json
 
     stored = json.loads(tiny_config("strategy=halos").to_json())
     del stored["server"]
-    assert from_json(json.dumps(stored)).server == "regions"
+    assert from_json(json.dumps(stored)).server.kind == "regions"
 
 
 @pytest.mark.parametrize("sets, message", [
@@ -181,8 +181,9 @@ def test_a_kind_made_from_the_strategys_own_serves_it(tmp_path, monkeypatch):
         "from fedlm.servers.regions import RegionServers\n"
         "class Mine(RegionServers):\n    pass\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert tiny_config("strategy=halos", "server=my_regions:Mine", "workers=4").server == \
-        "my_regions:Mine"
+    cfg = tiny_config("strategy=halos", "server=my_regions:Mine", "workers=4")
+    assert cfg.server.kind == "my_regions:Mine"
+    assert cfg.server.settings["merge"] == 0.25  # HALoS's settings for the kind made from its own
 
 
 def test_a_strategy_that_still_names_its_server_the_old_way_is_told_how(tmp_path,

@@ -2,11 +2,13 @@
 (``Server.wake_in``) and gets ``on_timer`` when it is due, in the run, its replay and
 its resume, as an operation of the run log (a ``timer`` event), never as a message.
 A round that closes at a fixed virtual period lands as one plug-in file (below, as a
-user would write it) with no change to fedlm."""
+user would write it: a server kind with a setting of its own, ``[server] period``) with
+no change to fedlm, and serves diloco as it is."""
 
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import sys
 
@@ -16,41 +18,44 @@ from fedlm import servers
 from tests.support import trains_replays_and_resumes
 
 PERIODIC = '''
-"""DiLoCo whose rounds also close every ``outer.period`` virtual seconds."""
+"""A server kind whose synchronous rounds also close every ``server.period`` virtual
+seconds: DiLoCo, FedAvg or any strategy built on ``Rounds``."""
+from dataclasses import dataclass
+
 from fedlm.servers import Server
-from fedlm.strategies.diloco import DiLoCo
+from fedlm.strategies.rounds import Synchronous
 
 
-class PeriodicDiLoCo(DiLoCo):
-    default_server = "periodic:PeriodicServer"
-    cut_by_server = True  # its server closes the open round when the period is up
+@dataclass(frozen=True)
+class PeriodSettings:
+    period: float = 30.0  # virtual seconds between cuts
 
-    def __init__(self, *, period: float = 30.0, **settings):
-        if not 0 < period < 1e9:
-            raise ValueError(f"outer.period: must be in (0, 1e9) seconds, got {period!r}")
-        super().__init__(**settings)
-        self.period = period
+    def __post_init__(self):
+        if not 0 < self.period < 1e9:
+            raise ValueError(f"server.period: must be in (0, 1e9) seconds, got {self.period!r}")
 
 
 class PeriodicServer(Server):
+    Settings = PeriodSettings
     state_fields = ("jobs",)
 
     @classmethod
     def check(cls, cfg, strategy):
-        if not issubclass(strategy, PeriodicDiLoCo):
-            raise ValueError(f"periodic:PeriodicServer serves PeriodicDiLoCo, not {cfg.strategy!r}")
+        if not issubclass(strategy, Synchronous):
+            raise ValueError(f"periodic:PeriodicServer cuts synchronous rounds, not {cfg.strategy!r}'s")
 
     def start(self, params, fleet):
+        self.strategy.rounds.cuts = True  # a round may close before all its jobs are in
         super().start(params, fleet)
         self.jobs = {}  # worker -> its latest job (what a cut reports lost)
-        self.wake_in(self.strategy.period)
+        self.wake_in(self.settings.period)
 
     def send(self, job, start):
         self.jobs[job.worker] = job.job_id
         return super().send(job, start)
 
     def on_timer(self, key):
-        self.wake_in(self.strategy.period)  # the next period
+        self.wake_in(self.settings.period)  # the next period
         new = None
         for worker in self.strategy.rounds.cut():
             new = self.strategy.on_job_lost(worker, job_id=self.jobs[worker],
@@ -68,8 +73,8 @@ def periodic(tmp_path, monkeypatch):
 
 
 def test_a_round_of_a_fixed_period_is_one_plug_in_file(tmp_path, periodic):
-    ref = trains_replays_and_resumes(tmp_path, "strategy=periodic:PeriodicDiLoCo",
-                                     "outer.period=25", "profile=very", "workers=3",
+    ref = trains_replays_and_resumes(tmp_path, "server.kind=periodic:PeriodicServer",
+                                     "server.period=25", "profile=very", "workers=3",
                                      "updates=6", stop_at=3)
     with sqlite3.connect(ref) as conn:
         rang = [json.loads(d) for (d,) in conn.execute(
@@ -81,6 +86,20 @@ def test_a_round_of_a_fixed_period_is_one_plug_in_file(tmp_path, periodic):
                                                         for k in range(len(rang))])
     assert all(r["t_due"] - r["t_set"] == pytest.approx(25.0) for r in rang)
     assert late > 0  # the very fleet's slowest worker missed periods: its work came late
+
+
+@pytest.mark.parametrize("sets, says", [
+    (("server.period=0",), "server.period: must be in (0, 1e9) seconds"),
+    (("server.period=fast",), "server.period: expected float"),
+    (("server.periods=3",), "server.periods: not a setting of server 'periodic:PeriodicServer' "
+                            "(its settings: period)"),
+    (("strategy=delayed-nesterov",), "cuts synchronous rounds")])
+def test_a_kind_s_own_settings_are_checked_as_the_config_loads(periodic, sets, says):
+    from fedlm.errors import ConfigError
+    from tests.conftest import tiny_config
+
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        tiny_config("server.kind=periodic:PeriodicServer", *sets)
 
 
 def test_a_wake_up_in_no_time_or_in_nonsense_is_refused():

@@ -106,8 +106,8 @@ def test_async_strategies_are_their_chain(name):
 def test_halos_levels_are_delayed_nesterov_chains():
     """halos's region servers and its global server each step with an instance of it
     (fedlm.servers.regions; tests/test_halos.py: one region is flat DN exactly), which
-    is the delayed-Nesterov strategy with that level's settings."""
-    from fedlm.servers.regions import levels
+    is the delayed-Nesterov strategy with that level's settings (the old spelling,
+    outer.global_*, read as server.global_outer)."""
     from fedlm.strategies.delayed_nesterov import DelayedNesterov
     from fedlm.strategies.registry import build_strategy
     from tests.conftest import tiny_config
@@ -118,8 +118,8 @@ def test_halos_levels_are_delayed_nesterov_chains():
     theta = tree(0)
     for level, dn in ((build_strategy("halos", cfg.outer),
                        DelayedNesterov(lr=0.3, momentum=0.8, buffer_size=3)),
-                      (build_strategy("halos", levels(build_strategy("halos", cfg.outer),
-                                                    cfg.outer).global_outer),
+                      (build_strategy("halos", {**cfg.outer,
+                                                **cfg.server.settings["global_outer"]}),
                        DelayedNesterov(lr=0.5, momentum=0.4, buffer_size=2))):
         level.start(theta, num_workers=5)
         dn.start(theta, num_workers=5)

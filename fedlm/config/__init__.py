@@ -6,7 +6,8 @@ quantities derived from a config alone. Reading a TOML file and ``--set`` overri
 and validation against the model presets, fleet regions and strategy registry
 live one layer up, in ``fedlm.config_load``: code past it may trust a ``Config``.
 
-Standard library only (and ``fedlm.errors``, ``fedlm.config.choices``), so that any module may import it.
+Standard library only (and ``fedlm.errors``, ``fedlm.config.choices``,
+``fedlm.config.server``), so that any module may import it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from fedlm.config.choices import (  # noqa: F401 - read as config.X, as before
     COMPRESSIONS, TOPOLOGIES, SCHEDULES, SHARD_CHOICES, PRECISIONS, GRACE_RULES,
     DEVICES, CLOCKS, STATE_STORES, PARTITIONS, TRACKERS, WANDB_MODES, BATCH_MODES,
     FAULT_KINDS)
+from fedlm.config.server import ServerConfig
 from fedlm.errors import ConfigError  # noqa: F401  (re-exported: the error of a bad config)
 
 
@@ -265,11 +267,9 @@ class Config:
     model: str = "small"  # tiny | small | 20m | 60m | 150m
     strategy: str = "diloco"  # aggregation strategy (see `strategies/`)
     local_steps: str = "fixed"  # local-steps policy: how many inner steps a job gets
-    # The kind of server (fedlm.servers): one | streamed (Streaming DiLoCo's fragments) |
-    # regions (a server in every region and a global one) | package.module:Class of your
-    # own; "" = chosen as the config loads: the strategy's default_server (halos: regions),
-    # else streamed where [stream] asks for it, else one.
-    server: str = ""
+    # The kind of server and its own settings ([server]; ``server = "regions"`` names a
+    # kind alone): fedlm.config.server.
+    server: ServerConfig = field(default_factory=ServerConfig)
     updates: int = 10  # outer updates of the global model to apply, then stop
     local_step_budget: int = 0  # also stop once workers have run this many inner steps (0: off)
     time_budget: float = 0.0  # also stop at this virtual time, seconds (0: off)
@@ -302,6 +302,7 @@ class Config:
     def to_dict(self) -> dict[str, Any]:
         raw = dataclasses.asdict(self)
         raw["init"] = {SPELLING.get(k, k): v for k, v in raw["init"].items()}
+        raw["server"] = self.server.to_dict()
         return raw
 
     def to_json(self) -> str:

@@ -1,7 +1,7 @@
 """The cost model of two-level async training across regions (``strategy = "halos"``).
 
 A server in every region; the region's workers loop async jobs against it over
-the region's local link; every K (``outer.push_every``) region updates since
+the region's local link; every K (``server.push_every``) region updates since
 its last merge, the region pushes its delta to the global server over its own
 WAN link; the global server merges the push on arrival (the only event that
 makes a new version) and sends the global model straight back; the region
@@ -142,14 +142,14 @@ def region_inputs(cfg, params: float, tensors: int = 1):
 
 
 def push_every(cfg) -> int:
-    """K: the region servers' ``push_every``, as their strategy declares it."""
+    """K: the region servers' ``push_every`` (``server.push_every``, or HALoS's)."""
     from fedlm import servers
     from fedlm.servers.regions import RegionServers
 
     if not issubclass(servers.server_class(cfg), RegionServers):
         raise ConfigError(f"strategy: {cfg.strategy!r} has no region servers to plan "
                           f"(predict_regions is for server = 'regions', as halos has)")
-    return servers.build(cfg).strategy.push_every
+    return servers.settings.settings_of(cfg, RegionServers).push_every
 
 
 def predict_regions(cfg, params: float, tensors: int = 1) -> Prediction:

@@ -5,26 +5,30 @@ and the kinds of server they drive (``protocol.Server`` and its subclasses).
     streamed   StreamedServer: Streaming DiLoCo's rounds of fragments (``[stream]``)
     regions    RegionServers: a server in every region and a global one (halos)
 
-The config names the kind (``server``: one of these, or ``package.module:Class`` for a
+The config names the kind (``[server]``'s ``kind``: one of these, or ``package.module:Class`` for a
 plug-in's own). Where it names none, ``default_kind`` picks it when the config loads:
 the strategy's suggestion (a class attribute ``default_server``, as
 ``default_local_steps`` suggests a local-steps policy), else ``streamed`` where the
 ``[stream]`` section asks for streaming, else ``one``. ``server_class`` is the one
-place a kind is looked up. Each call into a kind is bounded in wall-clock time
+place a kind is looked up; the kind's own settings, the section's other keys, are its
+``Settings`` (``settings``). Each call into a kind is bounded in wall-clock time
 (``watch.HookWatch``, ``reliability.hook_timeout``).
 """
 
 from __future__ import annotations
 
-from fedlm.config import Config
+from dataclasses import replace
+
+from fedlm.config import Config, ServerConfig
 from fedlm.errors import ConfigError
+from fedlm.servers import settings
 from fedlm.servers.calls import ServerCalls, Version
 from fedlm.servers.protocol import Alarm, JobClock, Message, Sent, Server, Serves
 from fedlm.servers.watch import HookTimeout, HookWatch
 from fedlm.strategies.base import Strategy
 
 __all__ = ["KINDS", "Alarm", "HookTimeout", "HookWatch", "JobClock", "Message", "Sent", "Server", "ServerCalls", "Serves", "Version", "build",
-           "default_kind", "kind_name", "server_class", "summary"]
+           "default_kind", "kind_name", "resolve", "server_class", "settings", "summary"]
 
 KINDS = {"one": "fedlm.servers.protocol:Server",
          "streamed": "fedlm.servers.streamed:StreamedServer",
@@ -36,7 +40,7 @@ def _suggested(cfg: Config) -> str:
     from fedlm.strategies.registry import strategy_class
 
     try:
-        return strategy_class(cfg.strategy).default_server
+        return settings.suggestion(strategy_class(cfg.strategy)).kind
     except Exception:  # noqa: BLE001 - config_check reports a strategy that fails to load
         return ""
 
@@ -56,8 +60,8 @@ def default_kind(cfg: Config) -> str:
 
 
 def kind_name(cfg: Config) -> str:
-    """The config's kind of server: its ``server``, or the default where it has none."""
-    return cfg.server or default_kind(cfg)
+    """The config's kind of server: its ``server.kind``, or the default where it has none."""
+    return cfg.server.kind or default_kind(cfg)
 
 
 def server_class(cfg: Config) -> type[Server]:
@@ -83,6 +87,25 @@ def server_class(cfg: Config) -> type[Server]:
     return kind
 
 
+def resolve(cfg: Config) -> Config:
+    """``cfg`` with its kind named (``default_kind`` where it names none) and the kind's
+    settings gathered (``settings.gathered``: the strategy's suggestion, the old names in
+    [outer], the [server] section). A kind or strategy that does not load is left for
+    the config's checks to report."""
+    from fedlm.strategies.registry import settings_of, strategy_class
+
+    cfg = replace(cfg, server=replace(cfg.server, kind=kind_name(cfg)))
+    try:
+        strategy, kind = strategy_class(cfg.strategy), server_class(cfg)
+        own = settings.suggestion(strategy).kind
+        suggested = bool(own) and issubclass(kind, server_class(
+            replace(cfg, server=ServerConfig(kind=own))))
+    except Exception:  # noqa: BLE001 - the config's checks say what is wrong
+        return cfg
+    return settings.gathered(cfg, strategy, kind, suggested=suggested,
+                             taken=set(settings_of(strategy)))
+
+
 def build(cfg: Config, strategy: Strategy | None = None) -> Server:
     """The server kind of ``cfg`` with the strategy instances it needs (``ServerCalls``
     drives it): the one place a strategy is made from a config. ``strategy``: one made
@@ -96,6 +119,6 @@ def build(cfg: Config, strategy: Strategy | None = None) -> Server:
 
 def summary(server: Server) -> str:
     """One line of a built server's settings, as the run store keeps it: its strategy's
-    summary (the kind, where it is not one server, says itself in ``describe``)."""
-    return server.strategy.summary()
+    summary, then the kind's own words where it has any (``describe``)."""
+    return "; ".join(filter(None, [server.strategy.summary(), server.describe()]))
 

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from fedlm.config import Config
+from fedlm.config import Config, ServerConfig
 from fedlm.errors import ConfigError, require
 from fedlm.servers import Server, kind_name, server_class
 from fedlm.servers.protocol import OLD_CAPABILITIES
+from fedlm.servers.settings import settings_of, suggestion
 from fedlm.servers.streamed import StreamedServer
 
 
@@ -20,10 +21,11 @@ def _check_own_kind(cfg: Config, cls, kind: type[Server], name: str) -> None:
     or on one made from it: the kind's hooks are half the method (HALoS's region and
     global servers, a deadline round, DES-LOC's desynchronised state). On another its
     own settings would apply nowhere, or it would fail mid-run."""
-    own = cls.default_server
+    own = suggestion(cls).kind
     if not own or name == own:
         return
-    require(issubclass(kind, server_class(replace(cfg, server=own))), "server", name,
+    require(issubclass(kind, server_class(replace(cfg, server=ServerConfig(kind=own)))),
+            "server", name,
              f"strategy {cfg.strategy!r} runs on its own kind of server ({own!r}, its "
              f"default_server, or one made from it): leave server unset")
 
@@ -72,6 +74,7 @@ def check_exchange(cfg: Config) -> None:
         require(not (n.server_down or n.server_up), "network.server_up",
                  n.server_up or n.server_down, f"server {name!r} times each worker's own "
                  f"link, not a shared one: drop network.server_down and server_up")
+    settings_of(cfg, kind)  # its own settings: each known, typed and in range
     try:
         kind.check(cfg, cls)
     except ConfigError:

@@ -32,6 +32,7 @@ from fedlm.job import JobSpec
 from fedlm.params import num_bytes
 from fedlm.sim import wire_sizes
 from fedlm.strategies.base import FleetFacts, Strategy, Update
+from fedlm.servers.settings import NoSettings, settings_of
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,9 @@ class Server:
     """One server: every job starts from the global model and reports all of it."""
 
     serves = Serves()
+    # its own settings ([server]'s keys beside kind): a frozen dataclass, read as
+    # ``self.settings`` (``fedlm.servers.settings``); one server takes none
+    Settings: type = NoSettings
 
     @classmethod
     def check(cls, cfg: Config, strategy: type[Strategy]) -> None:
@@ -129,6 +133,7 @@ class Server:
         from fedlm.strategies.registry import build_local_steps
 
         self.cfg, self.strategy = cfg, strategy
+        self.settings = settings_of(cfg, type(self))
         # how many inner steps each job gets (``local_steps``): the kind's, which sizes
         # its own jobs; the engine reaches it only through ``ServerCalls``
         self.policy = build_local_steps(cfg.local_steps)

@@ -5,17 +5,17 @@ The kind owns every model and composes strategies, as the streamed server compos
 one per fragment: each region's server holds its region's model θ_r and an instance
 of the run's strategy, which takes the region's workers' updates on θ_r (a region
 version each time it steps); the global server holds the evaluated (and hashed)
-model θ_g and an instance of its own, made with the settings the strategy gives it
-(``Strategy.global_overrides``; HALoS's ``outer.global_*``: ``levels``). Between them go
+model θ_g and an instance of its own, made with the settings of ``server.global_outer``
+in place of the run's ``[outer]`` ones (``RegionSettings``; HALoS suggests its own). Between them go
 messages (``Message``), which the engine times over each region's link to the global
 server (``fedlm.engine.transfers``) and hands back on arrival, as operations of the
 run log:
 
-    every K region versions since its last merge (K = outer.push_every), region r
+    every K region versions since its last merge (K = server.push_every), region r
         sends Δ_r = θ̂_r − θ_r up ("push"; θ̂_r: θ_r right after that merge)
     the global server takes Δ_r as an update from r (a new evaluated version when its
         strategy steps) and sends θ_g back down ("model")
-    region r merges it: θ_r ← (1 − α)·θ_r + α·θ_g;  θ̂_r ← θ_r   (α = outer.merge)
+    region r merges it: θ_r ← (1 − α)·θ_r + α·θ_g;  θ̂_r ← θ_r   (α = server.merge)
 
 A worker's job starts from its region's model and reports to its region's server over
 the region's own link (``local_links``); nobody waits for the global server. Staleness
@@ -26,10 +26,11 @@ since its region pushed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
 
 from fedlm.config import Config
+from fedlm.errors import ConfigError
 from fedlm.params import num_bytes
 from fedlm.servers.protocol import Server, Serves
 from fedlm.sim.fleet import REGIONS, Region, WorkerProfile, by_region
@@ -44,21 +45,27 @@ def local_links(fleet: list[WorkerProfile], intra_bw: float) -> list[WorkerProfi
 
 
 @dataclass(frozen=True)
-class Levels:
-    """The two levels beyond the region servers' strategy: the global server's strategy
-    settings and the region servers' own (the base Strategy's: a push after every
-    region version, a merge that takes the global model whole)."""
+class RegionSettings:
+    """The region servers' own settings (``[server]``): the defaults push after every
+    region version and merge the global model whole; HALoS suggests its own
+    (``strategies/halos.py``)."""
 
-    global_outer: dict[str, Any]
-    merge: float  # α
-    push_every: int  # K
+    merge: float = 1.0  # α: how much of the global model a region's server merges in
+    push_every: int = 1  # K: region versions between a region's pushes
+    # the global server's strategy settings in place of the run's [outer] ones (HALoS:
+    # its global delayed Nesterov's lr, momentum, buffer_size and c); none: the same
+    global_outer: dict[str, Any] = field(default_factory=dict)
+    # where older configs gave them: in [outer], as HALoS's constructor took them
+    OLD_NAMES: ClassVar[dict[str, str]] = {
+        "merge": "merge", "push_every": "push_every", "global_lr": "global_outer.lr",
+        "global_momentum": "global_outer.momentum", "global_c": "global_outer.c",
+        "global_buffer_size": "global_outer.buffer_size"}
 
-
-def levels(strategy: Strategy, outer: dict[str, Any]) -> Levels:
-    """The two levels above the region servers' ``strategy`` (made from ``outer``), as it
-    declares them (``Strategy.merge``, ``push_every``, ``global_overrides``)."""
-    return Levels({**outer, **strategy.global_overrides}, float(strategy.merge),
-                  int(strategy.push_every))
+    def __post_init__(self) -> None:
+        if not 0 < self.merge <= 1:
+            raise ValueError(f"server.merge: must be in (0, 1], got {self.merge!r}")
+        if self.push_every < 1:
+            raise ValueError(f"server.push_every: must be >= 1, got {self.push_every!r}")
 
 
 class RegionServers(Server):
@@ -66,10 +73,25 @@ class RegionServers(Server):
     # workers talk to their region's server, not over a shared link; a region's model
     # moves on, so a job's start is its own
     serves = Serves(synchronous=False, shared_link=False, keeps_job_starts=True)
+    Settings = RegionSettings
 
-    def __init__(self, cfg: Config, strategy: Strategy) -> None:
-        super().__init__(cfg, strategy)
-        self.levels = levels(strategy, cfg.outer)
+    @classmethod
+    def check(cls, cfg: Config, strategy: type[Strategy]) -> None:
+        """The global server's strategy takes its settings (``global_outer``) too."""
+        from fedlm.servers.settings import settings_of
+        from fedlm.strategies.registry import check_strategy
+
+        top = settings_of(cfg, cls).global_outer
+        try:
+            check_strategy(cfg.strategy, {**cfg.outer, **top})
+        except ValueError as exc:  # a ConfigError too: it names the [outer] key
+            raise ConfigError(f"server.global_outer: the global server's {cfg.strategy}: "
+                              f"{str(exc).splitlines()[0]}") from None
+
+    def describe(self) -> str:
+        s = self.settings
+        top = ", ".join(f"{k} {v}" for k, v in s.global_outer.items()) or "as the regions'"
+        return f"region servers: global {top}; merge {s.merge}, push every {s.push_every}"
 
     def worker_links(self, fleet: list) -> list:
         return local_links(fleet, self.cfg.network.intra_bw)
@@ -80,7 +102,7 @@ class RegionServers(Server):
         n = len(self.regions)
         # the run's strategy at the first region's server, one like it at every other
         self.parts = [self.strategy] + [self.new_strategy() for _ in range(n - 1)]
-        self.top = self.new_strategy(self.levels.global_outer)
+        self.top = self.new_strategy({**self.cfg.outer, **self.settings.global_outer})
         for part, workers in zip(self.parts, self.regions):
             part.on_fleet(self.facts([fleet[w] for w in workers]))
             part.start(params, num_workers=len(workers))
@@ -133,7 +155,7 @@ class RegionServers(Server):
             return
         self.models[r] = new
         self.region_version[r] += 1
-        if self.region_version[r] - self.merged_version[r] == self.levels.push_every:
+        if self.region_version[r] - self.merged_version[r] == self.settings.push_every:
             delta = tree_map(lambda a, b: a - b, self.merged[r], self.models[r])
             self._send(r, None, "push", delta)
             self.work[r] = (0, 0)
@@ -158,7 +180,7 @@ class RegionServers(Server):
         sent = self.pending.pop(key)
         if sent["destination"] is None:
             return self._at_global(key, sent)
-        r, a = sent["destination"], self.levels.merge
+        r, a = sent["destination"], self.settings.merge
         self.models[r] = tree_map(lambda mine, glob: (1.0 - a) * mine + a * glob,
                                   self.models[r], sent["tensors"])
         self.merged[r] = self.models[r]
