@@ -150,8 +150,9 @@ def test_the_config_names_the_kind_and_its_default_comes_from_the_strategy():
 @pytest.mark.parametrize("sets, message", [
     (["server=two"], r"^server: unknown kind 'two' \(known: one, streamed, regions; or "
                      r"package.module:Class\)$"),
-    (["server=fedlm.config:Config"], r"^server: 'fedlm.config:Config' is not a "
-                                     r"fedlm.servers.Server subclass$"),
+    (["server=fedlm.config:Config"], r"^server: 'fedlm.config:Config' is not a kind of "
+                                     r"server \(a subclass of fedlm.servers.Server or "
+                                     r"ServerKind\)$"),
     (["server=no_such_mod:X"], r"^server: cannot import 'no_such_mod'"),
     (["server=streamed"], r"^server: has streaming rounds to run"),
     (["stream.fragments=2", "server=one"], r"^stream.fragments: streaming rounds run on "

@@ -23,11 +23,13 @@ from fedlm.config import Config, ServerConfig
 from fedlm.errors import ConfigError
 from fedlm.servers import settings
 from fedlm.servers.calls import ServerCalls, Version
-from fedlm.servers.protocol import Alarm, JobClock, Message, Sent, Server, Serves
+from fedlm.servers.kind import Alarm, JobClock, Message, Sent, ServerKind, Serves
+from fedlm.servers.protocol import Server
 from fedlm.servers.watch import HookTimeout, HookWatch
 from fedlm.strategies.base import Strategy
 
-__all__ = ["KINDS", "Alarm", "HookTimeout", "HookWatch", "JobClock", "Message", "Sent", "Server", "ServerCalls", "Serves", "Version", "build",
+__all__ = ["KINDS", "Alarm", "HookTimeout", "HookWatch", "JobClock", "Message", "Sent", "Server",
+           "ServerCalls", "ServerKind", "Serves", "Version", "build",
            "default_kind", "kind_name", "resolve", "server_class", "settings", "summary"]
 
 KINDS = {"one": "fedlm.servers.protocol:Server",
@@ -64,7 +66,7 @@ def kind_name(cfg: Config) -> str:
     return cfg.server.kind or default_kind(cfg)
 
 
-def server_class(cfg: Config) -> type[Server]:
+def server_class(cfg: Config) -> type[ServerKind]:
     """The kind of server ``cfg``'s run has."""
     from fedlm.strategies.registry import load_dotted
 
@@ -82,8 +84,9 @@ def server_class(cfg: Config) -> type[Server]:
         raise
     except (ValueError, TypeError):  # not a "package.module:Class" at all
         raise ConfigError(f"{what}: {name!r} is not a package.module:Class path") from None
-    if not (isinstance(kind, type) and issubclass(kind, Server)):
-        raise ConfigError(f"{what}: {name!r} is not a fedlm.servers.Server subclass")
+    if not (isinstance(kind, type) and issubclass(kind, ServerKind)):
+        raise ConfigError(f"{what}: {name!r} is not a kind of server (a subclass of "
+                          f"fedlm.servers.Server or ServerKind)")
     return kind
 
 
@@ -106,7 +109,7 @@ def resolve(cfg: Config) -> Config:
                              taken=set(settings_of(strategy)))
 
 
-def build(cfg: Config, strategy: Strategy | None = None) -> Server:
+def build(cfg: Config, strategy: Strategy | None = None) -> ServerKind:
     """The server kind of ``cfg`` with the strategy instances it needs (``ServerCalls``
     drives it): the one place a strategy is made from a config. ``strategy``: one made
     already (tests, benchmarks) in place of the config's own."""
@@ -117,7 +120,7 @@ def build(cfg: Config, strategy: Strategy | None = None) -> Server:
     return server_class(cfg)(cfg, strategy)
 
 
-def summary(server: Server) -> str:
+def summary(server: ServerKind) -> str:
     """One line of a built server's settings, as the run store keeps it: its strategy's
     summary, then the kind's own words where it has any (``describe``)."""
     return "; ".join(filter(None, [server.strategy.summary(), server.describe()]))

@@ -1,10 +1,12 @@
 """The server side as the engine and replay call it: eighteen calls, each event's hooks of
-the server kind (``fedlm.servers.protocol``) in their one order, written once.
+the server kind (its contract: ``fedlm.servers.kind.ServerKind``) in their one order,
+written once.
 
     setup        links(fleet), start(params, fleet) -> (down, up), versions_wanted(updates),
                  versions_per_update(), drains_messages()
     the model    evaluated() -> (version, params)
-    a job        wants_job(w, v), job_steps(w, v, policy, allow) -> steps or None,
+    a job        offered(workers, v) -> drew, wants_job(w, v), job_steps(w, v, allow) ->
+                 steps or None,
                  dispatch(job, events, index) -> Sent, reference(job)
     an event     finished(job, grad, tokens, steps, record) -> Update, lost(w, job_id,
                  reason), arrived(key) -> staleness, rang(key): a wake-up the kind asked for
@@ -22,11 +24,11 @@ version (``held``): the run log's view, not a kind's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from fedlm.job import JobSpec
-from fedlm.servers.protocol import Alarm, Message, Sent, Server
+from fedlm.servers.kind import Alarm, Message, Sent, ServerKind
 from fedlm.servers.watch import HookWatch, Watched
 from fedlm.strategies.base import DROPPED, Update
 
@@ -45,7 +47,7 @@ class Version:
 class ServerCalls:
     """A server kind, driven the one way the engine and replay both drive it."""
 
-    def __init__(self, server: Server, *, on_version: Callable[[Version], None],
+    def __init__(self, server: ServerKind, *, on_version: Callable[[Version], None],
                  on_messages: Callable[[list[Message]], None] = lambda messages: None,
                  on_alarms: Callable[[list[Alarm]], None] = lambda alarms: None,
                  watch: HookWatch | None = None) -> None:
@@ -75,8 +77,9 @@ class ServerCalls:
         return self._server.serves.drains_messages
 
     def versions_per_update(self) -> int:
-        """Versions one of the run's ``updates`` (and ``eval.every``) counts."""
-        return self._server.versions_per_update
+        """Versions one of the run's ``updates`` (and ``eval.every``) counts: what one
+        more update adds (streamed: P rounds an update, and P - 1 more end the run)."""
+        return self._server.versions_wanted(2) - self._server.versions_wanted(1)
 
     def evaluated(self) -> tuple[int, Any]:
         """The evaluated (and hashed) model's version and params."""
@@ -125,24 +128,19 @@ class ServerCalls:
     def offered(self, workers: list[int], version: int) -> list[int] | None:
         """Free, present ``workers`` before they are asked for jobs: the workers a round
         was drawn from, or None (the engine logs them; replay offers exactly them)."""
-        return self._server.offered(workers, version)
+        return self._server.strategy.offered(workers, version=version)
 
     def job_steps(self, worker: int, version: int,
                   allow: Callable[[int], int] = lambda steps: steps) -> int | None:
         """Inner steps of ``worker``'s next job, within ``allow`` (the engine's step
         budget); None: no job (0 steps, unless the kind sends a job of none)."""
-        steps = allow(self._server.job_steps(worker, version))
-        return steps if steps > 0 or self._server.sends_empty_job(version) else None
+        return self._server.next_job(worker, version, allow)
 
     def dispatch(self, job: JobSpec, events=None, index: int = 0) -> Sent:
         """``job`` starts now: what it is sent, timed on ``events`` (None: not timed)."""
-        s = self._server
-        sent = s.send(job, s.start_of(job.worker))
-        timing = s.timing(sent, events, index) if events is not None else None
-        s.dispatched(job.worker, job.base_version)
+        sent = self._server.dispatch(job, events, index)
         self._messages()
-        return replace(sent, timing=timing,
-                       keep=sent.payload if s.serves.keeps_job_starts else None)
+        return sent
 
     def reference(self, job: JobSpec):
         """Tensors shaped as ``job``'s outer gradient must be."""
@@ -153,11 +151,10 @@ class ServerCalls:
                  record: Callable[[Update, int], None] = lambda update, seq: None) -> Update:
         """``job``'s reply was accepted: its update, numbered (``record`` sees it before
         the strategy takes it), goes to the strategy."""
-        s, w = self._server, job.worker
-        s.accepted(w, job)
-        update = Update(worker=w, job_id=job.job_id, base_version=job.base_version,
+        s = self._server
+        update = Update(worker=job.worker, job_id=job.job_id, base_version=job.base_version,
                         outer_grad=grad, tokens=tokens, local_steps=steps,
-                        staleness=s.staleness(w, job.base_version))
+                        staleness=s.accept(job))
         seq = self._seq
         record(update, seq)
         self._held.append(seq)
@@ -183,7 +180,7 @@ class ServerCalls:
         return staleness
 
     def rang(self, key: int) -> None:
-        """Wake-up ``key`` the kind asked for is due (``Server.wake_in``)."""
+        """Wake-up ``key`` the kind asked for is due (``ServerKind.wake_in``)."""
         self._version(self._server.on_timer(key), "timer")
         self._messages()
 

@@ -11,7 +11,7 @@ from dataclasses import replace
 from fedlm.config import Config, ServerConfig
 from fedlm.errors import ConfigError, require
 from fedlm.servers import Server, kind_name, server_class
-from fedlm.servers.protocol import OLD_CAPABILITIES
+from fedlm.servers.kind import OLD_CAPABILITIES
 from fedlm.servers.settings import settings_of, suggestion
 from fedlm.servers.streamed import StreamedServer
 
@@ -62,11 +62,12 @@ def check_exchange(cfg: Config) -> None:
     _check_own_kind(cfg, cls, kind, name)
     # a shared link times every job by its flows (fedlm.sim.network): a kind that times
     # its own jobs (an overlapped exchange, say) would lose its timing there, silently
-    require(not (shared and kind.timing is not Server.timing), "network.server_up",
-             n.server_up or n.server_down or n.daily_amplitude,
-             f"{cfg.strategy!r}'s server times its own jobs ({kind.__name__}.timing), which a "
-             f"shared server link cannot: drop network.server_down, server_up and "
-             f"daily_amplitude")
+    times_its_own = getattr(kind, "timing", Server.timing) is not Server.timing
+    require(not (shared and times_its_own), "network.server_up",
+            n.server_up or n.server_down or n.daily_amplitude,
+            f"{cfg.strategy!r}'s server times its own jobs ({kind.__name__}.timing), which a "
+            f"shared server link cannot: drop network.server_down, server_up and "
+            f"daily_amplitude")
     if not kind.serves.shared_link:  # each worker's link timed on its own
         require(n.topology == "star" and not n.hierarchical, "network.topology", n.topology,
                  f"server {name!r} times each worker's own link (region servers, a "
