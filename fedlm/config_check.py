@@ -24,6 +24,7 @@ from fedlm.servers.watch import MIN_LIMIT
 from fedlm.sim import codecs, faults, fleet, fleet_check, geo, quantities as Q
 from fedlm.worker import optimizers
 from fedlm.strategies import registry
+from fedlm.strategies.traits import traits
 
 
 MAX_GRACE = 86400.0  # a grace window of more than a day waits for every job: use sync
@@ -117,7 +118,7 @@ def _check_strategy(cfg: Config) -> None:
     # a synchronous strategy's rounds on any kind that serves it (streamed rounds refuse
     # every policy but fixed: fedlm.servers.checks)
     _require(not registry.LOCAL_STEPS[cfg.local_steps].sizes_rounds
-             or strategy_cls.synchronous, "local_steps",
+             or traits(strategy_cls).synchronous, "local_steps",
              cfg.local_steps, f"sizes synchronous rounds; {cfg.strategy!r} has none "
              f"(use dylu with an asynchronous strategy)")
 
@@ -297,7 +298,7 @@ def notes(cfg: Config) -> list[str]:
     """Settings that load but do nothing in this config: one line each, for ``fedlm run``
     to say (a run must not take a setting silently and ignore it)."""
     out = []
-    if cfg.grace != "auto" and registry.strategy_class(cfg.strategy).synchronous:
+    if cfg.grace != "auto" and traits(registry.strategy_class(cfg.strategy)).synchronous:
         out.append(f"grace = {cfg.grace} does nothing for the synchronous strategy "
                    f"{cfg.strategy!r}: its barrier already waits for every job of a round")
     return out

@@ -23,8 +23,9 @@ for a flat strategy, as above. Other kinds (servers in regions, fragments, peers
 which the config names (``server``), own the models they serve and hand each
 strategy instance they compose the model it steps; they too call only the methods
 below. A strategy may name its own kind in a class attribute ``default_server``,
-which a config that names none gets (as ``default_local_steps`` for the policy); it
-then runs only on that kind or one made from it (``fedlm.servers.checks``).
+which a config that names none gets (as ``default_local_steps`` for the policy; the
+traits a strategy may declare: ``fedlm.strategies.traits``); it then runs only on
+that kind or one made from it (``fedlm.servers.checks``).
 
 How many local steps a job gets is a separate policy (``fedlm.strategies.local_steps``),
 so any strategy combines with any policy.
@@ -80,43 +81,17 @@ class Strategy(ABC):
     """Base class of every aggregation strategy."""
 
     name: ClassVar[str] = ""  # registry name, e.g. "diloco"
-    # What a config that names none gets: the server kind ("" = one server, or streamed
-    # where [stream] asks for it; or a table spelt as [server] is, the kind with settings
-    # of its own: halos) and the local-steps policy ("" = the config's "fixed").
-    default_server: ClassVar[str | dict] = ""
-    default_local_steps: ClassVar[str] = ""
-    # Local-steps policies this strategy refuses: name -> the hint its one-line error gives.
-    refused_local_steps: ClassVar[dict[str, str]] = {}
-    lr: float | None = None  # the outer learning rate, where it has one (divergence hints)
     # One line, read by `fedlm strategies`: "follows PAPER: what" where the rule is the
     # paper's (its units, weights, constants), "reconstruction of PAPER: what was chosen"
     # where the paper leaves parts open or they could not be read, "fedlm's own: ...".
     source: ClassVar[str] = ""
-    synchronous: ClassVar[bool] = False  # True: rounds with a barrier
-    # Async: jobs that finish together should be applied together, so their workers
-    # restart from the same model (grace = "auto" then opens the adaptive window).
-    wants_grace: ClassVar[bool] = False
-
-    # Whether it draws each round's workers from those available (``offered``): the
-    # engine then offers it everyone present before it asks ``wants_job``.
-    draws_rounds: bool = False
+    # What else a strategy may declare about itself (synchronous, wants_grace,
+    # default_server, default_local_steps, refused_local_steps): class attributes read
+    # in one place, ``fedlm.strategies.traits``
 
     def on_fleet(self, facts: FleetFacts) -> None:
         """The run's fleet, told once before ``start`` (speeds, the seed for draws of its
         own, each worker's data): where a strategy learns what its servers know."""
-
-    def offered(self, workers: list[int], *, version: int) -> list[int] | None:
-        """(``draws_rounds`` strategies only) ``workers`` are free and present now, about
-        to be asked ``wants_job`` from global ``version``: all of them while it
-        ``awaits_draw`` (else those freed since the last offer). Returns the workers it
-        drew a round from, or None: the run logs them, its replay offers exactly them."""
-        return None
-
-    @property
-    def awaits_draw(self) -> bool:
-        """Whether its next round is still to be drawn: the engine then offers it every
-        free, present worker, not only those freed since (a full scan)."""
-        return False
 
     @abstractmethod
     def start(self, params, *, num_workers: int) -> None:

@@ -20,6 +20,7 @@ from fedlm.errors import ConfigError
 from fedlm.strategies.async_nesterov import AsyncNesterov
 from fedlm.strategies.async_sgd import AsyncSGD
 from fedlm.strategies.base import Strategy
+from fedlm.strategies.traits import traits
 from fedlm.strategies.delayed_nesterov import DelayedNesterov
 from fedlm.strategies.diloco import DiLoCo
 from fedlm.strategies.diloco_dylu import DiLoCoDyLU
@@ -177,8 +178,8 @@ def local_steps_for(strategy: str, policy: str, *, given: bool) -> str:
     except Exception:
         return policy
     if not given:
-        return cls.default_local_steps or policy
-    refused = cls.refused_local_steps
+        return traits(cls).default_local_steps or policy
+    refused = traits(cls).refused_local_steps
     if policy in refused:
         raise ConfigError(f"local_steps: {policy!r} does not go with strategy {strategy!r}: "
                           f"{refused[policy]}")
@@ -195,7 +196,7 @@ def describe() -> list[tuple[str, str, str, str]]:
     source says whether it follows its paper, is a reconstruction, or is fedlm's own."""
     rows = []
     for name, cls in sorted(STRATEGIES.items()):
-        kind = "sync" if cls.synchronous else "async"
+        kind = "sync" if traits(cls).synchronous else "async"
         rows.append((name, kind, _first_line(cls), cls.source))
     for name, target in sorted(plugin_strategies().items()):
         try:

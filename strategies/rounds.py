@@ -230,19 +230,8 @@ class Synchronous(Strategy):
         """The closed round's ``replies`` (``Rounds.replies``: worker order, then late
         ones) merged into what ``params`` becomes: the new global params."""
 
-    @property
-    def draws_rounds(self) -> bool:
-        return self.rounds.draws
-
-    @property
-    def awaits_draw(self) -> bool:
-        return self.rounds.awaits_draw
-
     def on_fleet(self, facts: FleetFacts) -> None:
         self.rounds.on_fleet(facts)
-
-    def offered(self, workers: list[int], *, version: int) -> list[int] | None:
-        return self.rounds.draw(workers)
 
     def wants_job(self, worker: int, *, version: int) -> bool:
         return self.rounds.wants_job(worker)

@@ -58,7 +58,7 @@ def _round(server, job_ids, workers=(0, 1, 2)):
     """``workers`` (the free ones) offered and dispatched; returns the round's jobs."""
     from fedlm.job import JobSpec
 
-    server.strategy.offered(list(workers), version=server.version)
+    server.strategy.rounds.draw(list(workers))
     jobs = {}
     for w, job_id in zip(workers, job_ids):
         assert server.wants_job(w, server.version)
@@ -122,7 +122,7 @@ def test_a_reply_s_time_counts_from_its_round_s_opening():
 
     server, clock = _server(), _Clock()
     clock.now = 20.0
-    server.strategy.offered([0, 1], version=0)
+    server.strategy.rounds.draw([0, 1])
     for w in (0, 1):
         job = JobSpec(job_id=w, worker=w, base_version=0, local_steps=1, data_seed=0)
         server.timing(server.send(job, server.start_of(w)), clock, 0)

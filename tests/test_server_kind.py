@@ -121,3 +121,20 @@ def test_a_kind_written_against_the_contract_alone_runs_as_the_one_server(tmp_pa
     one = trains_replays_and_resumes(tmp_path / "one", *sets, "server=one", stop_at=2)
     (a,), (b,) = store.list_runs(ours), store.list_runs(one)
     assert a["final_hash"] == b["final_hash"]  # the one-server kind's weights, bit for bit
+
+
+def test_the_strategy_base_is_what_every_strategy_has():
+    """Its name, source and hooks (at most 12 members); what only some strategies declare
+    (synchronous, wants_grace, default_server, ...) is read in one place, with defaults."""
+    from fedlm.strategies.base import Strategy
+    from fedlm.strategies.delayed_nesterov import DelayedNesterov
+    from fedlm.strategies.diloco_dylu import DiLoCoDyLU
+    from fedlm.strategies.halos import Halos
+    from fedlm.strategies.traits import Traits, traits
+
+    members = [n for n in vars(Strategy) if not n.startswith("_")]
+    assert len(members) <= 12 and {"name", "source", "start", "on_update"} <= set(members)
+    assert traits(Strategy) == Traits()  # asynchronous, one server, the config's policy
+    assert traits(DelayedNesterov).wants_grace and not traits(Halos).wants_grace
+    assert traits(DiLoCoDyLU).synchronous and traits(DiLoCoDyLU).default_local_steps == "dylu"
+    assert traits(Halos()).default_server["kind"] == "regions"  # an instance reads alike

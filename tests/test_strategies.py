@@ -10,6 +10,7 @@ from fedlm.strategies.base import Update
 from fedlm.strategies.diloco import DiLoCo
 from fedlm.strategies.fedavg import FedAvg
 from fedlm.strategies.registry import STRATEGIES
+from fedlm.strategies.traits import traits
 
 
 def params(seed: int = 0):
@@ -103,7 +104,8 @@ def test_sync_worker_gets_one_job_per_round():
     assert not s.wants_job(0, version=0) and s.wants_job(1, version=0)
 
 
-@pytest.mark.parametrize("name", sorted(n for n, c in STRATEGIES.items() if c.synchronous))
+@pytest.mark.parametrize("name", sorted(n for n, c in STRATEGIES.items()
+                                         if traits(c).synchronous))
 def test_sync_state_round_trip_continues_identically(name, tmp_path):
     theta = params(0)
     grads = [params(50 + k) for k in range(3)]

@@ -11,6 +11,7 @@ from fedlm.strategies.async_base import AsyncStrategy
 from fedlm.strategies.base import Update
 from fedlm.strategies.fedbuff import FedBuff
 from fedlm.strategies.poly import Poly, PolyThres
+from fedlm.strategies.traits import traits
 from fedlm.strategies.registry import STRATEGIES
 
 
@@ -97,7 +98,8 @@ def test_a_dropped_update_leaves_the_rest_of_the_chain_alone():
     assert q.dropped == 1 and q.applied == 0 and q.opt_state[1] is before
 
 
-@pytest.mark.parametrize("name", sorted(n for n, c in STRATEGIES.items() if not c.synchronous))
+@pytest.mark.parametrize("name", sorted(n for n, c in STRATEGIES.items()
+                                         if not traits(c).synchronous))
 def test_async_strategies_are_their_chain(name):
     cls = STRATEGIES[name]
     assert issubclass(cls, AsyncStrategy) and cls.on_update is AsyncStrategy.on_update

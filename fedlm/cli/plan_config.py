@@ -96,8 +96,10 @@ def _refuse_sampling(cfg) -> None:
     is refused: the cost model puts every worker in every round, so its plan would be of
     another run than the config's."""
     from fedlm import servers
+    from fedlm.strategies.rounds import Synchronous
 
-    if servers.build(cfg).strategy.draws_rounds:
+    strategy = servers.build(cfg).strategy
+    if isinstance(strategy, Synchronous) and strategy.rounds.draws:
         key = "outer.fraction" if "fraction" in cfg.outer else "outer.overcommit"
         raise ConfigError(f"{key}: fedlm plan puts every worker in every round and does not "
                           f"model rounds drawn from the workers (outer.fraction, "

@@ -189,9 +189,9 @@ class AdaptiveGrace(NoGrace):
 def grace_rule(setting: str, span: float, *, wants_grace: bool, synchronous: bool,
                together: bool, num_workers: int) -> NoGrace:
     """The rule a run's ``grace`` setting names. ``auto`` is the adaptive window where
-    the strategy asks for one (``Strategy.wants_grace``) and the jobs handed out
-    together are meant to finish together (``together``: DyLU sizes them so, or the
-    workers are equally fast); off elsewhere, where waiting would only make a fast
+    the strategy asks for one (``wants_grace``: ``fedlm.strategies.traits``) and the jobs
+    handed out together are meant to finish together (``together``: DyLU sizes them so,
+    or the workers are equally fast); off elsewhere, where waiting would only make a fast
     worker idle. A synchronous strategy's barrier makes any window moot."""
     if synchronous or setting == "off":
         return NoGrace()

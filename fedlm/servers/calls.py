@@ -31,6 +31,8 @@ from fedlm.job import JobSpec
 from fedlm.servers.kind import Alarm, Message, Sent, ServerKind
 from fedlm.servers.watch import HookWatch, Watched
 from fedlm.strategies.base import DROPPED, Update
+from fedlm.strategies.rounds import Rounds, Synchronous
+from fedlm.strategies.traits import traits
 
 
 @dataclass(frozen=True)
@@ -95,22 +97,29 @@ class ServerCalls:
     @property
     def synchronous(self) -> bool:
         """Whether the strategy runs rounds with a barrier."""
-        return self._server.strategy.synchronous
+        return traits(self._server.strategy).synchronous
 
     @property
     def wants_grace(self) -> bool:
         """Whether jobs that finish together should be applied together (async)."""
-        return self._server.strategy.wants_grace
+        return traits(self._server.strategy).wants_grace
 
     @property
     def draws_rounds(self) -> bool:
         """Whether the strategy draws each round's workers from those offered."""
-        return self._server.strategy.draws_rounds
+        rounds = self._rounds()
+        return rounds is not None and rounds.draws
 
     @property
     def awaits_draw(self) -> bool:
         """Whether its next round is still to be drawn (every free worker is offered)."""
-        return self._server.strategy.awaits_draw
+        rounds = self._rounds()
+        return rounds is not None and rounds.awaits_draw
+
+    def _rounds(self) -> Rounds | None:
+        """The strategy's synchronous rounds (``Synchronous``), whose draws these are."""
+        strategy = self._server.strategy
+        return strategy.rounds if isinstance(strategy, Synchronous) else None
 
     @property
     def strategy_name(self) -> str:
@@ -119,7 +128,7 @@ class ServerCalls:
     @property
     def outer_lr(self):
         """The strategy's outer learning rate, where it has one (for a divergence hint)."""
-        return self._server.strategy.lr
+        return getattr(self._server.strategy, "lr", None)
 
     # -- a job -------------------------------------------------------------------------
     def wants_job(self, worker: int, version: int) -> bool:
@@ -128,7 +137,8 @@ class ServerCalls:
     def offered(self, workers: list[int], version: int) -> list[int] | None:
         """Free, present ``workers`` before they are asked for jobs: the workers a round
         was drawn from, or None (the engine logs them; replay offers exactly them)."""
-        return self._server.strategy.offered(workers, version=version)
+        rounds = self._rounds()
+        return rounds.draw(workers) if rounds is not None else None
 
     def job_steps(self, worker: int, version: int,
                   allow: Callable[[int], int] = lambda steps: steps) -> int | None:

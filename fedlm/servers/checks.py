@@ -14,6 +14,7 @@ from fedlm.servers import Server, kind_name, server_class
 from fedlm.servers.kind import OLD_CAPABILITIES
 from fedlm.servers.settings import settings_of, suggestion
 from fedlm.servers.streamed import StreamedServer
+from fedlm.strategies.traits import traits
 
 
 def _check_own_kind(cfg: Config, cls, kind: type[Server], name: str) -> None:
@@ -49,7 +50,7 @@ def check_exchange(cfg: Config) -> None:
     n = cfg.network
     shared = n.server_down > 0 or n.server_up > 0 or n.daily_amplitude > 0
     if n.topology in ("ring", "tree"):
-        require(cls.synchronous, "network.topology", n.topology,
+        require(traits(cls).synchronous, "network.topology", n.topology,
                  f"an all-reduce needs every worker each round: a synchronous strategy "
                  f"(diloco, fedavg), not {cfg.strategy!r}")
         require(not shared, "network.topology", n.topology,
@@ -82,7 +83,7 @@ def check_exchange(cfg: Config) -> None:
         raise  # it names its own field (a plug-in's outer.* setting, say)
     except ValueError as exc:
         raise ConfigError(f"server: {str(exc).splitlines()[0]}") from None
-    require(kind.serves.synchronous or not cls.synchronous, "server", name,
+    require(kind.serves.synchronous or not traits(cls).synchronous, "server", name,
              f"runs an asynchronous strategy (halos, delayed-nesterov, ...): each update "
              f"is taken on its own, not in {cfg.strategy!r}'s rounds")
     # the [stream] section is the streamed kind's (its rules: StreamedServer.check)

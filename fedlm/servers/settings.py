@@ -11,7 +11,7 @@ A kind's settings come from, later ones winning:
 
 1. its ``Settings``' defaults;
 2. its strategy's suggestion, where the kind is the one the strategy suggests or one
-   made from it (``Strategy.default_server`` as a table: HALoS's constants for the region
+   made from it (its ``default_server`` as a table: HALoS's constants for the region
    servers);
 3. the spelling of before: a key of ``[outer]`` that the strategy does not take and the
    kind's ``Settings`` names in ``OLD_NAMES`` (``outer.push_every`` is
@@ -31,6 +31,7 @@ from typing import Any, ClassVar, get_type_hints
 from fedlm.config import Config, ServerConfig
 from fedlm.config.values import coerce
 from fedlm.errors import ConfigError
+from fedlm.strategies.traits import traits
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class NoSettings:
 def suggestion(strategy: type) -> ServerConfig:
     """The kind (and settings) ``strategy`` suggests: its ``default_server``, a kind's
     name or a table spelt as ``[server]`` is."""
-    own = getattr(strategy, "default_server", "")
+    own = traits(strategy).default_server
     if isinstance(own, dict):
         return ServerConfig(kind=str(own.get("kind", "")),
                             settings={k: v for k, v in own.items() if k != "kind"})

@@ -29,6 +29,7 @@ from fedlm.params import num_bytes
 from fedlm.servers.protocol import JobClock, Sent, Server
 from fedlm.sim import wire_sizes
 from fedlm.strategies.base import DROPPED, Strategy, Update
+from fedlm.strategies.traits import traits
 from fedlm.strategies.fragments import (Streaming, changed_since, fragment_names,
                                         round_fragment, segment_steps)
 
@@ -77,7 +78,7 @@ class StreamedServer(Server):
         stream, name = Streaming.of_config(cfg), cfg.server.kind or "streamed"
         require(stream is not None, "server", name,
                 "has streaming rounds to run: set stream.fragments (or stream.overlap)")
-        require(strategy.synchronous, "stream.fragments", stream.fragments,
+        require(traits(strategy).synchronous, "stream.fragments", stream.fragments,
                 f"streaming rounds need a synchronous strategy (diloco, fedavg), "
                 f"not {cfg.strategy!r}")
         blocks = presets.PRESETS[cfg.model][0]
