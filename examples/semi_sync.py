@@ -11,8 +11,9 @@ The deadline follows the fleet, as a hivemind proposal (learning-at-home/hivemin
 
     deadline = median(d) + k · MAD(d)        MAD(d) = median(|d − median(d)|)
 
-where d are the times from their round's opening to the last ``server.deadline_window``
-replies taken and k = ``server.deadline_k`` (the server's settings: ``DeadlineSettings``); the MAD counts as at least 5% of the
+where d are the times from their round's opening to the last
+``server.deadline_window`` replies taken and k = ``server.deadline_k`` (the server's
+settings: ``DeadlineSettings``); the MAD counts as at least 5% of the
 median (fill's jobs end together: a MAD of 0 would cut every reply after the median).
 The first round, with no history, has no deadline. A round also closes at its quorum,
 as any drawn round does (``outer.fraction``, ``outer.overcommit``): the deadline only

@@ -28,7 +28,8 @@ class ServerConfig:
     # the strategy's default_server (halos: regions), else streamed where [stream] asks
     # for it, else one.
     kind: str = ""
-    settings: dict[str, Any] = field(default_factory=dict)  # the kind's own (the section's other keys)
+    # the kind's own settings: the section's other keys
+    settings: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The section as TOML spells it: ``kind`` and the settings beside it."""
