@@ -137,3 +137,28 @@ def test_a_run_whose_deadlines_came_as_messages_still_replays(tmp_path, monkeypa
         conn.execute("DELETE FROM events WHERE kind='timer'")
     assert rows and replay(ref, 1).identical
     sys.modules.pop("semi_sync", None)
+
+
+@pytest.mark.flower
+def test_on_flower_s_wall_clock_a_wake_up_rings_in_real_seconds_and_replays(tmp_path):
+    """The same plug-in on Flower's simulation engine with clock = wall: each period is
+    real seconds, when it rang is in the run log, and the replay ends on the run's weights."""
+    import os
+    import subprocess
+
+    (tmp_path / "periodic.py").write_text(PERIODIC)
+    db, env = tmp_path / "wall.db", {**os.environ, "PYTHONPATH": str(tmp_path)}
+    sets = ["server.kind=periodic:PeriodicServer", "server.period=2", "clock=wall",
+            "model=tiny", "workers=3", "updates=4", "inner.steps=4", "inner.batch_size=4",
+            "eval.batches=2", "data.seq_len=64", "profile=very"]
+    run = subprocess.run([sys.executable, "-m", "fedlm", "run", "--quiet", "--db", str(db),
+                          *[a for s in sets for a in ("--set", s)]],
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    with sqlite3.connect(db) as conn:
+        rang = [json.loads(d) for (d,) in conn.execute(
+            "SELECT detail FROM events WHERE kind='timer' ORDER BY id")]
+    assert rang and all(r["t_due"] - r["t_set"] == pytest.approx(2.0) for r in rang)
+    again = subprocess.run([sys.executable, "-m", "fedlm", "replay", "1", "--db", str(db)],
+                           capture_output=True, text=True, timeout=600, env=env)
+    assert again.returncode == 0 and "identical" in again.stdout, again.stdout + again.stderr
