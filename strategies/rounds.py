@@ -91,7 +91,8 @@ class Rounds:
         those it drew from, or None (drawn already, or too few yet: it waits for more)."""
         if not self.awaits_draw or len(workers) < self.sampling.min_workers:
             return None
-        facts, among = self.facts or FleetFacts(0, ()), sorted(workers)
+        facts = self.facts or FleetFacts(0, ())
+        among = sorted(workers)
         data = facts.data_sizes() if self.sampling.sample_by == "data" else None
         drawn, self.keep = self.sampling.draw(among, facts.seed,
                                               (self.round, self.failed_rounds), data)

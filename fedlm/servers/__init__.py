@@ -99,7 +99,8 @@ def resolve(cfg: Config) -> Config:
 
     cfg = replace(cfg, server=replace(cfg.server, kind=kind_name(cfg)))
     try:
-        strategy, kind = strategy_class(cfg.strategy), server_class(cfg)
+        strategy = strategy_class(cfg.strategy)
+        kind = server_class(cfg)
         own = settings.suggestion(strategy).kind
         suggested = bool(own) and issubclass(kind, server_class(
             replace(cfg, server=ServerConfig(kind=own))))

@@ -55,7 +55,8 @@ class ServerCalls:
                  watch: HookWatch | None = None) -> None:
         # every call into the kind (and so its strategy) bounded in wall-clock time
         self._server = Watched(server, watch) if watch is not None and watch.limit > 0 else server
-        self._on_version, self._on_messages = on_version, on_messages
+        self._on_version = on_version
+        self._on_messages = on_messages
         self._on_alarms = on_alarms
         self._seq = 0  # updates handed to the strategy so far
         self._held: list[int] = []  # their seqs not yet in a version
@@ -218,7 +219,8 @@ class ServerCalls:
         """``state`` from ``state_dict`` (``checkpoint``: the engine's whole one, where
         older versions of fedlm kept parts of it)."""
         self._server.load_state_dict(state, checkpoint)
-        self._seq, self._held = state["seq"], list(state["held"])
+        self._seq = state["seq"]
+        self._held = list(state["held"])
 
     def resend(self, flight, base_params: dict):
         """What a job in flight at a checkpoint carried (resume sends it again)."""

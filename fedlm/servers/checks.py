@@ -55,7 +55,8 @@ def check_exchange(cfg: Config) -> None:
                  f"(diloco, fedavg), not {cfg.strategy!r}")
         require(not shared, "network.topology", n.topology,
                  "has no server: drop network.server_down, server_up and daily_amplitude")
-    kind, name = server_class(cfg), kind_name(cfg)
+    kind = server_class(cfg)
+    name = kind_name(cfg)
     old = [a for a in OLD_CAPABILITIES if hasattr(kind, a)]
     require(not old, "server", name, f"declares what it serves in class attributes "
             f"({', '.join(old)}), which fedlm no longer reads: declare serves = "

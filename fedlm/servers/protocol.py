@@ -149,12 +149,14 @@ class Server(ServerKind):
     def load_state_dict(self, state: dict, checkpoint: dict | None = None) -> None:
         """``state`` from ``state_dict``; ``checkpoint``: the engine's whole checkpoint,
         for parts that older versions of fedlm kept beside the model."""
-        self.params, self.version = state["params"], state["version"]
+        self.params = state["params"]
+        self.version = state["version"]
         self.strategy.load_state_dict(state["strategy"])
         seen = state.get("seen", (checkpoint or {}).get("stream", {}).get("seen", {}))
         self.seen = {int(w): int(v) for w, v in seen.items()}
         # a checkpoint of a kind that sends no messages, or of an older fedlm, has none
-        self.outbox, self.next_key = list(state.get("outbox", [])), state.get("next_key", 0)
+        self.outbox = list(state.get("outbox", []))
+        self.next_key = state.get("next_key", 0)
         self.alarms = []  # asked at start again: the engine's checkpoint has those it set
         for k in self.state_fields:
             setattr(self, k, state[k])

@@ -180,7 +180,8 @@ class RegionServers(Server):
         sent = self.pending.pop(key)
         if sent["destination"] is None:
             return self._at_global(key, sent)
-        r, a = sent["destination"], self.settings.merge
+        r = sent["destination"]
+        a = self.settings.merge
         self.models[r] = tree_map(lambda mine, glob: (1.0 - a) * mine + a * glob,
                                   self.models[r], sent["tensors"])
         self.merged[r] = self.models[r]

@@ -75,7 +75,8 @@ class StreamedServer(Server):
         """Streaming rounds' rules (the ``[stream]`` section is this kind's): a synchronous
         strategy, fragments that cut the model's blocks and H, an overlap shorter than a
         round, fixed job sizes, no shared server link (its exchanges are timed without)."""
-        stream, name = Streaming.of_config(cfg), cfg.server.kind or "streamed"
+        stream = Streaming.of_config(cfg)
+        name = cfg.server.kind or "streamed"
         require(stream is not None, "server", name,
                 "has streaming rounds to run: set stream.fragments (or stream.overlap)")
         require(traits(strategy).synchronous, "stream.fragments", stream.fragments,
