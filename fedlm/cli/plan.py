@@ -198,8 +198,10 @@ def _topology(args) -> str:
     """The exchange's topology, checked against the mode and a server bandwidth."""
     from fedlm.sim.collectives import ALLREDUCE, TOPOLOGIES
 
-    topology = args.topology if args.topology is not None else \
-        ("hierarchical" if args.hierarchical else "star")
+    if args.topology is not None:
+        topology = args.topology
+    else:
+        topology = "hierarchical" if args.hierarchical else "star"
     if topology not in TOPOLOGIES:
         raise ConfigError(f"--topology: must be one of {', '.join(TOPOLOGIES)}, "
                           f"got {topology!r}")
@@ -317,8 +319,12 @@ def wall_input(args: argparse.Namespace):
         raise ConfigError(f"--compression: must be one of {', '.join(BYTES_PER_VALUE)}, "
                           f"got {compression!r}")
     tokens = parse_count(args.tokens, "--tokens") if args.tokens else 20 * params
-    replicas = args.replicas if args.replicas is not None else \
-        (args.data_centres if args.data_centres is not None else 2)  # 0 too: refused
+    if args.replicas is not None:
+        replicas = args.replicas
+    elif args.data_centres is not None:
+        replicas = args.data_centres  # 0 too: refused
+    else:
+        replicas = 2
     high, low = NETWORKS["high"], NETWORKS["low"]
     inp = WallInput(
         params=params, tokens=tokens, batch=parse_count(args.batch, "--batch"),

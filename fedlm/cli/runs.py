@@ -137,7 +137,12 @@ def _print_fleet_changes(changes: list) -> None:
     print(f"  {'worker':>6} {'absent s':>9} {'absences':>9} {'slowed s':>9} {'stragglers':>11} "
           f"{'departed':>9} {'joined':>8} {'left':>8}")
     for c in changes:
-        joined = "never" if c.never else f"{c.joined:.1f}" if c.joined is not None else "start"
+        if c.never:
+            joined = "never"
+        elif c.joined is not None:
+            joined = f"{c.joined:.1f}"
+        else:
+            joined = "start"
         left = f"{c.left:.1f}" if c.left is not None else "-"
         print(f"  {c.worker:>6} {c.absent:>9.1f} {c.absences:>9} {c.slowed:>9.1f} "
               f"{c.stragglers:>11} {c.departed:>9} {joined:>8} {left:>8}")

@@ -168,8 +168,11 @@ def crossover_line(mode: str, c: dict) -> str:
     """The line under the table: where communication equals compute, where it is 10%
     of the busy time, and the bandwidth this model needs for 10%."""
     def size(x: float) -> str:
-        return ("never (below 1e16)" if x == math.inf else "any size (above 1e3)" if x == 0
-                else f"{human(x)} parameters")
+        if x == math.inf:
+            return "never (below 1e16)"
+        if x == 0:
+            return "any size (above 1e3)"
+        return f"{human(x)} parameters"
 
     bw = c["bandwidth_10pct"]
     need = ("no bandwidth is enough" if bw == math.inf else

@@ -48,7 +48,12 @@ def what_to_send(streaming: Streaming, groups: list[list[str]], names: list[str]
     sent = [n for p in changed for n in groups[p]]
     order = {n: i for i, n in enumerate(names)}
     sent.sort(key=order.__getitem__)
-    mix_step = (0 if flushing else streaming.overlap) if sent else -1
+    if not sent:
+        mix_step = -1  # nothing of it changed: no mix-in
+    elif flushing:
+        mix_step = 0
+    else:
+        mix_step = streaming.overlap
     return sent, {"fragment": fragment, "mix_step": mix_step}
 
 
