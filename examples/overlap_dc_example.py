@@ -21,6 +21,18 @@ report up and the model down) hides behind up to its whole compute; a worker's
 first job waits for its download as in DiLoCo. The last round's reports are not
 timed (the run ends when its version exists).
 
+At DiLoCo's outer settings (lr 0.7, Nesterov 0.9) the one-step-late outer step
+diverges even where there is nothing to hide: on a homogeneous fleet with no latency
+(``model=tiny, workers=4, profile=homogeneous, inner.steps=10, updates=20, seed=3``)
+its perplexity goes 254.84 -> 28.57 -> 133.30 -> ... -> 264.20 uncompensated
+(``outer.compensation=0``) and ends at 278.44 with λ = 2, where DiLoCo ends at 22.57.
+With ``outer.momentum=0`` it ends at 14.57 (14.49 with λ = 2) against DiLoCo's 12.56
+at momentum 0: the late step with momentum 0.9 is what blows up, and the overlap
+itself costs about 16% there. Its far-workers result (+31.4% behind sync + fill on
+(b), experiments/results/far_workers.md) was at momentum 0.9 and so says nothing
+about overlap; keep it out of comparisons until its outer momentum is tuned as every
+other arm's lr is.
+
     PYTHONPATH=examples fedlm run --set strategy=overlap_dc_example:OverlappedDiLoCo
 """
 
