@@ -60,20 +60,22 @@ def _setting_types(cls: type) -> dict[str, Any]:
     return hints
 
 
-def _check_outer_types(cls: type, outer: dict[str, Any]) -> None:
-    """``outer.*`` values against the strategy constructor's annotations (scalars only),
-    so that a wrong type is refused naming its key rather than by a TypeError inside
-    the constructor, and NaN/inf/huge ints the same way as everywhere else."""
+def check_outer_types(cls: type, outer: dict[str, Any], section: str = "outer") -> None:
+    """``outer.*`` values (``section``: where they were given, as a region server's
+    ``server.global_outer``) against the strategy constructor's annotations (scalars
+    only), so that a wrong type is refused naming its key rather than by a TypeError
+    inside the constructor, and NaN/inf/huge ints the same way as everywhere else."""
     hints = _setting_types(cls)
     for key, value in outer.items():
+        path = f"{section}.{shown_key(key)}"
         if not key.isprintable():
-            raise ConfigError(f"outer.{shown_key(key)}: not a setting of {cls.__name__}")
+            raise ConfigError(f"{path}: not a setting of {cls.__name__}")
         if value is None:  # TOML has no null: a config with one could not be written back
-            raise ConfigError(f"outer.{shown_key(key)}: must be given a value, got None")
+            raise ConfigError(f"{path}: must be given a value, got None")
         if hints.get(key) in (bool, int, float, str):
-            coerce(f"outer.{shown_key(key)}", value, hints[key])
+            coerce(path, value, hints[key])
         elif isinstance(value, float) and not math.isfinite(value):  # whatever its type says
-            raise ConfigError(f"outer.{shown_key(key)}: must be a finite number, got {value!r}")
+            raise ConfigError(f"{path}: must be a finite number, got {value!r}")
 
 
 def validate(cfg: Config) -> None:
@@ -105,7 +107,7 @@ def _check_run(cfg: Config) -> None:
 def _check_strategy(cfg: Config) -> None:
     """The strategy (built-in or plug-in), its settings, the local-steps policy."""
     try:
-        _check_outer_types(registry.strategy_class(cfg.strategy), cfg.outer)
+        check_outer_types(registry.strategy_class(cfg.strategy), cfg.outer)
         trial = registry.check_strategy(cfg.strategy, cfg.outer)
     except ConfigError:
         raise

@@ -133,7 +133,11 @@ def test_a_checkpoint_of_an_older_fedlm_loads_into_the_region_servers():
     ("outer.merge=0.0", "server.merge: must be in (0, 1]"),  # the old spelling, read as new
     ("outer.global_lr=0.0", "outer.lr: must be > 0"),
     ("outer.global_buffer_size=0", "server.global_outer"),
-    ("server.pushes=2", "server.pushes: not a setting of server 'regions'")])
+    ("server.pushes=2", "server.pushes: not a setting of server 'regions'"),
+    ("server.global_outer={lr = inf}", "server.global_outer.lr: must be a finite number"),
+    ("server.global_outer={lr = nan}", "server.global_outer.lr: must be a finite number"),
+    ("server.global_outer={buffer_size = 1.5}", "server.global_outer.buffer_size: expected int"),
+    ("server.global_outer=3", "server.global_outer: expected a table")])
 def test_settings_out_of_range_are_refused(bad, says):
     with pytest.raises(ConfigError, match=re.escape(says)):
         tiny_config("strategy=halos", "workers=4", "fleet.topology={us = 2, eu = 2}", bad)

@@ -78,10 +78,12 @@ class RegionServers(Server):
     @classmethod
     def check(cls, cfg: Config, strategy: type[Strategy]) -> None:
         """The global server's strategy takes its settings (``global_outer``) too."""
+        from fedlm.config_check import check_outer_types
         from fedlm.servers.settings import settings_of
         from fedlm.strategies.registry import check_strategy
 
         top = settings_of(cfg, cls).global_outer
+        check_outer_types(strategy, top, "server.global_outer")
         try:
             check_strategy(cfg.strategy, {**cfg.outer, **top})
         except ValueError as exc:  # a ConfigError too: it names the [outer] key
