@@ -162,3 +162,40 @@ def test_on_flower_s_wall_clock_a_wake_up_rings_in_real_seconds_and_replays(tmp_
     again = subprocess.run([sys.executable, "-m", "fedlm", "replay", "1", "--db", str(db)],
                            capture_output=True, text=True, timeout=600, env=env)
     assert again.returncode == 0 and "identical" in again.stdout, again.stdout + again.stderr
+
+
+IDLE = '''
+"""A kind that gives no job after the first round and wakes itself for ever."""
+from fedlm.servers import Server
+
+
+class Idle(Server):
+    def start(self, params, fleet):
+        super().start(params, fleet)
+        self.wake_in(1.0)
+
+    def wants_job(self, worker, version):
+        return version == 0 and super().wants_job(worker, version)
+
+    def on_timer(self, key):
+        self.wake_in(1.0)
+        return None
+'''
+
+
+def test_a_timer_that_sets_itself_for_ever_with_no_job_stops_the_run_in_one_line(tmp_path,
+                                                                                monkeypatch):
+    from fedlm import store
+    from fedlm.engine import EngineError
+    from fedlm.runner import run_inprocess
+    from tests.conftest import tiny_config
+
+    (tmp_path / "idle_kind.py").write_text(IDLE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    db = tmp_path / "idle.db"
+    with pytest.raises(EngineError, match=r"no progress at version 1: the server kind's last "
+                                          r"50 wake-ups rang with no job in flight"):
+        run_inprocess(tiny_config("server=idle_kind:Idle", "workers=2", "updates=3"), str(db))
+    (run,) = store.list_runs(db)
+    assert run["status"] == "failed"
+    sys.modules.pop("idle_kind", None)

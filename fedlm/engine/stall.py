@@ -11,10 +11,13 @@ with one line that says why once
 - ``lost_limit(workers)`` jobs in a row have been lost (no update accepted between
   them): max(50, 10 x workers);
 - ``held_limit(workers)`` updates in a row have been accepted without a new version:
-  max(200, 20 x workers) (a sync round needs one per worker, a buffer K of them).
+  max(200, 20 x workers) (a sync round needs one per worker, a buffer K of them);
+- ``lost_limit(workers)`` of the server kind's wake-ups in a row have rung with no job
+  in flight and made no version (a timer that sets itself again for ever, while no
+  worker gets a job).
 
-Both counts are in jobs, so a stop comes at the same point on a replayed or resumed
-run; in time it comes after that many jobs' durations. Crashing workers are retired
+The counts are in jobs and wake-ups, so a stop comes at the same point on a replayed
+or resumed run; in time it comes after that many jobs' durations (or periods). Crashing workers are retired
 long before (``reliability.max_failures``); this catches what retiring does not
 (departures do not count towards it, and dropped updates are not failures).
 """
@@ -45,6 +48,7 @@ class StallWatch:
         self.held_max = held_limit(workers)
         self.lost: Counter[str] = Counter()  # reasons of the jobs lost in a row
         self.held = 0  # updates accepted since the last version
+        self.quiet = 0  # wake-ups in a row that rang with no job in flight, and no version
 
     def job_lost(self, reason: str) -> None:
         self.lost[reason] += 1
@@ -56,6 +60,11 @@ class StallWatch:
     def new_version(self) -> None:
         self.lost.clear()
         self.held = 0
+        self.quiet = 0
+
+    def rang(self, busy: bool) -> None:
+        """A wake-up of the server kind is due; ``busy``: a job is in flight."""
+        self.quiet = 0 if busy else self.quiet + 1
 
     @staticmethod
     def stuck(in_flight, offline, events, messages) -> bool:
@@ -74,6 +83,10 @@ class StallWatch:
                 if len(self.lost) == 1 else "every job is lost"
             return (f"no progress at version {version}: the last {lost} jobs were all lost "
                     f"({kinds}): {why}")
+        if self.quiet >= self.lost_max:
+            return (f"no progress at version {version}: the server kind's last {self.quiet} "
+                    f"wake-ups rang with no job in flight and made no version (a timer "
+                    f"that sets itself again while no worker gets a job)")
         if self.held >= self.held_max:
             return (f"no progress at version {version}: {self.held} updates in a row made no "
                     f"new version: strategy {strategy!r} holds or drops every update (a "
@@ -81,8 +94,9 @@ class StallWatch:
         return None
 
     def state_dict(self) -> dict:
-        return {"lost": dict(self.lost), "held": self.held}
+        return {"lost": dict(self.lost), "held": self.held, "quiet": self.quiet}
 
     def load_state_dict(self, st: dict) -> None:
         self.lost = Counter(st.get("lost", {}))
         self.held = st.get("held", 0)
+        self.quiet = st.get("quiet", 0)  # a checkpoint of before wake-ups has none
