@@ -199,3 +199,19 @@ def test_a_timer_that_sets_itself_for_ever_with_no_job_stops_the_run_in_one_line
     (run,) = store.list_runs(db)
     assert run["status"] == "failed"
     sys.modules.pop("idle_kind", None)
+
+
+def test_a_wake_up_in_no_time_that_sets_itself_again_stops_the_run_in_one_line(tmp_path,
+                                                                              monkeypatch):
+    from fedlm.engine import EngineError
+    from fedlm.runner import run_inprocess
+    from tests.conftest import tiny_config
+
+    (tmp_path / "spin_kind.py").write_text(IDLE.replace("Idle", "Spin").replace(
+        "self.wake_in(1.0)\n        return None", "self.wake_in(0.0)\n        return None"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(EngineError, match=r"wake-ups rang at one instant \(1 s\): a wake-up "
+                                          r"in 0 s that sets itself again"):
+        run_inprocess(tiny_config("server=spin_kind:Spin", "workers=2", "updates=3"),
+                      str(tmp_path / "spin.db"))
+    sys.modules.pop("spin_kind", None)

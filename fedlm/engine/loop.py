@@ -232,7 +232,7 @@ class Engine(Offering, Health):
             self.transfers.arrived(event.key, staleness, self.version)
             return None
         if isinstance(event, Wake):
-            self.stall.rang(busy=bool(self.in_flight))
+            self.stall.rang(busy=bool(self.in_flight), now=self.now)
             self.server.rang(event.key)  # a version, messages, wake-ups it asks for
             self.timers.rang(event.key)
             return None

@@ -14,7 +14,8 @@ with one line that says why once
   max(200, 20 x workers) (a sync round needs one per worker, a buffer K of them);
 - ``lost_limit(workers)`` of the server kind's wake-ups in a row have rung with no job
   in flight and made no version (a timer that sets itself again for ever, while no
-  worker gets a job).
+  worker gets a job), or ``held_limit(workers)`` rang at one instant (one that sets
+  itself again in 0 s: the clock would never move on).
 
 The counts are in jobs and wake-ups, so a stop comes at the same point on a replayed
 or resumed run; in time it comes after that many jobs' durations (or periods). Crashing workers are retired
@@ -49,6 +50,7 @@ class StallWatch:
         self.lost: Counter[str] = Counter()  # reasons of the jobs lost in a row
         self.held = 0  # updates accepted since the last version
         self.quiet = 0  # wake-ups in a row that rang with no job in flight, and no version
+        self.instant = (-1.0, 0)  # the clock's time of the last wake-ups, and how many
 
     def job_lost(self, reason: str) -> None:
         self.lost[reason] += 1
@@ -62,9 +64,11 @@ class StallWatch:
         self.held = 0
         self.quiet = 0
 
-    def rang(self, busy: bool) -> None:
-        """A wake-up of the server kind is due; ``busy``: a job is in flight."""
+    def rang(self, busy: bool, now: float) -> None:
+        """A wake-up of the server kind is due at ``now``; ``busy``: a job is in flight."""
         self.quiet = 0 if busy else self.quiet + 1
+        at, count = self.instant
+        self.instant = (now, count + 1 if now == at else 1)
 
     @staticmethod
     def stuck(in_flight, offline, events, messages) -> bool:
@@ -83,6 +87,11 @@ class StallWatch:
                 if len(self.lost) == 1 else "every job is lost"
             return (f"no progress at version {version}: the last {lost} jobs were all lost "
                     f"({kinds}): {why}")
+        at, count = self.instant
+        if count >= self.held_max:  # the clock would never move on
+            return (f"no progress at version {version}: the server kind's last {count} "
+                    f"wake-ups rang at one instant ({at:g} s): a wake-up in 0 s that sets "
+                    f"itself again")
         if self.quiet >= self.lost_max:
             return (f"no progress at version {version}: the server kind's last {self.quiet} "
                     f"wake-ups rang with no job in flight and made no version (a timer "
@@ -94,9 +103,12 @@ class StallWatch:
         return None
 
     def state_dict(self) -> dict:
-        return {"lost": dict(self.lost), "held": self.held, "quiet": self.quiet}
+        return {"lost": dict(self.lost), "held": self.held, "quiet": self.quiet,
+                "instant": list(self.instant)}
 
     def load_state_dict(self, st: dict) -> None:
         self.lost = Counter(st.get("lost", {}))
         self.held = st.get("held", 0)
         self.quiet = st.get("quiet", 0)  # a checkpoint of before wake-ups has none
+        at, count = st.get("instant", (-1.0, 0))
+        self.instant = (float(at), int(count))
