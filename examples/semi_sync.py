@@ -40,7 +40,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from fedlm.servers import Sent, Server
+from fedlm.servers import Sent, Server, Serves
 from fedlm.strategies.base import Update
 from fedlm.strategies.diloco_fill import DiLoCoFill
 
@@ -63,7 +63,6 @@ class SemiSyncFill(DiLoCoFill):
     name = "semi-sync-fill"
     source = SOURCE
     default_server = "semi_sync:DeadlineServer"
-    cut_by_server = True  # its server cuts rounds at their deadline (Rounds.cut)
 
     def __init__(self, *, late: str = "next", **settings) -> None:
         super().__init__(late=late, **settings)
@@ -91,6 +90,7 @@ class DeadlineServer(Server):
     """One server that sets each round a deadline from the recent reply times; the round
     itself (who is in, what arrived, when it closes) is its strategy's ``Rounds``."""
 
+    serves = Serves(cuts_rounds=True)  # it cuts rounds at their deadline (Rounds.cut)
     Settings = DeadlineSettings
     state_fields = ("armed", "jobs", "replies", "durations", "timed", "opened", "clocked",
                     "timers")

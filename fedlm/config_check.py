@@ -114,7 +114,7 @@ def _check_strategy(cfg: Config) -> None:
     except Exception as exc:  # a dotted path that is no module (":x", ".:x"), a broken plugin
         raise ConfigError(f"strategy: cannot load {shown(cfg.strategy)} "
                           f"({type(exc).__name__}: {first_line(exc)})") from None
-    _tell_fleet(cfg, trial)
+    _tell_fleet(cfg, trial, _kind_cuts_rounds(cfg))
     registry.check_local_steps(cfg.local_steps)
     strategy_cls = registry.strategy_class(cfg.strategy)
     # a synchronous strategy's rounds on any kind that serves it (streamed rounds refuse
@@ -125,11 +125,28 @@ def _check_strategy(cfg: Config) -> None:
              f"(use dylu with an asynchronous strategy)")
 
 
-def _tell_fleet(cfg: Config, trial) -> None:
+def _kind_cuts_rounds(cfg: Config) -> bool:
+    """Whether the config's kind of server closes rounds itself (``Serves.cuts_rounds``;
+    a kind that does not load is reported by its own check)."""
+    from fedlm import servers
+
+    try:
+        return servers.server_class(cfg).serves.cuts_rounds
+    except Exception:  # noqa: BLE001 - check_exchange says what is wrong with the kind
+        return False
+
+
+def _tell_fleet(cfg: Config, trial, cut_by_server: bool) -> None:
     """The trial strategy told the run's fleet (``Strategy.on_fleet``), as its server
-    tells it at start: settings that count workers (a quorum, a round's minimum) above
-    the fleet's are refused now, before a run is stored, not once it has started."""
+    tells it at start (and, first, that its kind cuts its rounds: ``cut_by_server``):
+    settings that count workers (a quorum, a round's minimum) above the fleet's, or
+    late replies where none can be late, are refused now, before a run is stored, not
+    once it has started."""
     from fedlm.strategies.base import FleetFacts
+    from fedlm.strategies.rounds import rounds_cut_by_server
+
+    if cut_by_server:
+        rounds_cut_by_server(trial)
 
     facts = FleetFacts(cfg.seed, tuple(p.step_time for p in fleet.node_profiles(cfg)),
                        cfg.inner.steps)

@@ -17,8 +17,10 @@ it starts over from the same version. A reply to a round already closed is late 
 round may close before all its jobs are in: drawn rounds, or a server kind that cuts
 them): merged into the next round that closes (``late = "next"``), or dropped.
 
-A server kind that closes rounds itself (a deadline, a fixed period; its strategy's
-class sets ``cut_by_server``, or the kind sets ``cuts`` before its start) calls ``cut()`` when the time comes and reports the jobs
+A server kind that closes rounds itself (a deadline, a fixed period; it declares
+``Serves(cuts_rounds=True)``, and its strategy's rounds are told so before
+``on_fleet``: ``rounds_cut_by_server``; a strategy class of an older fedlm said so itself,
+``cut_by_server = True``) calls ``cut()`` when the time comes and reports the jobs
 it names lost (reason ``"deadline"``); a round that has fewer than ``min_replies`` then
 is overdue, and closes at the reply that brings it there.
 """
@@ -259,3 +261,11 @@ class Synchronous(Strategy):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rounds.load_state_dict(state)
+
+
+def rounds_cut_by_server(strategy: Strategy) -> None:
+    """``strategy``'s server kind closes its rounds itself (``Serves.cuts_rounds``): a
+    reply may then come after its round closed, and is told apart as late. Told before
+    ``on_fleet``, which checks ``outer.late`` against it."""
+    if isinstance(strategy, Synchronous):
+        strategy.rounds.cuts = True

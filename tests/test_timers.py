@@ -1,9 +1,10 @@
 """The timer seam (issue 60): a server kind asks the run's clock for a wake-up
 (``Server.wake_in``) and gets ``on_timer`` when it is due, in the run, its replay and
 its resume, as an operation of the run log (a ``timer`` event), never as a message.
-A round that closes at a fixed virtual period lands as one plug-in file (below, as a
-user would write it: a server kind with a setting of its own, ``[server] period``) with
-no change to fedlm, and serves diloco as it is."""
+A round that closes at a fixed virtual period lands as one plug-in file
+(examples/periodic_rounds.py, written from docs/strategies.md and docs/architecture.md:
+a server kind with a setting of its own, ``[server] period``) with no change to fedlm,
+and serves diloco as it is."""
 
 from __future__ import annotations
 
@@ -11,69 +12,25 @@ import json
 import re
 import sqlite3
 import sys
+from pathlib import Path
 
 import pytest
 
 from fedlm import servers
 from tests.support import trains_replays_and_resumes
 
-PERIODIC = '''
-"""A server kind whose synchronous rounds also close every ``server.period`` virtual
-seconds: DiLoCo, FedAvg or any strategy built on ``Rounds``."""
-from dataclasses import dataclass
-
-from fedlm.servers import Server
-from fedlm.strategies.rounds import Synchronous
-
-
-@dataclass(frozen=True)
-class PeriodSettings:
-    period: float = 30.0  # virtual seconds between cuts
-
-    def __post_init__(self):
-        if not 0 < self.period < 1e9:
-            raise ValueError(f"server.period: must be in (0, 1e9) seconds, got {self.period!r}")
-
-
-class PeriodicServer(Server):
-    Settings = PeriodSettings
-    state_fields = ("jobs",)
-
-    @classmethod
-    def check(cls, cfg, strategy):
-        if not issubclass(strategy, Synchronous):
-            raise ValueError(f"periodic:PeriodicServer cuts synchronous rounds, not {cfg.strategy!r}'s")
-
-    def start(self, params, fleet):
-        self.strategy.rounds.cuts = True  # a round may close before all its jobs are in
-        super().start(params, fleet)
-        self.jobs = {}  # worker -> its latest job (what a cut reports lost)
-        self.wake_in(self.settings.period)
-
-    def send(self, job, start):
-        self.jobs[job.worker] = job.job_id
-        return super().send(job, start)
-
-    def on_timer(self, key):
-        self.wake_in(self.settings.period)  # the next period
-        new = None
-        for worker in self.strategy.rounds.cut():
-            new = self.strategy.on_job_lost(worker, job_id=self.jobs[worker],
-                                            reason="deadline", params=self.params) or new
-        return new
-'''
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 @pytest.fixture
 def periodic(tmp_path, monkeypatch):
-    (tmp_path / "periodic.py").write_text(PERIODIC)
-    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(EXAMPLES))
     yield
-    sys.modules.pop("periodic", None)
+    sys.modules.pop("periodic_rounds", None)
 
 
 def test_a_round_of_a_fixed_period_is_one_plug_in_file(tmp_path, periodic):
-    ref = trains_replays_and_resumes(tmp_path, "server.kind=periodic:PeriodicServer",
+    ref = trains_replays_and_resumes(tmp_path, "server.kind=periodic_rounds:PeriodicRounds",
                                      "server.period=25", "profile=very", "workers=3",
                                      "updates=6", stop_at=3)
     with sqlite3.connect(ref) as conn:
@@ -89,17 +46,17 @@ def test_a_round_of_a_fixed_period_is_one_plug_in_file(tmp_path, periodic):
 
 
 @pytest.mark.parametrize("sets, says", [
-    (("server.period=0",), "server.period: must be in (0, 1e9) seconds"),
+    (("server.period=0",), "server.period: must be seconds in (0, inf)"),
     (("server.period=fast",), "server.period: expected float"),
-    (("server.periods=3",), "server.periods: not a setting of server 'periodic:PeriodicServer' "
-                            "(its settings: period)"),
-    (("strategy=delayed-nesterov",), "cuts synchronous rounds")])
+    (("server.periods=3",), "server.periods: not a setting of server "
+                            "'periodic_rounds:PeriodicRounds' (its settings: period)"),
+    (("strategy=delayed-nesterov",), "closes synchronous rounds")])
 def test_a_kind_s_own_settings_are_checked_as_the_config_loads(periodic, sets, says):
     from fedlm.errors import ConfigError
     from tests.conftest import tiny_config
 
     with pytest.raises(ConfigError, match=re.escape(says)):
-        tiny_config("server.kind=periodic:PeriodicServer", *sets)
+        tiny_config("server.kind=periodic_rounds:PeriodicRounds", *sets)
 
 
 def test_a_wake_up_in_no_time_or_in_nonsense_is_refused():
@@ -119,11 +76,9 @@ def test_a_run_whose_deadlines_came_as_messages_still_replays(tmp_path, monkeypa
     """An older fedlm sent the semi-synchronous round's deadline as a 0-byte message to
     the server itself (a transfer op): such a log replays to its hash, the same wake-up
     under the same key."""
-    from pathlib import Path
-
     from fedlm.replay import replay
 
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "examples"))
+    monkeypatch.syspath_prepend(str(EXAMPLES))
     ref = trains_replays_and_resumes(tmp_path, "strategy=semi_sync:SemiSyncFill",
                                      "profile=very", "workers=3", "fleet.jitter=0.3",
                                      "updates=5", "outer.deadline_k=0", stop_at=3)
@@ -146,9 +101,8 @@ def test_on_flower_s_wall_clock_a_wake_up_rings_in_real_seconds_and_replays(tmp_
     import os
     import subprocess
 
-    (tmp_path / "periodic.py").write_text(PERIODIC)
-    db, env = tmp_path / "wall.db", {**os.environ, "PYTHONPATH": str(tmp_path)}
-    sets = ["server.kind=periodic:PeriodicServer", "server.period=2", "clock=wall",
+    db, env = tmp_path / "wall.db", {**os.environ, "PYTHONPATH": str(EXAMPLES)}
+    sets = ["server.kind=periodic_rounds:PeriodicRounds", "server.period=2", "clock=wall",
             "model=tiny", "workers=3", "updates=4", "inner.steps=4", "inner.batch_size=4",
             "eval.batches=2", "data.seq_len=64", "profile=very"]
     run = subprocess.run([sys.executable, "-m", "fedlm", "run", "--quiet", "--db", str(db),

@@ -108,6 +108,9 @@ class Serves:
     # the run waits for its messages in flight before it ends (a kind whose messages
     # carry workers' updates); else it ends once no job is in flight
     drains_messages: bool = False
+    # it closes a synchronous strategy's rounds itself (a deadline, a period: it calls
+    # ``Rounds.cut``): a reply may then come after its round closed, and is late
+    cuts_rounds: bool = False
 
 
 # what ``Serves`` replaced: class attributes a kind of an older fedlm declared

@@ -27,6 +27,7 @@ from fedlm.servers.kind import (OLD_CAPABILITIES, Alarm, JobClock, Message,  # n
                                 Sent, ServerKind, Serves)
 from fedlm.sim import wire_sizes
 from fedlm.strategies.base import FleetFacts, Strategy, Update
+from fedlm.strategies.rounds import rounds_cut_by_server
 
 
 class Server(ServerKind):
@@ -45,6 +46,8 @@ class Server(ServerKind):
 
     def start_strategy(self, params, fleet: list) -> None:
         """The strategy's ``start`` (a kind with more to set up first overrides this)."""
+        if self.serves.cuts_rounds:  # before it hears of the fleet (``outer.late``'s check)
+            rounds_cut_by_server(self.strategy)
         self.strategy.on_fleet(self.facts(fleet))
         self.strategy.start(params, num_workers=len(fleet))
 
