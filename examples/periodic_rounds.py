@@ -25,6 +25,9 @@ from dataclasses import dataclass
 from fedlm.servers import Server, Serves
 from fedlm.strategies.traits import traits
 
+SOURCE = ("fedlm's own: synchronous rounds closed every server.period virtual seconds "
+          "with the replies in; late work dropped or merged into the next round")
+
 
 @dataclass(frozen=True)
 class PeriodSettings:

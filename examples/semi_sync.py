@@ -63,6 +63,9 @@ class SemiSyncFill(DiLoCoFill):
     name = "semi-sync-fill"
     source = SOURCE
     default_server = "semi_sync:DeadlineServer"
+    # its rounds are cut by a server (its default late = "next" means nothing else),
+    # whichever kind the config names: one that cannot cut them is refused as such
+    cut_by_server = True
 
     def __init__(self, *, late: str = "next", **settings) -> None:
         super().__init__(late=late, **settings)

@@ -124,8 +124,8 @@ def test_a_plugins_server_that_is_no_server_or_raises_is_one_line(tmp_path, monk
     (tmp_path / "plug_raise.py").write_text("raise RuntimeError('boom')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(ConfigError, match=r"^server \(the default of strategy 'plug_srv:A'\): "
-                                          r"'plug_srv:NotServer' is not a fedlm.servers.Server "
-                                          r"subclass$"):
+                                          r"'plug_srv:NotServer' is not a kind of server \(a "
+                                          r"subclass of fedlm.servers.Server or ServerKind\)$"):
         tiny_config("strategy=plug_srv:A")
     with pytest.raises(ConfigError, match=r"^server \(the default of strategy 'plug_srv:B'\): "
                                           r"importing 'plug_raise' raised RuntimeError: boom$"):
