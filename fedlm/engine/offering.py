@@ -2,8 +2,8 @@
 
 At each scan the free workers are offered in the pool's order (sampled when
 ``max_in_flight`` caps the jobs in flight). Where the strategy draws each round from
-those available (``Strategy.draws_rounds``: client sampling) or the local-steps policy
-sizes the round from everyone offered (``fill``), the present workers are offered to
+those available (a ``Synchronous`` strategy's drawn rounds: client sampling) or the
+local-steps policy sizes the round from everyone offered (``fill``), the present workers are offered to
 them first, as one list; a draw is logged with the op of the round's first dispatch,
 so that replay offers the same list again; those of it not drawn are ``not drawn`` on
 the timeline until the round is over (``IntervalKind.NOT_DRAWN``: the pool's

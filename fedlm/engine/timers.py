@@ -1,4 +1,4 @@
-"""Wake-ups a server kind asked for (``fedlm.servers.Server.wake_in``): set on the event
+"""Wake-ups a server kind asked for (``fedlm.servers.ServerKind.wake_in``): set on the event
 clock (virtual, or the wall clock) when the kind asks, and logged as an operation when
 one rings and the kind has taken it (``ServerCalls.rang``), so that replay rings it at
 the same place of the log. A kind that asks for none costs nothing here.

@@ -30,7 +30,7 @@ from fedlm.strategies.base import Strategy
 
 __all__ = ["KINDS", "Alarm", "HookTimeout", "HookWatch", "JobClock", "Message", "Sent", "Server",
            "ServerCalls", "ServerKind", "Serves", "Version", "build",
-           "default_kind", "kind_name", "resolve", "server_class", "settings", "summary"]
+           "default_kind", "kind_name", "made_from", "resolve", "server_class", "settings", "summary"]
 
 KINDS = {"one": "fedlm.servers.protocol:Server",
          "streamed": "fedlm.servers.streamed:StreamedServer",
@@ -90,6 +90,11 @@ def server_class(cfg: Config) -> type[ServerKind]:
     return kind
 
 
+def made_from(cfg: Config, kind: type[ServerKind], name: str) -> bool:
+    """Whether ``kind`` is the kind ``name`` names, or one made from it (a subclass)."""
+    return issubclass(kind, server_class(replace(cfg, server=ServerConfig(kind=name))))
+
+
 def resolve(cfg: Config) -> Config:
     """``cfg`` with its kind named (``default_kind`` where it names none) and the kind's
     settings gathered (``settings.gathered``: the strategy's suggestion, the old names in
@@ -102,8 +107,7 @@ def resolve(cfg: Config) -> Config:
         strategy = strategy_class(cfg.strategy)
         kind = server_class(cfg)
         own = settings.suggestion(strategy).kind
-        suggested = bool(own) and issubclass(kind, server_class(
-            replace(cfg, server=ServerConfig(kind=own))))
+        suggested = bool(own) and made_from(cfg, kind, own)
     except Exception:  # noqa: BLE001 - the config's checks say what is wrong
         return cfg
     return settings.gathered(cfg, strategy, kind, suggested=suggested,

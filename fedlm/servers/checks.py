@@ -6,11 +6,9 @@ refusal is one line naming the field."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
-from fedlm.config import Config, ServerConfig
+from fedlm.config import Config
 from fedlm.errors import ConfigError, require
-from fedlm.servers import Server, kind_name, server_class
+from fedlm.servers import Server, kind_name, made_from, server_class
 from fedlm.servers.kind import OLD_CAPABILITIES
 from fedlm.servers.settings import settings_of, suggestion
 from fedlm.servers.streamed import StreamedServer
@@ -25,8 +23,7 @@ def _check_own_kind(cfg: Config, cls, kind: type[Server], name: str) -> None:
     own = suggestion(cls).kind
     if not own or name == own:
         return
-    require(issubclass(kind, server_class(replace(cfg, server=ServerConfig(kind=own)))),
-            "server", name,
+    require(made_from(cfg, kind, own), "server", name,
              f"strategy {cfg.strategy!r} runs on its own kind of server ({own!r}, its "
              f"default_server, or one made from it): leave server unset")
 

@@ -23,8 +23,7 @@ from typing import Callable
 
 from fedlm.job import JobSpec
 from fedlm.params import num_bytes
-from fedlm.servers.kind import (OLD_CAPABILITIES, Alarm, JobClock, Message,  # noqa: F401
-                                Sent, ServerKind, Serves)
+from fedlm.servers.kind import JobClock, Message, Sent, ServerKind, Serves  # noqa: F401
 from fedlm.sim import wire_sizes
 from fedlm.strategies.base import FleetFacts, Strategy, Update
 from fedlm.strategies.rounds import rounds_cut_by_server

@@ -147,7 +147,7 @@ TABLES = ("runs", "workers", "jobs", "intervals", "updates", "metrics", "events"
 # sign of life of the process before and the resume, which are no run time (readers
 # leave them out of a run's real time).
 AWAY_EVENT = "away"
-# An operation of the run log: a wake-up a server kind asked for (``Server.wake_in``) rang;
+# An operation of the run log: a wake-up a server kind asked for (``ServerKind.wake_in``) rang;
 # its detail is JSON: the op, the key, when it was set and when it rang.
 TIMER_EVENT = "timer"
 
