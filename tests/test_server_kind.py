@@ -138,3 +138,45 @@ def test_the_strategy_base_is_what_every_strategy_has():
     assert traits(DelayedNesterov).wants_grace and not traits(Halos).wants_grace
     assert traits(DiLoCoDyLU).synchronous and traits(DiLoCoDyLU).default_local_steps == "dylu"
     assert traits(Halos()).default_server["kind"] == "regions"  # an instance reads alike
+
+
+BAD_SETTINGS = '''
+from dataclasses import dataclass
+from fedlm.servers import Server
+
+class NotDC(Server):
+    class Settings:
+        pass
+
+@dataclass(frozen=True)
+class Req:
+    period: float
+
+class Required(Server):
+    Settings = Req
+
+@dataclass(frozen=True)
+class Boom:
+    x: int = 1
+    def __post_init__(self):
+        raise RuntimeError("boom")
+
+class Raises(Server):
+    Settings = Boom
+'''
+
+
+@pytest.mark.parametrize("kind, says", [
+    ("NotDC", "^server: NotDC.Settings is not a dataclass"),
+    ("Required", r"^server.period: must be given \(server 'bad_settings:Required' has no "
+                 r"default for it\)$"),
+    ("Raises", r"^server: the settings of 'bad_settings:Raises' failed \(RuntimeError: boom\)$")])
+def test_a_kind_s_settings_that_cannot_be_made_are_one_line(tmp_path, monkeypatch, kind, says):
+    from fedlm.errors import ConfigError
+    from tests.conftest import tiny_config
+
+    (tmp_path / "bad_settings.py").write_text(BAD_SETTINGS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match=says):
+        tiny_config(f"server.kind=bad_settings:{kind}")
+    sys.modules.pop("bad_settings", None)

@@ -30,7 +30,7 @@ from typing import Any, ClassVar, get_type_hints
 
 from fedlm.config import Config, ServerConfig
 from fedlm.config.values import coerce
-from fedlm.errors import ConfigError
+from fedlm.errors import ConfigError, first_line
 from fedlm.strategies.traits import traits
 
 
@@ -109,7 +109,14 @@ def settings_of(cfg: Config, kind: type) -> Any:
             raise ConfigError(f"server.{key}: not a setting of server {cfg.server.kind!r} "
                               f"(its settings: {', '.join(known) or 'none'})")
         values[key] = coerce(f"server.{key}", value, hints[key])
+    for f in dataclasses.fields(cls):
+        if f.name not in values and f.default is f.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"server.{f.name}: must be given (server {cfg.server.kind!r} "
+                              f"has no default for it)")
     try:
         return cls(**values)
     except ValueError as exc:
-        raise ConfigError(str(exc).splitlines()[0]) from None
+        raise ConfigError(first_line(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - a plug-in's own __post_init__ that fails
+        raise ConfigError(f"server: the settings of {cfg.server.kind!r} failed "
+                          f"({type(exc).__name__}: {first_line(exc)})") from None
