@@ -32,6 +32,7 @@ itself costs about 16% there. Its far-workers result (+31.4% behind sync + fill 
 (b), experiments/results/far_workers.md) was at momentum 0.9 and so says nothing
 about overlap; keep it out of comparisons until its outer momentum is tuned as every
 other arm's lr is.
+The paper's own answer to the delay, eager updates, is examples/eager_diloco.py.
 
     PYTHONPATH=examples fedlm run --set strategy=overlap_dc_example:OverlappedDiLoCo
 """
