@@ -58,12 +58,6 @@ def test_fixed_local_steps_are_refused_in_one_line():
     assert "strategy=diloco" in message and "\n" not in message
 
 
-def test_streaming_settings_are_not_its_own():
-    # streaming rounds need the same H for every worker; its jobs are DyLU's
-    with pytest.raises(ConfigError, match=r"^local_steps: must be 'fixed' with streaming"):
-        tiny_config("strategy=diloco-dylu", "stream.fragments=2")
-
-
 def test_the_other_strategies_keep_their_local_steps():
     assert tiny_config("strategy=diloco").local_steps == "fixed"
     assert tiny_config("strategy=diloco", "local_steps=fixed").local_steps == "fixed"

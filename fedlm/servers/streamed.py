@@ -2,7 +2,9 @@
 the algorithm, ``fedlm.worker.streaming`` the worker's side).
 
 A round is a synchronous round at global version v: each job trains
-``segment_steps(H, P, v)`` inner steps and reports fragment ``v mod P``. What it
+``segment_steps(H_w, P, v)`` inner steps and reports fragment ``v mod P``, where H_w is
+its worker's outer step as the run's ``local_steps`` sizes it (``fixed``: H; ``fill``,
+``dylu``: shown fragment rounds, ``fedlm.servers.fragment_steps``). What it
 carries is what its worker lacks: the whole model on the worker's first job;
 afterwards only the global fragments changed since the version its state was
 made from (normally the one fragment the previous round synchronised), to be
@@ -26,6 +28,7 @@ from fedlm.config import Config
 from fedlm.errors import require
 from fedlm.job import JobSpec
 from fedlm.params import num_bytes
+from fedlm.servers.fragment_steps import FragmentRoundSteps
 from fedlm.servers.protocol import JobClock, Sent, Server
 from fedlm.sim import wire_sizes
 from fedlm.strategies.base import DROPPED, Strategy, Update
@@ -79,7 +82,7 @@ class StreamedServer(Server):
     def check(cls, cfg: Config, strategy: type[Strategy]) -> None:
         """Streaming rounds' rules (the ``[stream]`` section is this kind's): a synchronous
         strategy, fragments that cut the model's blocks and H, an overlap shorter than a
-        round, fixed job sizes, no shared server link (its exchanges are timed without)."""
+        round, no shared server link (its exchanges are timed without)."""
         stream = Streaming.of_config(cfg)
         name = cfg.server.kind or "streamed"
         require(stream is not None, "server", name,
@@ -96,8 +99,6 @@ class StreamedServer(Server):
         require(stream.overlap < shortest, "stream.overlap", stream.overlap,
                 f"must be less than the {shortest} inner steps of a round "
                 f"(inner.steps {cfg.inner.steps} / stream.fragments {stream.fragments})")
-        require(cfg.local_steps == "fixed", "local_steps", cfg.local_steps,
-                "must be 'fixed' with streaming rounds (stream.fragments/overlap/mix)")
         n = cfg.network
         require(not (n.server_down > 0 or n.server_up > 0 or n.daily_amplitude > 0),
                 "stream.fragments", stream.fragments, "streaming rounds are timed without a "
@@ -107,6 +108,10 @@ class StreamedServer(Server):
     def __init__(self, cfg: Config, strategy: Strategy) -> None:
         super().__init__(cfg, strategy)
         self.streaming = Streaming.of_config(cfg)
+        # the run's job sizes, shown fragment rounds: a worker's outer step of H_w steps,
+        # split into P segments as the paper splits H
+        self.policy = FragmentRoundSteps(self.policy, self.streaming.fragments,
+                                         self.streaming.overlap)
         self.parts = [strategy] + [self.new_strategy()
                                    for _ in range(self.streaming.fragments - 1)]
 
@@ -167,7 +172,9 @@ class StreamedServer(Server):
     def job_steps(self, worker: int, version: int) -> int:
         if self.flushing(version):
             return 0
-        return segment_steps(self.cfg.inner.steps, self.streaming.fragments, version)
+        outer_step = self.policy.local_steps(worker)  # H_w (fixed: H)
+        segment = segment_steps(outer_step, self.streaming.fragments, version)
+        return max(1, segment) if outer_step >= 1 else 0  # sized any steps: one at least
 
     def sends_empty_job(self, version: int) -> bool:
         return self.flushing(version)
@@ -177,6 +184,8 @@ class StreamedServer(Server):
         sent, fields = what_to_send(self.streaming, self.groups, self.names,
                                     self.seen.get(job.worker), job.base_version,
                                     self.flushing(job.base_version))
+        if fields["mix_step"] > 0:  # a job shorter than τ + 1 steps (its policy's) hides less
+            fields["mix_step"] = min(fields["mix_step"], job.local_steps - 1)
         job = replace(job, **fields)
         payload = OrderedDict((n, start[n]) for n in sent)
         return Sent(job, payload, num_bytes(payload) if sent else 0,
