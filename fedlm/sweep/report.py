@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fedlm import store
-from fedlm.sweep import fairness, plots, tuning
+from fedlm.sweep import fairness, frontier, plots, tuning
 from fedlm.sweep.cells import ONE_SEED, SEEDED, seconds_format, shown, span
 from fedlm.sweep.curves import first_reaching, run_curve
 # re-exported: experiments/compare.py reads them from here
@@ -41,13 +41,23 @@ def write_report(spec: dict, result: SweepResult) -> tuple[str, list[Path]]:
     out = Path(spec["out"])
     out.parent.mkdir(parents=True, exist_ok=True)
     pngs = plots.plot(spec, result.cells, out.with_suffix(""))
-    text = report(spec, result.cells, result.failures, result.not_run)
+    page = _Report(spec, result.cells, result.failures, result.not_run)
+    fronts = frontier.plot(page, out.with_suffix(""))
+    text = page.markdown()
     text += "\n## Plots\n\n"
     if _seeded(spec):
         text += f"In the plots {plots.BAND_NOTE}.\n\n"
     text += "\n".join(f"![{p.stem}]({p.name})" for p in pngs) + "\n"
+    if fronts:
+        text += f"\n### The frontier\n\n{frontier.NOTE}\n\n"
+        text += "\n".join(f"![{p.stem}]({p.name})" for p in fronts) + "\n"
     out.write_text(text)
-    return text, [out, *pngs]
+    return text, [out, *pngs, *fronts]
+
+
+def _short_hash(cell: Cell) -> str:
+    digest = cell.summary.final_hash
+    return f" ({digest[:8]})" if digest else ""
 
 
 def _seeded(spec: dict) -> bool:
@@ -251,7 +261,7 @@ class _Report:
         cs = [c for _, c in sorted(group.items(), key=by_seed)]
         wall = sum(c.summary.wall_time for c in cs) / len(cs)
         sep = "; " if self.seeded else ", "  # "#2, #4; 7": the ids, then the time
-        return ", ".join(f"#{c.run_id}" for c in cs) + f"{sep}{wall:,.0f}"
+        return ", ".join(f"#{c.run_id}{_short_hash(c)}" for c in cs) + f"{sep}{wall:,.0f}"
 
     # -- the page ----------------------------------------------------------------------
     def markdown(self) -> str:
@@ -327,7 +337,9 @@ class _Report:
             *t("Updates applied / local steps", self.counts,
                note="lowest–highest over seeds" if seeded else ""),
             *t("Run id and real time (s)" if not seeded
-               else "Run ids (by seed) and mean real time (s)", self.ids)]
+               else "Run ids (by seed) and mean real time (s)", self.ids,
+               note="each run's final weights' hash (its first 8 digits) in brackets: an "
+                    "outside re-run is checked against it")]
 
     def footer(self) -> list[str]:
         spec = self.spec
