@@ -204,9 +204,9 @@ def test_the_report_gives_means_intervals_and_paired_differences_over_seeds(tmp_
     assert "≠start" not in text and "different weights" not in text
     reach = _section(text, "Virtual time to reach")
     assert "| fast | never within its run (equal work) |" in reach
-    assert "| slow | 80 (1 of 3 reached) |" in reach
-    assert "| ref | 100 ± 0 |" in reach
-    assert "| slow | 0.80 (1 of 3 reached) |" in _section(text, "... as a fraction")
+    assert "| slow | 80 (grid 80) (1 of 3 reached) |" in reach  # its previous evaluation: 0 s
+    assert "| ref | 100 ± 0 (grid 25) |" in reach
+    assert "| slow | 0.80 (grid 0.80) (1 of 3 reached) |" in _section(text, "... as a fraction")
     assert "Student t" in text and "paired" in text
     assert "band from the lowest to the highest seed" in text
     for png in written[1:]:
@@ -231,7 +231,7 @@ def test_a_report_without_seeds_looks_as_it_always_did(tmp_path):
     assert "| fast | 11.000 | – |" in text
     assert "| fast | +10.0% |" in _section(text, "Per-update gap")
     assert "| fast | 0.50x |" in _section(text, "... as a ratio")
-    assert "| slow | 80 |" in _section(text, "Virtual time to reach")
+    assert "| slow | 80 (grid 80) |" in _section(text, "Virtual time to reach")
     assert "| fast | #2 (x), " in _section(text, "Run id and real time")  # its hash, short
 
 

@@ -48,3 +48,9 @@ SEEDED = ("each cell is run once per seed (an arm's own `seeds` are listed under
            "differences (of ratios: their arithmetic mean).")
 ONE_SEED = ("One run per cell (one seed): no intervals. `seeds = [0, 1, 2]` in the spec, or "
              "`--seeds N`, runs each cell over seeds and gives means with 95% intervals.")
+
+
+def short_hash(cell) -> str:
+    """`` (1a2b3c4d)``: the first 8 digits of a run's final weights' hash, if it has one."""
+    digest = cell.summary.final_hash
+    return f" ({digest[:8]})" if digest else ""

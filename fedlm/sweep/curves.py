@@ -23,6 +23,20 @@ def first_reaching(curve: Curve, target: float) -> float | None:
     return next((vt for vt, _, ppl in curve if ppl <= target), None)
 
 
+# how a report says ``resolution``
+GRID_NOTE = ("grid: how long before it its run's previous evaluation came (the coarsest over "
+             "seeds), the resolution the time has: an arm evaluated once a round knows it to "
+             "a round")
+
+
+def resolution(curve: Curve, t: float) -> float:
+    """How much earlier than ``t`` the curve's evaluation before it came (``t`` if none):
+    a time read from evaluations as "first at or below a target" is known to that
+    much (a synchronous arm evaluated once a round: a round)."""
+    before = [vt for vt, _, _ in curve if vt < t]
+    return t - before[-1] if before else t
+
+
 def last_before(curve: Curve, t: float) -> float | None:
     """The curve's last evaluated perplexity at or before virtual time ``t``."""
     best = None

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from fedlm import store
 from fedlm.sweep import fairness, frontier, plots, tuning
-from fedlm.sweep.cells import ONE_SEED, SEEDED, seconds_format, shown, span
-from fedlm.sweep.curves import first_reaching, run_curve
+from fedlm.sweep.cells import ONE_SEED, SEEDED, seconds_format, short_hash, shown, span
+from fedlm.sweep.curves import GRID_NOTE, first_reaching, resolution, run_curve
 # re-exported: experiments/compare.py reads them from here
 from fedlm.sweep.curves import time_to_reach, value_at  # noqa: F401
 from fedlm.sweep.plots import by_seed, groups_of
@@ -53,11 +53,6 @@ def write_report(spec: dict, result: SweepResult) -> tuple[str, list[Path]]:
         text += "\n".join(f"![{p.stem}]({p.name})" for p in fronts) + "\n"
     out.write_text(text)
     return text, [out, *pngs, *fronts]
-
-
-def _short_hash(cell: Cell) -> str:
-    digest = cell.summary.final_hash
-    return f" ({digest[:8]})" if digest else ""
 
 
 def _seeded(spec: dict) -> bool:
@@ -214,14 +209,21 @@ class _Report:
         if not vals:  # its run ended first: at its step budget, equal work
             return "never within its run (equal work)" + self.start_mark(arm, group)
         fmt = ".2f" if as_ratio else seconds_format(group)
+        # each time is known to the spacing of its run's evaluations: the coarsest said
+        scale = {s: self.ref_group(arm, group)[s].summary.virtual_time if as_ratio else 1.0
+                 for s in vals}
+        grid = max(resolution(self.curves[group[s].run_id], t * scale[s]) / scale[s]
+                   for s, t in vals.items())
+        known = f" (grid {grid:{fmt}})"
         if not self.seeded:
-            return f"{vals[next(iter(vals))]:{fmt}}"
+            return f"{vals[next(iter(vals))]:{fmt}}" + known
         if len(vals) == both:
-            return shown(estimate(vals.values()), fmt, self.seeded) + self.start_mark(arm, group)
+            return shown(estimate(vals.values()), fmt, self.seeded) + known + \
+                self.start_mark(arm, group)
         est = estimate(vals.values())
         text = f"{est.mean:{fmt}}" if est.half_width is None \
             else f"{est.mean:{fmt}} ± {est.half_width:{fmt}}"
-        return f"{text} ({len(vals)} of {both} reached)" + self.start_mark(arm, group)
+        return f"{text}{known} ({len(vals)} of {both} reached)" + self.start_mark(arm, group)
 
     def bound(self, arm: str, group: Group) -> str:
         """The run's virtual time over its fleet's least time for its steps, and goodput."""
@@ -261,7 +263,7 @@ class _Report:
         cs = [c for _, c in sorted(group.items(), key=by_seed)]
         wall = sum(c.summary.wall_time for c in cs) / len(cs)
         sep = "; " if self.seeded else ", "  # "#2, #4; 7": the ids, then the time
-        return ", ".join(f"#{c.run_id}{_short_hash(c)}" for c in cs) + f"{sep}{wall:,.0f}"
+        return ", ".join(f"#{c.run_id}{short_hash(c)}" for c in cs) + f"{sep}{wall:,.0f}"
 
     # -- the page ----------------------------------------------------------------------
     def markdown(self) -> str:
@@ -316,10 +318,10 @@ class _Report:
             *t("Virtual time the run needed (s)", self.time_needed),
             *t(f"... as a ratio to {whose} (below 1: sooner)", self.time_ratio),
             *t(f"Virtual time to reach {whose} final perplexity (s)", self.reach,
-               note="mean over the seeds that reached it (those that did not are left "
-                    "out, so the mean is optimistic)" if seeded else ""),
+               note=("mean over the seeds that reached it (those that did not are left "
+                     "out, so the mean is optimistic); " if seeded else "") + GRID_NOTE),
             *t("... as a fraction of the reference's own time (below 1: sooner)",
-               lambda a, g: self.reach(a, g, as_ratio=True)),
+               lambda a, g: self.reach(a, g, as_ratio=True), note=GRID_NOTE),
             *t("Virtual time over the fleet's bound (the least time its workers need for "
                "the run's steps), and goodput", self.bound,
                note="bound: every worker computing all the time it is there but for one "
