@@ -19,7 +19,10 @@ lost jobs, weighting, lr 0.7, Nesterov 0.9) is DiLoCo's.
 Timing in fedlm (``OverlappedServer.timing``): a job's exchange (its worker's last
 report up and the model down) hides behind up to its whole compute; a worker's
 first job waits for its download as in DiLoCo. The last round's reports are not
-timed (the run ends when its version exists).
+timed (the run ends when its version exists). A job-size policy that times its jobs
+(``local_steps = fill``, ``dylu``) is shown each worker's exchange as what H steps of
+its compute leave exposed, max(0, X_w − H·s_w) (``fedlm.servers.fragment_steps``, one
+fragment overlapped by H steps), so fill's rounds end with the slowest exposed job.
 
 At DiLoCo's outer settings (lr 0.7, Nesterov 0.9) the one-step-late outer step
 diverges even where there is nothing to hide: on a homogeneous fleet with no latency
@@ -45,6 +48,7 @@ from typing import Any
 import torch
 
 from fedlm.servers import Sent, Server, Serves
+from fedlm.servers.fragment_steps import FragmentRoundSteps
 from fedlm.strategies import transforms as T
 from fedlm.strategies.diloco import DiLoCo
 
@@ -53,6 +57,12 @@ class OverlappedServer(Server):
     """One server whose jobs start from the version before the newest."""
 
     serves = Serves(keeps_job_starts=True)  # the start is not the current version
+
+    def __init__(self, cfg, strategy) -> None:
+        super().__init__(cfg, strategy)
+        # a policy that times its jobs (fill, dylu) is shown the exchange a job waits for
+        # as what its H steps of compute leave exposed: one fragment, overlapped by H
+        self.policy = FragmentRoundSteps(self.policy, fragments=1, overlap=cfg.inner.steps)
 
     def start(self, params, fleet: list) -> None:
         super().start(params, fleet)

@@ -113,3 +113,16 @@ def test_with_nothing_to_hide_the_corrected_step_keeps_diloco_s_quality_per_step
     corrected = final("eager_diloco:CorrectedEagerDiLoCo")
     paper = final("eager_diloco:EagerDiLoCo")
     assert corrected <= 1.03 * diloco < paper
+
+
+def test_fill_beside_an_overlapped_exchange_is_shown_only_what_compute_leaves_exposed():
+    from eager_diloco import CorrectedEagerDiLoCo, EagerServer
+
+    cfg = tiny_config("strategy=eager_diloco:CorrectedEagerDiLoCo", "local_steps=fill",
+                      "inner.steps=5")
+    policy = EagerServer(cfg, CorrectedEagerDiLoCo()).policy
+    # steps of 1 s; whole-model exchanges of 2 s (hidden by 5 s of compute) and 8 s (3 s
+    # exposed): the round ends at max(0 + 5, 3 + 5) = 8 s, the near worker computes 8 s
+    policy.start(steps=5, step_times=[1.0, 1.0], transfer_times=[2.0, 8.0])
+    policy.offered(now=0.0, version=0, workers=[0, 1], busy=0)
+    assert [policy.local_steps(w) for w in (0, 1)] == [8, 5]

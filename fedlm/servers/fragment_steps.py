@@ -16,7 +16,8 @@ the model, so 1/P of them, latency included: nominal.) Then fill's round ends wh
 slowest worker's fragment job ends, a fast worker gets the units that fit before it,
 and its segment of them is the steps of its fragment job. What a job took is shown to
 the policy in the same units (its seconds over P). ``fixed`` gives H, and its segments
-are the built-in streaming's, bit for bit.
+are the built-in streaming's, bit for bit. With P = 1 and τ = H it is a whole-model
+round whose exchange hides behind its compute (the overlapped and eager plug-ins').
 """
 
 from __future__ import annotations
