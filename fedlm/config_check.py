@@ -21,7 +21,7 @@ from fedlm.data import shakespeare_play_count, tokenizer
 from fedlm.errors import ConfigError, first_line, require, shown, shown_key
 from fedlm.servers.checks import check_exchange
 from fedlm.servers.watch import MIN_LIMIT
-from fedlm.sim import codecs, faults, fleet, fleet_check, geo, quantities as Q
+from fedlm.sim import codecs, faults, fleet, fleet_check, geo, link_codecs, quantities as Q
 from fedlm.worker import optimizers
 from fedlm.strategies import registry
 from fedlm.strategies.traits import traits
@@ -258,6 +258,7 @@ def _check_network(cfg: Config) -> None:
              "must be in [0, 1)")
     _require(0 <= n.peak_hour < 24, "network.peak_hour", n.peak_hour, "must be in [0, 24)")
     codecs.check(n.compression)  # a built-in encoding, or a codec by dotted path
+    link_codecs.check(cfg)  # another for the slow links, on a kind that can send it
     _require(n.block_size >= 0, "network.block_size", n.block_size, "must be >= 0")
     Q.BANDWIDTH.check("network.intra_bw", n.intra_bw)
     _require_choice("network.topology", n.topology, TOPOLOGIES)

@@ -34,6 +34,8 @@ class JobSpec:
     # the global fragments it was sent (-1: none sent)
     fragment: int = -1
     mix_step: int = -1
+    # its upload's encoding where its link is slow (fedlm.sim.link_codecs); "": the run's
+    compression: str = ""
 
     def to_message(self) -> dict[str, int | str]:
         """The job as the flat config a Flower message carries (``from_message`` reads it)."""

@@ -49,7 +49,7 @@ from fedlm import servers
 from fedlm.errors import ConfigError
 from fedlm.params import params_hash, same_update
 from fedlm.store import StoreError, event_details, input_pins, operation_log, replayable_row
-from fedlm.sim import compression
+from fedlm.sim import compression, link_codecs
 from fedlm.engine.runlog import ROUND_DRAWN, TIMER_EVENT
 from fedlm.job import JobSpec
 from fedlm.worker import batching
@@ -198,7 +198,7 @@ class _Walk:
         worker_states.save(job.job_id, new_state)
         worker_states.prune(job.prev_job)
         grad = compression.decode(result.outer_grad, self.server.reference(job),
-                                  self.cfg.network)
+                                  link_codecs.network_of(self.cfg.network, job))
         if not same_update(grad, row["update_hash"]):
             self.mismatched += 1
 

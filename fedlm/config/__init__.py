@@ -158,6 +158,9 @@ class NetworkConfig:
     # outer gradients sent as fp32 | bf16 | fp16 | int8 | int4 | package.module:Codec (a
     # codec of your own: fedlm/sim/codecs.py)
     compression: str = "fp32"
+    # uploads of workers whose whole-model exchange outlasts their H steps of compute
+    # (fedlm/sim/link_codecs.py): another encoding there; "": compression for all
+    slow_compression: str = ""
     block_size: int = 256  # int8/int4: values per scale (0: one scale per tensor)
     error_feedback: bool = True  # int8/int4: the worker carries its rounding error forward
     # Hierarchical: the workers of a region train as one data-parallel pod (gradients

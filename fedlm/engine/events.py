@@ -94,9 +94,10 @@ class VirtualEvents:
         nxt = self.clock.peek()
         return None if nxt is None else nxt[0]
 
-    def timing(self, w: int, steps: int, index: int = 0) -> JobTiming:
+    def timing(self, w: int, steps: int, index: int = 0,
+               up_bytes: int | None = None) -> JobTiming:
         """The durations of ``w``'s ``index``-th job, drawn now (the worker's jitter)."""
-        down, up = self.down_bytes, self.up_bytes
+        down, up = self.down_bytes, self.up_bytes if up_bytes is None else up_bytes
         timing = self.timer.timing(w, steps, down, up, start=self.now, index=index)
         if self.net is not None:  # nominal transfer times at this hour's bandwidth
             region = self.fleet[w].region
@@ -281,7 +282,7 @@ class WallEvents:
     def set_payload(self, down_bytes: int, up_bytes: int) -> None:
         pass
 
-    def timing(self, w: int, steps: int, index: int = 0) -> None:
+    def timing(self, w: int, steps: int, index: int = 0, up_bytes: int | None = None) -> None:
         return None  # real transfers and compute take what they take
 
     def overlapped_timing(self, w: int, steps: int, down_bytes: int, up_bytes: int,

@@ -34,7 +34,7 @@ from typing import Callable
 
 from fedlm.config import Config
 from fedlm import servers
-from fedlm.sim import dynamics, faults
+from fedlm.sim import dynamics, faults, link_codecs
 from fedlm.sim.fleet import WorkerProfile
 from fedlm.store import RunWriter
 from fedlm.engine import state, timeline
@@ -98,7 +98,7 @@ class Engine(Offering, Health):
         # cfg.clock: results in virtual-completion order, or in real arrival order
         self.events = (VirtualEvents(cfg, fleet, self.in_flight, self.inbox, changes)
                        if cfg.clock == "virtual" else WallEvents(self.in_flight, self.inbox, self.pool))
-        self.presence = (Presence(changes, self.pool, self.events, self.log)
+        self.presence = (Presence(changes, self.pool, self.events, self.log, self.policy)
                          if changes is not None else None)
         self.jobs = JobMaker(cfg, fleet, shard_sizes)
         self.budget = StepBudget(cfg.local_step_budget, self.server.synchronous)
@@ -226,6 +226,8 @@ class Engine(Offering, Health):
         if isinstance(event, BackOnline):
             since, absent = self.pool.back_online(event.worker, self.now)
             self.log.online(event.worker, self.now, since, self.version, absent=absent)
+            if absent:  # the fleet's dynamics brought it back (not a fault's time offline)
+                self.policy.presence(event.worker, at=self.now, here=True)
             return None
         if isinstance(event, Delivery):
             staleness = self.server.arrived(event.key)  # a version, messages it sends on
@@ -244,7 +246,8 @@ class Engine(Offering, Health):
         w = job.worker
         now = self.now
         self.log.intervals(timeline.job_rows(self.events, flight, now, reply.compute_seconds))
-        grad, error, reason = outcome(reply, self.server.reference(job), self.cfg.network)
+        grad, error, reason = outcome(reply, self.server.reference(job),
+                                      link_codecs.network_of(self.cfg.network, job))
         if error is not None:
             self._lost(flight, error, reason)
             self._suspect_model(job, reason)

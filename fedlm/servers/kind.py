@@ -82,8 +82,9 @@ class JobClock(Protocol):
     def now(self) -> float:
         """Seconds on the run's clock now (the job's dispatch)."""
 
-    def timing(self, w: int, steps: int, index: int = 0) -> Any:
-        """A whole job of ``steps`` steps on worker ``w`` (its ``index``-th), timed."""
+    def timing(self, w: int, steps: int, index: int = 0, up_bytes: int | None = None) -> Any:
+        """A whole job of ``steps`` steps on worker ``w`` (its ``index``-th), timed;
+        ``up_bytes``: its upload's, if not the run's (``network.slow_compression``)."""
 
     def overlapped_timing(self, w: int, steps: int, down_bytes: int, up_bytes: int,
                           overlap: int) -> Any:

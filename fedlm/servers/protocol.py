@@ -24,7 +24,7 @@ from typing import Callable
 from fedlm.job import JobSpec
 from fedlm.params import num_bytes
 from fedlm.servers.kind import JobClock, Message, Sent, ServerKind, Serves  # noqa: F401
-from fedlm.sim import wire_sizes
+from fedlm.sim import link_codecs, wire_sizes
 from fedlm.strategies.base import FleetFacts, Strategy, Update
 from fedlm.strategies.rounds import rounds_cut_by_server
 
@@ -41,7 +41,18 @@ class Server(ServerKind):
         self.params = params
         self.model_bytes = num_bytes(params)  # fp32, as sent down
         self.up_bytes = wire_sizes.encoded_bytes(params, self.cfg.network)
+        self.choose_slow_links(params, fleet)
         self.start_strategy(params, fleet)
+
+    def choose_slow_links(self, params, fleet: list) -> None:
+        """The workers whose uploads ``network.slow_compression`` encodes, and its bytes."""
+        slow = self.cfg.network.slow_compression
+        self.slow: frozenset[int] = frozenset()
+        if slow:
+            self.slow = link_codecs.slow_workers(fleet, self.model_bytes, self.up_bytes,
+                                                 self.cfg.inner.steps)
+            self.slow_up_bytes = wire_sizes.encoded_bytes(
+                params, replace(self.cfg.network, compression=slow))
 
     def start_strategy(self, params, fleet: list) -> None:
         """The strategy's ``start`` (a kind with more to set up first overrides this)."""
@@ -108,12 +119,15 @@ class Server(ServerKind):
     def send(self, job: JobSpec, start) -> Sent:
         """``job`` from ``start`` (its worker's state came from a job of global version
         ``self.seen.get(job.worker)``; None: a first job)."""
+        if job.worker in self.slow:  # its link is slow: fewer bytes up
+            return Sent(replace(job, compression=self.cfg.network.slow_compression), start,
+                        self.model_bytes, self.slow_up_bytes)
         return Sent(job, start, self.model_bytes, self.up_bytes)
 
     def timing(self, sent: Sent, events: JobClock, index: int):
         """How long ``sent``'s job takes on the event source (``JobClock``: what a kind
         may ask of it); None on the wall clock, where only the reply says."""
-        return events.timing(sent.job.worker, sent.job.local_steps, index)
+        return events.timing(sent.job.worker, sent.job.local_steps, index, up_bytes=sent.up)
 
     def reference(self, job: JobSpec):
         """Tensors shaped as the reply's outer gradient must be."""

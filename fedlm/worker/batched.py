@@ -169,4 +169,4 @@ def job_updates(items: list[tuple[object, dict, JobSpec]], cfg: Config,
     """``run_group`` plus each outer gradient encoded for the wire, as
     ``worker.train.job_update`` does for one job."""
     trained = run_group(items, cfg, state_on_device, server_device, device)
-    return [encoded(t, state, cfg) for (_, state, _), t in zip(items, trained)]
+    return [encoded(t, state, cfg, job) for (_, state, job), t in zip(items, trained)]

@@ -23,7 +23,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from fedlm.sim import compression, faults, fleet
+from fedlm.sim import compression, faults, fleet, link_codecs
 from fedlm import data, model as model_lib
 from fedlm.shards import data_shards, job_data, pod_size
 from fedlm.worker import optimizers, precision, streaming
@@ -268,14 +268,16 @@ def job_update(params, state: dict, job: JobSpec, cfg: Config,
     the result's ``outer_grad`` is the payload, the new ``opt_state`` carries the
     error-feedback tensors on. Replay calls this too."""
     return encoded(run_job(params, state, job, cfg, state_on_device, server_device, device),
-                   state, cfg)
+                   state, cfg, job)
 
 
-def encoded(trained: Trained, state: dict, cfg: Config) -> Trained:
-    """A trained job's outer gradient encoded for the wire, the error-feedback tensors
-    of ``state`` (the one it started from) carried on in its new state."""
+def encoded(trained: Trained, state: dict, cfg: Config, job: JobSpec) -> Trained:
+    """``job``'s trained outer gradient encoded for the wire (its link's encoding), the
+    error-feedback tensors of ``state`` (the one it started from) carried on in its new
+    state."""
     result, new_state = trained
-    payload, errors = compression.encode(result.outer_grad, state, cfg.network)
+    payload, errors = compression.encode(result.outer_grad, state,
+                                         link_codecs.network_of(cfg.network, job))
     # a streaming job encodes one fragment: the other fragments' errors carry on
     carried = {k: v for k, v in state.items()
                if k.startswith(compression.EF_PREFIX) and k not in errors}
