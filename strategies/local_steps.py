@@ -49,6 +49,10 @@ class LocalSteps(ABC):
         """A job of ``steps`` steps took ``seconds`` of compute and ``transfer`` seconds
         of everything else (for online estimates)."""
 
+    def presence(self, worker: int, *, at: float, here: bool) -> None:
+        """``worker`` came (``here``) or went away at ``at`` seconds, told once it has
+        happened (every worker is there at 0; a fault's time offline is not an absence)."""
+
     def offered(self, *, now: float, version: int, workers: list[int], busy: int) -> None:
         """(``sizes_rounds`` policies only) ``workers`` are about to be offered jobs at
         ``now`` from global ``version``, while ``busy`` jobs are in flight."""

@@ -32,12 +32,14 @@ from fedlm.strategies.fill_steps import Fill, FillOnline, FillSizes
 from fedlm.strategies.local_steps import (DyLU, DyLUFloor, DyLUOnline, DyLUPaper, DyLURtt,
                                           Fixed, LocalSteps)
 from fedlm.strategies.poly import Poly, PolyThres
+from fedlm.strategies.presence_steps import FillPresence
 
 STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (
     FedAvg, DiLoCo, DiLoCoDyLU, DiLoCoFill, AsyncSGD, AsyncNesterov, DelayedNesterov, Poly, PolyThres,
     FedBuff, Halos)}
 LOCAL_STEPS: dict[str, type[LocalSteps]] = {cls.name: cls for cls in (
-    Fixed, DyLU, DyLUFloor, DyLUPaper, DyLURtt, DyLUOnline, Fill, FillOnline, FillSizes)}
+    Fixed, DyLU, DyLUFloor, DyLUPaper, DyLURtt, DyLUOnline, Fill, FillOnline, FillSizes,
+    FillPresence)}
 ENTRY_POINT_GROUP = "fedlm.strategies"
 
 

@@ -10,7 +10,10 @@ the log together:
 - a job whose worker goes away before it ends is lost then (``departed``): the
   worker is away from that moment, and the loss does not count towards retiring it;
 - a straggling job is noted in the log, and the slowed spans are written as
-  intervals when the run ends (an overlay of the timeline, not counted in totals).
+  intervals when the run ends (an overlay of the timeline, not counted in totals);
+- the local-steps policy is told each departure and return once it has happened
+  (``LocalSteps.presence``), at the time it happened: a policy may learn how long
+  workers stay, never from the trace's future.
 
 Nothing here draws anything: the answers are functions of the run's seed, so replay
 and resume see the same fleet. On the wall clock (real arrivals) absences, joins and
@@ -32,11 +35,13 @@ from fedlm.store import IntervalKind
 
 
 class Presence:
-    def __init__(self, dynamics: FleetDynamics, pool: WorkerPool, events, log: RunLog) -> None:
+    def __init__(self, dynamics: FleetDynamics, pool: WorkerPool, events, log: RunLog,
+                 policy) -> None:
         self.dynamics = dynamics
         self.pool = pool
         self.events = events
         self.log = log
+        self.policy = policy  # the local-steps policy, told who comes and goes
 
     def gone_away(self, w: int, now: float, version: int) -> bool:
         """Whether free worker ``w`` is absent now; if so it is moved out of the pool
@@ -83,6 +88,7 @@ class Presence:
 
     def _away(self, w: int, since: float, until: float) -> None:
         self.pool.away(w, since, until)
+        self.policy.presence(w, at=since, here=False)
         if math.isfinite(until):
             self.events.went_offline(w, until)
         self.log.absent(w, since, until)
