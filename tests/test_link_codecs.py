@@ -3,6 +3,7 @@ fedlm/sim/link_codecs.py): which workers, their jobs' bytes and encoding, the ru
 replay and resume, and the settings refused in one line."""
 
 import sqlite3
+from pathlib import Path
 
 import pytest
 
@@ -50,9 +51,13 @@ def test_the_slow_links_send_fewer_bytes_and_the_run_replays_and_resumes(tmp_pat
     (["network.slow_compression=int4", "network.server_up=1e6"], "a shared server link"),
     (["network.slow_compression=int4", "network.topology=ring"], "a star of workers' own"),
     (["network.slow_compression=int4", "stream.fragments=2", "inner.steps=4"],
-     "StreamedServer sends its own jobs"),
+     "StreamedServer sends or times its own jobs"),
+    (["network.slow_compression=int4", "strategy=eager_diloco:CorrectedEagerDiLoCo"],
+     "EagerServer sends or times its own jobs"),
 ])
-def test_what_cannot_send_per_link_encodings_is_refused_in_one_line(sets, message):
+def test_what_cannot_send_per_link_encodings_is_refused_in_one_line(sets, message,
+                                                                    monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "examples"))
     with pytest.raises(ConfigError, match=message) as err:
         tiny_config(*sets)
     assert "\n" not in str(err.value)

@@ -59,6 +59,10 @@ def check_exchange(cfg: Config) -> None:
             f"({', '.join(old)}), which fedlm no longer reads: declare serves = "
             f"fedlm.servers.Serves(...) instead (docs/strategies.md)")
     _check_own_kind(cfg, cls, kind, name)
+    own = issubclass(kind, Server) and kind.send is Server.send and kind.timing is Server.timing
+    require(not cfg.network.slow_compression or own, "network.slow_compression",
+            cfg.network.slow_compression, f"the server kind {kind.__name__} sends or times "
+            f"its own jobs; per-link encodings need the one-server kind's")
     # a shared link times every job by its flows (fedlm.sim.network): a kind that times
     # its own jobs (an overlapped exchange, say) would lose its timing there, silently
     times_its_own = getattr(kind, "timing", Server.timing) is not Server.timing

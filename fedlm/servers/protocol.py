@@ -127,7 +127,9 @@ class Server(ServerKind):
     def timing(self, sent: Sent, events: JobClock, index: int):
         """How long ``sent``'s job takes on the event source (``JobClock``: what a kind
         may ask of it); None on the wall clock, where only the reply says."""
-        return events.timing(sent.job.worker, sent.job.local_steps, index, up_bytes=sent.up)
+        if sent.job.compression:  # a slow link's encoding: its own bytes up
+            return events.timing(sent.job.worker, sent.job.local_steps, index, up_bytes=sent.up)
+        return events.timing(sent.job.worker, sent.job.local_steps, index)
 
     def reference(self, job: JobSpec):
         """Tensors shaped as the reply's outer gradient must be."""

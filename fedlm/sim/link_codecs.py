@@ -14,9 +14,10 @@ once, at the server's start, from the fleet's profiles: a run, its replay and it
 choose alike. The job carries its encoding (``JobSpec.compression``): the worker encodes
 with it, the engine decodes with it, and the simulator times its bytes.
 
-The one-server kind chooses (``fedlm.servers.protocol.Server``); kinds that send their
-own jobs (streamed, region servers, the plug-ins that override ``send``) and a shared
-server link (whose fluid model moves every upload at one size) refuse it in one line.
+The one-server kind chooses (``fedlm.servers.protocol.Server``); kinds that send or
+time their own jobs (streamed, region servers, the overlapped and eager plug-ins:
+``fedlm.servers.checks``) and a shared server link (whose fluid model moves every
+upload at one size) refuse it in one line.
 """
 
 from __future__ import annotations
@@ -43,9 +44,8 @@ def network_of(net: NetworkConfig, job) -> NetworkConfig:
 
 
 def check(cfg: Config) -> None:
-    """``network.slow_compression``: a known encoding, on a kind and link that can time it."""
-    from fedlm.servers import server_class
-    from fedlm.servers.protocol import Server
+    """``network.slow_compression``: a known encoding, on links that can time it (the
+    server kind's part is ``fedlm.servers.checks``)."""
     from fedlm.sim import codecs
 
     n = cfg.network
@@ -63,7 +63,3 @@ def check(cfg: Config) -> None:
     if n.topology != "star" or n.hierarchical:
         raise ConfigError(f"{where}per-link encodings are for a star of workers' own links, "
                           f"not network.topology = {n.topology!r} or hierarchical pods")
-    kind = server_class(cfg)
-    if not issubclass(kind, Server) or kind.send is not Server.send:
-        raise ConfigError(f"{where}the server kind {kind.__name__} sends its own jobs; "
-                          f"per-link encodings need the one-server kind's")
