@@ -58,6 +58,19 @@ def scalar_update(worker: int, g: float) -> Update:
                   local_steps=1, staleness=0)
 
 
+def play_round(strategy, grads: dict[int, float], params):
+    """One synchronous round at version 0: each worker of ``grads`` (worker -> its
+    scalar outer gradient) dispatched, then reporting in that order; what the last
+    report made (``on_update``'s answer)."""
+    for w in grads:
+        assert strategy.wants_job(w, version=0)
+        strategy.on_dispatch(w, version=0)
+    out = None
+    for w, g in grads.items():
+        out = strategy.on_update(scalar_update(w, g), params)
+    return out
+
+
 def trains_replays_and_resumes(tmp_path, *sets: str, stop_at: int = 2):
     """A short tiny run of ``sets`` (``tests.conftest.tiny_config``, a checkpoint every
     version): its perplexity falls, its replay ends on the same weights, and the run

@@ -11,8 +11,8 @@ import pytest
 from fedlm import store
 from fedlm.runner import run_inprocess
 from tests.conftest import tiny_config
-from tests.support import (scalar as _p, scalar_update as _update, trains_replays_and_resumes,
-                           value as _v)
+from tests.support import (play_round, scalar as _p, scalar_update as _update,
+                           trains_replays_and_resumes, value as _v)
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -23,14 +23,9 @@ def _examples_on_path(monkeypatch):
 
 
 def _round(s, grads: dict[int, float], theta: list):
-    """One round of ``grads`` (worker -> outer gradient) from the workers' models."""
-    for w in grads:
-        assert s.wants_job(w, version=0)
-        s.on_dispatch(w, version=0)
-    out = None
-    for w, g in grads.items():
-        out = s.on_update(_update(w, g), theta)
-    return [_v(t) for t in out]
+    """One round of ``grads`` (worker -> outer gradient) from the workers' models: theirs
+    after it, as numbers."""
+    return [_v(t) for t in play_round(s, grads, theta)]
 
 
 def _started(kind: str, workers: int = 2):

@@ -11,7 +11,7 @@ from fedlm import store
 from fedlm.replay import replay
 from fedlm.runner import run_inprocess
 from tests.conftest import tiny_config
-from tests.support import scalar as _p, scalar_update as _update, value as _v
+from tests.support import play_round, scalar as _p, scalar_update as _update, value as _v
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -133,16 +133,6 @@ def test_no_core_file_imports_an_example():
     assert examples and found == []
 
 
-def _round(s, grads: dict[int, float], params):
-    for w in grads:
-        assert s.wants_job(w, version=0)
-        s.on_dispatch(w, version=0)
-    out = None
-    for w, g in grads.items():
-        out = s.on_update(_update(w, g), params)
-    return out
-
-
 def test_the_overlapped_outer_step_is_diloco_on_each_gradient_moved_by_dc_asgd():
     from fedlm.strategies.diloco import DiLoCo
     from overlap_dc_example import OverlappedDiLoCo
@@ -151,12 +141,12 @@ def test_the_overlapped_outer_step_is_diloco_on_each_gradient_moved_by_dc_asgd()
     x0 = _p(1.0)
     s.start(x0, num_workers=2)
     ref.start(x0, num_workers=2)
-    x1 = _round(s, {0: 0.2, 1: 0.4}, x0)  # round 0: nothing to compensate
-    assert _v(x1) == _v(_round(ref, {0: 0.2, 1: 0.4}, x0))
-    x2 = _round(s, {0: 0.1, 1: 0.3}, x1)  # taken at x0, applied to x1
+    x1 = play_round(s, {0: 0.2, 1: 0.4}, x0)  # round 0: nothing to compensate
+    assert _v(x1) == _v(play_round(ref, {0: 0.2, 1: 0.4}, x0))
+    x2 = play_round(s, {0: 0.1, 1: 0.3}, x1)  # taken at x0, applied to x1
     drift, v = _v(x1) - 1.0, 0.95 * 0.1 + 0.05 * 0.05  # v: (0.04+0.16)/2, then (0.01+0.09)/2
     moved = {w: g + 2.0 * g * g * drift / v ** 0.5 for w, g in {0: 0.1, 1: 0.3}.items()}
-    assert _v(x2) == pytest.approx(_v(_round(ref, moved, x1)), rel=1e-12)
+    assert _v(x2) == pytest.approx(_v(play_round(ref, moved, x1)), rel=1e-12)
     assert moved[1] < 0.3  # x moved the way this gradient points: less of it is left
 
 

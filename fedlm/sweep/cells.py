@@ -4,7 +4,7 @@ the cell's runs, a range of counts, and the words that say how to read them."""
 
 from __future__ import annotations
 
-from fedlm.sweep.uncertainty import Estimate
+from fedlm.sweep.uncertainty import Estimate, paired_estimate
 
 Group = dict  # seed -> Cell: one arm on one profile, every seed that finished
 
@@ -54,3 +54,10 @@ def short_hash(cell) -> str:
     """`` (1a2b3c4d)``: the first 8 digits of a run's final weights' hash, if it has one."""
     digest = cell.summary.final_hash
     return f" ({digest[:8]})" if digest else ""
+
+
+def final_gap(group: Group, reference: Group) -> Estimate | None:
+    """``group``'s final perplexity against ``reference``'s, % paired by seed (None: no
+    seed in common): the per-update gap of a report's table and of its frontier."""
+    return paired_estimate({s: c.summary.final_perplexity for s, c in group.items()},
+                           {s: c.summary.final_perplexity for s, c in reference.items()})

@@ -15,8 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedlm.sweep.plots import by_seed
-from fedlm.sweep.uncertainty import Estimate, estimate, paired_estimate
+from fedlm.sweep.cells import final_gap
+from fedlm.sweep.plots import by_seed, saved
+from fedlm.sweep.uncertainty import Estimate, estimate
 
 
 NOTE = ("One figure per profile: every arm a point at its virtual time over the fleet's "
@@ -42,9 +43,7 @@ def points(report, profile: str) -> list[Point]:
             continue
         ratios = [report.yardsticks[c.run_id].ratio for _, c in sorted(group.items(),
                                                                      key=by_seed)]
-        ref = report.ref_group(arm, group)
-        finals = {s: c.summary.final_perplexity for s, c in group.items()}
-        gap = paired_estimate(finals, {s: c.summary.final_perplexity for s, c in ref.items()})
+        gap = final_gap(group, report.ref_group(arm, group))  # the report's per-update gap
         if None in ratios or gap is None:
             continue
         out.append(Point(arm, estimate(ratios), gap))
@@ -79,9 +78,5 @@ def plot(report, out_prefix: Path) -> list[Path]:
         ax.set_title(f"{profile}: time against quality per step")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-        fig.tight_layout()
-        path = out_prefix.parent / f"{out_prefix.name}_frontier_{profile}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
+        written.append(saved(fig, out_prefix.parent / f"{out_prefix.name}_frontier_{profile}.png"))
     return written

@@ -71,9 +71,15 @@ def plot(spec: dict, cells: list[Cell], out_prefix: Path) -> list[Path]:
             ax.grid(alpha=0.3, which="both")
         axes[0][0].set_ylabel("validation perplexity")
         axes[0][-1].legend(fontsize=7, loc="upper right")
-        fig.tight_layout()
-        path = out_prefix.parent / f"{out_prefix.name}_ppl_vs_{xname}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
+        written.append(saved(fig, out_prefix.parent / f"{out_prefix.name}_ppl_vs_{xname}.png"))
     return written
+
+
+def saved(fig, path: Path) -> Path:
+    """``fig`` laid out and written to ``path`` as a report's PNG, then closed."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from fedlm import store
 from fedlm.sweep import fairness, frontier, plots, tuning
-from fedlm.sweep.cells import ONE_SEED, SEEDED, seconds_format, short_hash, shown, span
+from fedlm.sweep.cells import (ONE_SEED, SEEDED, final_gap, seconds_format, short_hash, shown,
+                               span)
 from fedlm.sweep.curves import GRID_NOTE, first_reaching, resolution, run_curve
 # re-exported: experiments/compare.py reads them from here
 from fedlm.sweep.curves import time_to_reach, value_at  # noqa: F401
@@ -178,9 +179,7 @@ class _Report:
         return f"{est.mean:.3f} ± {est.half_width:.3f} (sd {est.sd:.3f}, n={est.n})"
 
     def gap(self, arm: str, group: Group) -> str:
-        rg = self.ref_group(arm, group)
-        est = paired_estimate({s: c.summary.final_perplexity for s, c in group.items()},
-                              {s: c.summary.final_perplexity for s, c in rg.items()})
+        est = final_gap(group, self.ref_group(arm, group))
         return shown(est, "+.1f", self.seeded, self.n_planned(arm), "%") + \
             self.start_mark(arm, group)
 
