@@ -46,6 +46,25 @@ def test_the_slow_links_send_fewer_bytes_and_the_run_replays_and_resumes(tmp_pat
         assert {b for (b,) in conn.execute("SELECT DISTINCT up_bytes FROM jobs")} == {fp32}
 
 
+# the far workers' exchange well above their H steps of compute (the frontier study's (b))
+EXCHANGE_BOUND = [*FAR[:-2], "fleet.base_step_time=0.0004", "updates=3"]
+
+
+def test_fill_sizes_a_slow_links_jobs_on_the_bytes_it_sends(tmp_path):
+    """Fill ends every job with the round's slowest whole job: a far worker whose upload
+    is int4 is timed at int4, so its round is shorter (sized on fp32, the far workers
+    idled at the barrier for the time their encoding saved: 0.99x plain's time)."""
+    from fedlm.runner import run_inprocess
+
+    times = {}
+    for name, extra in (("plain", []), ("int4", ["network.slow_compression=int4"])):
+        db = tmp_path / f"{name}.db"
+        run_inprocess(tiny_config(*EXCHANGE_BOUND, *extra), str(db))
+        with sqlite3.connect(db) as conn:
+            times[name], = conn.execute("SELECT virtual_time FROM runs").fetchone()
+    assert times["int4"] < 0.8 * times["plain"]
+
+
 @pytest.mark.parametrize("sets, message", [
     (["network.slow_compression=int3"], r"^network\.slow_compression: must be fp32"),
     (["network.slow_compression=int4", "network.server_up=1e6"], "a shared server link"),

@@ -114,9 +114,10 @@ class VirtualEvents:
         return self.timer.overlapped_timing(w, steps, self.down_bytes, down_bytes, up_bytes,
                                             overlap)
 
-    def transfer_times(self, down_bytes: int, up_bytes: int) -> list[float]:
-        """Each worker's nominal seconds of transfers per whole-model job (link model)."""
-        return [self.timer.transfers(w, down_bytes, up_bytes) for w in range(len(self.fleet))]
+    def transfer_times(self, down_bytes: int, up_bytes: list[int]) -> list[float]:
+        """Each worker's nominal seconds of transfers per whole-model job (link model):
+        ``down_bytes`` down, its own ``up_bytes[w]`` up."""
+        return [self.timer.transfers(w, down_bytes, up) for w, up in enumerate(up_bytes)]
 
     def will_expire(self, timing: JobTiming, fault: str, limit: float) -> bool:
         """Whether the job misses its deadline (known at dispatch, without a shared link)."""
@@ -289,7 +290,7 @@ class WallEvents:
                           overlap: int) -> None:
         return None
 
-    def transfer_times(self, down_bytes: int, up_bytes: int) -> None:
+    def transfer_times(self, down_bytes: int, up_bytes: list[int]) -> None:
         return None  # learnt from the jobs (dylu-online), not known in advance
 
     def will_expire(self, timing, fault: str, limit: float) -> bool:

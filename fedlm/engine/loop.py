@@ -153,7 +153,8 @@ class Engine(Offering, Health):
 
     def _run(self, params, resume: dict | None):
         whole = self.server.start(params, self.fleet)  # what a whole-model job moves
-        transfers = self.events.transfer_times(*whole)  # DyLU sizes whole jobs, transfers too
+        # DyLU and fill size whole jobs, transfers too: each at its own link's upload
+        transfers = self.events.transfer_times(whole[0], self.server.uploads(len(self.fleet)))
         self.policy.start(steps=self.cfg.inner.steps, transfer_times=transfers,
                           step_times=[p.step_time for p in self.fleet])
         self.grace = grace_for(self.cfg, self.server, self.policy, self.fleet)

@@ -72,6 +72,10 @@ class ServerCalls:
         self._messages()  # what the kind asks for at its start (a first wake-up, say)
         return self._server.model_bytes, self._server.up_bytes
 
+    def uploads(self, workers: int) -> list[int]:
+        """The bytes each worker's whole-model job uploads (after ``start``)."""
+        return [self._server.upload_bytes(w) for w in range(workers)]
+
     def versions_wanted(self, updates: int) -> int:
         return self._server.versions_wanted(updates)
 

@@ -155,6 +155,11 @@ class ServerKind(ABC):
     def start(self, params, fleet: list) -> None:
         """Start from ``params`` (set ``params``, ``model_bytes``, ``up_bytes``)."""
 
+    def upload_bytes(self, worker: int) -> int:
+        """The bytes a whole-model job of ``worker`` uploads (a kind whose links encode
+        differently says so)."""
+        return self.up_bytes
+
     def versions_wanted(self, updates: int) -> int:
         """Versions of the evaluated model the run's ``updates`` stand for."""
         return updates

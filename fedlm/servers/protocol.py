@@ -54,6 +54,10 @@ class Server(ServerKind):
             self.slow_up_bytes = wire_sizes.encoded_bytes(
                 params, replace(self.cfg.network, compression=slow))
 
+    def upload_bytes(self, worker: int) -> int:
+        """A slow link's encoding's bytes, else the run's (what fill and DyLU size on)."""
+        return self.slow_up_bytes if worker in self.slow else self.up_bytes
+
     def start_strategy(self, params, fleet: list) -> None:
         """The strategy's ``start`` (a kind with more to set up first overrides this)."""
         if self.serves.cuts_rounds:  # before it hears of the fleet (``outer.late``'s check)
