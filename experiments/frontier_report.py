@@ -23,14 +23,18 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 
-from fedlm import store
-from fedlm.store.yardstick import Yardstick, yardstick
-from fedlm.sweep.curves import first_reaching, resolution
-from fedlm.sweep.fairness import at_equal_time, at_equal_work
-from fedlm.sweep.uncertainty import Estimate, estimate, relative_difference
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+
+from fedlm import store  # noqa: E402
+from fedlm.store.yardstick import Yardstick, yardstick  # noqa: E402
+from fedlm.sweep.curves import first_reaching, resolution  # noqa: E402
+from fedlm.sweep.fairness import at_equal_time, at_equal_work  # noqa: E402
+from fedlm.sweep.uncertainty import Estimate, estimate, relative_difference  # noqa: E402
 
 HELD_OUT = (300, 301, 302)
 NAME = re.compile(r"^(?P<arm>.*) @ (?P<profile>\S+)(?: \[[^\]]*\])? seed (?P<seed>\d+)$")
