@@ -24,7 +24,7 @@ HOOKS = {"worker_links", "start", "versions_wanted", "wants_job", "next_job", "d
          "load_state_dict"}
 # what every kind has beside its hooks: its data, and its services to itself
 HAS = {"serves", "Settings", "check", "strategy", "policy", "params", "version",
-       "model_bytes", "up_bytes", "new_version", "take_messages", "take_alarms"}
+       "model_bytes", "up_bytes", "uploads", "new_version", "take_messages", "take_alarms"}
 
 
 def test_the_contract_is_fifteen_hooks_separate_from_the_one_server_kind():

@@ -152,14 +152,14 @@ class Engine(Offering, Health):
             raise Interrupted(f"interrupted at version {self.version}") from None
 
     def _run(self, params, resume: dict | None):
-        whole = self.server.start(params, self.fleet)  # what a whole-model job moves
+        down, up, uploads = self.server.start(params, self.fleet)  # a whole job's bytes
         # DyLU and fill size whole jobs, transfers too: each at its own link's upload
-        transfers = self.events.transfer_times(whole[0], self.server.uploads(len(self.fleet)))
+        transfers = self.events.transfer_times(down, uploads)
         self.policy.start(steps=self.cfg.inner.steps, transfer_times=transfers,
                           step_times=[p.step_time for p in self.fleet])
         self.grace = grace_for(self.cfg, self.server, self.policy, self.fleet)
         if resume is None:
-            self.model_bytes, self.up_bytes = whole
+            self.model_bytes, self.up_bytes = down, up
             self.events.set_payload(self.model_bytes, self.up_bytes)
             self.pool.start(now=0.0)
             self._evaluate()

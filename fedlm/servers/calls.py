@@ -66,15 +66,13 @@ class ServerCalls:
         """The profiles a worker's jobs are timed over (its link to its server)."""
         return self._server.worker_links(fleet)
 
-    def start(self, params, fleet: list) -> tuple[int, int]:
-        """Start from ``params``; returns the bytes a whole-model job moves (down, up)."""
-        self._server.start(params, fleet)
+    def start(self, params, fleet: list) -> tuple[int, int, list[int]]:
+        """Start from ``params``; returns the bytes a whole-model job moves (down, up),
+        and each worker's upload (up, or its link's own encoding's)."""
+        s = self._server
+        s.start(params, fleet)
         self._messages()  # what the kind asks for at its start (a first wake-up, say)
-        return self._server.model_bytes, self._server.up_bytes
-
-    def uploads(self, workers: int) -> list[int]:
-        """The bytes each worker's whole-model job uploads (after ``start``)."""
-        return [self._server.upload_bytes(w) for w in range(workers)]
+        return s.model_bytes, s.up_bytes, [s.uploads.get(w, s.up_bytes) for w in range(len(fleet))]
 
     def versions_wanted(self, updates: int) -> int:
         return self._server.versions_wanted(updates)

@@ -142,6 +142,7 @@ class ServerKind(ABC):
         self.params: Any = None  # the evaluated (and hashed) model
         self.version = 0
         self.model_bytes = self.up_bytes = 0  # a whole-model job's bytes (set by start)
+        self.uploads: dict[int, int] = {}  # worker -> its whole job's upload, where not up_bytes
         self.outbox: list[Message] = []  # messages queued since the engine last took them
         self.alarms: list[Alarm] = []  # wake-ups asked since the engine last took them
         self.next_key = 0  # the key the next message or wake-up gets
@@ -154,11 +155,6 @@ class ServerKind(ABC):
     @abstractmethod
     def start(self, params, fleet: list) -> None:
         """Start from ``params`` (set ``params``, ``model_bytes``, ``up_bytes``)."""
-
-    def upload_bytes(self, worker: int) -> int:
-        """The bytes a whole-model job of ``worker`` uploads (a kind whose links encode
-        differently says so)."""
-        return self.up_bytes
 
     def versions_wanted(self, updates: int) -> int:
         """Versions of the evaluated model the run's ``updates`` stand for."""

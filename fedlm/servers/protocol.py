@@ -53,10 +53,7 @@ class Server(ServerKind):
                                                  self.cfg.inner.steps)
             self.slow_up_bytes = wire_sizes.encoded_bytes(
                 params, replace(self.cfg.network, compression=slow))
-
-    def upload_bytes(self, worker: int) -> int:
-        """A slow link's encoding's bytes, else the run's (what fill and DyLU size on)."""
-        return self.slow_up_bytes if worker in self.slow else self.up_bytes
+            self.uploads = dict.fromkeys(self.slow, self.slow_up_bytes)  # what job sizes see
 
     def start_strategy(self, params, fleet: list) -> None:
         """The strategy's ``start`` (a kind with more to set up first overrides this)."""
