@@ -164,11 +164,15 @@ def main() -> int:
     ap.add_argument("--sync", action="append", required=True,
                     help="a synchronous arm's label (without its fleet), repeatable")
     args = ap.parse_args()
-    long_runs = held_out(args.db)
+    try:
+        long_runs = held_out(args.db)
+        short_runs = held_out(args.short) if args.short else None
+    except (FileNotFoundError, store.StoreError) as exc:  # one line, not a traceback
+        raise SystemExit(f"frontier_report: {exc}") from None
     for fleet, arms in sorted(long_runs.items()):
         print("\n".join(fleet_table(fleet, arms, args.sync)))
-    if args.short:
-        print("\n".join(ranking(long_runs, held_out(args.short))))
+    if short_runs is not None:
+        print("\n".join(ranking(long_runs, short_runs)))
     return 0
 
 

@@ -45,15 +45,14 @@ class Server(ServerKind):
         self.start_strategy(params, fleet)
 
     def choose_slow_links(self, params, fleet: list) -> None:
-        """The workers whose uploads ``network.slow_compression`` encodes, and its bytes."""
+        """The workers whose uploads ``network.slow_compression`` encodes, each with its
+        bytes (``uploads``: what ``send`` and the job sizes see)."""
         slow = self.cfg.network.slow_compression
-        self.slow: frozenset[int] = frozenset()
         if slow:
-            self.slow = link_codecs.slow_workers(fleet, self.model_bytes, self.up_bytes,
-                                                 self.cfg.inner.steps)
-            self.slow_up_bytes = wire_sizes.encoded_bytes(
-                params, replace(self.cfg.network, compression=slow))
-            self.uploads = dict.fromkeys(self.slow, self.slow_up_bytes)  # what job sizes see
+            workers = link_codecs.slow_workers(fleet, self.model_bytes, self.up_bytes,
+                                               self.cfg.inner.steps)
+            encoded = wire_sizes.encoded_bytes(params, replace(self.cfg.network, compression=slow))
+            self.uploads = dict.fromkeys(workers, encoded)
 
     def start_strategy(self, params, fleet: list) -> None:
         """The strategy's ``start`` (a kind with more to set up first overrides this)."""
@@ -120,9 +119,9 @@ class Server(ServerKind):
     def send(self, job: JobSpec, start) -> Sent:
         """``job`` from ``start`` (its worker's state came from a job of global version
         ``self.seen.get(job.worker)``; None: a first job)."""
-        if job.worker in self.slow:  # its link is slow: fewer bytes up
+        if job.worker in self.uploads:  # its link is slow: fewer bytes up
             return Sent(replace(job, compression=self.cfg.network.slow_compression), start,
-                        self.model_bytes, self.slow_up_bytes)
+                        self.model_bytes, self.uploads[job.worker])
         return Sent(job, start, self.model_bytes, self.up_bytes)
 
     def timing(self, sent: Sent, events: JobClock, index: int):
